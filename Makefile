@@ -1,0 +1,27 @@
+# Two commands set up everything on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	# torch first and pinned: the CPU build of 2.13.0 lies on this machine's disk; an unpinned
+	# torch would pull a multi-GB CUDA build.
+	$(PY) -m pip install --quiet --disable-pip-version-check "torch==2.13.0"
+	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[torch,postgres,dev]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) examples/demo.py
+
+test: $(STAMP)
+	$(PY) -m pytest -n 2 --dist loadfile
+
+bench: $(STAMP)
+	$(PY) bench/run_all.py
+
+clean:
+	rm -rf $(VENV) .trackway

@@ -1,0 +1,50 @@
+"""Content-addressed blobs: immutable snapshots stored once, keyed by the sha256 of their content."""
+
+from __future__ import annotations
+
+import hashlib
+import zlib
+from datetime import datetime, timezone
+
+from sqlalchemy import Connection, func, select
+from sqlalchemy.dialects import postgresql, sqlite
+
+from trackway.errors import NotFound
+from trackway.ledger.schema import blobs
+
+BLOB_KINDS = ("config", "data_manifest", "environment", "git_diff")
+
+
+def sha256_hex(content: bytes) -> str:
+    return hashlib.sha256(content).hexdigest()
+
+
+def put_blob(conn: Connection, content: bytes, kind: str) -> str:
+    """Store `content` unless the same bytes are already stored; return its sha256."""
+    digest = sha256_hex(content)
+    insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
+    statement = insert(blobs).values(
+        sha256=digest,
+        kind=kind,
+        size=len(content),
+        compression="zlib",
+        content=zlib.compress(content, 6),
+        created_at=datetime.now(timezone.utc),
+    )
+    conn.execute(statement.on_conflict_do_nothing(index_elements=["sha256"]))
+    return digest
+
+
+def get_blob(conn: Connection, digest: str) -> bytes:
+    row = conn.execute(select(blobs.c.compression, blobs.c.content).where(blobs.c.sha256 == digest)).first()
+    if row is None:
+        raise NotFound(f"blob {digest}: not in the ledger")
+    content = bytes(row.content)
+    return zlib.decompress(content) if row.compression == "zlib" else content
+
+
+def count_blobs(conn: Connection, kind: str | None = None) -> int:
+    query = select(func.count()).select_from(blobs)
+    if kind:
+        query = query.where(blobs.c.kind == kind)
+    return int(conn.execute(query).scalar_one())

@@ -1,0 +1,143 @@
+"""Runs and attempts in the ledger: create, address, update and list them.
+
+A run is addressed by its id or its unique name; an attempt as `RUN/N` (N from 1).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy import Connection, RowMapping, func, insert, select, update
+
+from trackway.errors import Ambiguous, InputError, NotFound
+from trackway.ledger.schema import attempts, runs
+from trackway.taxonomy import AttemptState
+
+
+def new_run_id() -> str:
+    return "r" + secrets.token_hex(5)
+
+
+def insert_run(conn: Connection, values: Mapping[str, Any]) -> str:
+    run_id = values.get("run_id") or new_run_id()
+    conn.execute(insert(runs).values(**{**values, "run_id": run_id}))
+    return run_id
+
+
+def update_run(conn: Connection, run_id: str, **values: Any) -> None:
+    conn.execute(update(runs).where(runs.c.run_id == run_id).values(**values))
+
+
+def name_taken(conn: Connection, name: str) -> bool:
+    return conn.execute(select(runs.c.run_id).where(runs.c.name == name)).first() is not None
+
+
+def resolve_run(conn: Connection, ref: str) -> RowMapping:
+    """The run whose id or unique name is `ref`."""
+    ref = ref.strip()
+    if not ref:
+        raise InputError("RUN: expected a run id or name, got an empty string")
+    row = conn.execute(select(runs).where(runs.c.run_id == ref)).mappings().first()
+    if row is not None:
+        return row
+    matches = conn.execute(select(runs).where(runs.c.name == ref)).mappings().all()
+    if len(matches) == 1:
+        return matches[0]
+    if len(matches) > 1:  # names are unique; kept for ledgers written by hand
+        raise Ambiguous(f"run {ref!r}: {len(matches)} runs have that name; use the run id")
+    raise NotFound(f"run {ref!r}: no run has that id or name (see `trackway runs`)")
+
+
+def resolve_attempt(conn: Connection, ref: str) -> RowMapping:
+    """The attempt addressed as `RUN/N`, or the latest attempt of `RUN`."""
+    run_ref, _, number_text = ref.rpartition("/") if "/" in ref else (ref, "", "")
+    run = resolve_run(conn, run_ref)
+    if not number_text:
+        row = latest_attempt(conn, run["run_id"])
+        if row is None:
+            raise NotFound(f"run {run_ref!r}: has no attempt yet")
+        return row
+    try:
+        number = int(number_text)
+    except ValueError:
+        raise InputError(f"attempt {ref!r}: expected RUN/N with N a whole number from 1") from None
+    row = (
+        conn.execute(
+            select(attempts).where(attempts.c.run_id == run["run_id"], attempts.c.attempt_number == number)
+        )
+        .mappings()
+        .first()
+    )
+    if row is None:
+        count = attempt_count(conn, run["run_id"])
+        raise NotFound(f"attempt {ref!r}: run {run['run_id']} has {count} attempt(s)")
+    return row
+
+
+def attempt_count(conn: Connection, run_id: str) -> int:
+    return int(conn.execute(select(func.count()).where(attempts.c.run_id == run_id)).scalar_one())
+
+
+def latest_attempt(conn: Connection, run_id: str) -> RowMapping | None:
+    return (
+        conn.execute(
+            select(attempts).where(attempts.c.run_id == run_id).order_by(attempts.c.attempt_number.desc()).limit(1)
+        )
+        .mappings()
+        .first()
+    )
+
+
+def insert_attempt(conn: Connection, values: Mapping[str, Any]) -> str:
+    attempt_id = f"{values['run_id']}/{values['attempt_number']}"
+    conn.execute(insert(attempts).values(**{**values, "attempt_id": attempt_id}))
+    return attempt_id
+
+
+def update_attempt(conn: Connection, attempt_id: str, **values: Any) -> None:
+    conn.execute(update(attempts).where(attempts.c.attempt_id == attempt_id).values(**values))
+
+
+def get_attempt(conn: Connection, attempt_id: str) -> RowMapping:
+    row = conn.execute(select(attempts).where(attempts.c.attempt_id == attempt_id)).mappings().first()
+    if row is None:
+        raise NotFound(f"attempt {attempt_id!r}: not in the ledger")
+    return row
+
+
+def active_attempts(conn: Connection) -> list[RowMapping]:
+    """Attempts that have not ended: what a supervisor pass has to look at."""
+    query = select(attempts).where(attempts.c.state != AttemptState.ENDED.value).order_by(attempts.c.attempt_id)
+    return list(conn.execute(query).mappings())
+
+
+def list_runs(conn: Connection, limit: int | None = 50, project: str | None = None) -> list[RowMapping]:
+    """Newest runs first, each with its attempt count."""
+    counts = (
+        select(attempts.c.run_id, func.count().label("attempt_count"))
+        .group_by(attempts.c.run_id)
+        .subquery()
+    )
+    query = (
+        select(runs, func.coalesce(counts.c.attempt_count, 0).label("attempt_count"))
+        .outerjoin(counts, counts.c.run_id == runs.c.run_id)
+        .order_by(runs.c.created_at.desc(), runs.c.run_id.desc())
+    )
+    if project:
+        query = query.where(runs.c.project == project)
+    if limit:
+        query = query.limit(limit)
+    return list(conn.execute(query).mappings())
+
+
+def list_attempts(conn: Connection, run_id: str | None = None, limit: int | None = 100) -> list[RowMapping]:
+    query = select(attempts, runs.c.name.label("run_name")).join(runs, runs.c.run_id == attempts.c.run_id)
+    if run_id:
+        query = query.where(attempts.c.run_id == run_id).order_by(attempts.c.attempt_number)
+    else:
+        query = query.order_by(attempts.c.started_at.desc(), attempts.c.attempt_id.desc())
+    if limit:
+        query = query.limit(limit)
+    return list(conn.execute(query).mappings())

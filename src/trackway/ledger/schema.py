@@ -1,0 +1,130 @@
+"""The ledger's tables, in SQLAlchemy Core: blobs, runs and attempts.
+
+The migrations under `migrations/versions` create exactly these; `tests/ledger/test_schema.py`
+fails when the two drift apart.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from sqlalchemy import (
+    Column,
+    DateTime,
+    Float,
+    ForeignKey,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.types import TypeDecorator
+
+metadata = MetaData()
+
+
+class UTCDateTime(TypeDecorator):
+    """Timestamps in UTC: `timestamptz` on PostgreSQL, naive-UTC text on SQLite.
+
+    Naive UTC on SQLite keeps `started_at >= datetime('now', '-7 days')` a correct
+    comparison, which is what `trackway sql` transpiles `now() - interval '7 days'` into.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect):
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=timezone.utc)
+        value = value.astimezone(timezone.utc)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect):
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=timezone.utc)
+        return value.astimezone(timezone.utc)
+
+
+blobs = Table(
+    "blobs",
+    metadata,
+    Column("sha256", String(64), primary_key=True),
+    Column("kind", String(32), nullable=False),
+    Column("size", Integer, nullable=False),
+    Column("compression", String(16), nullable=False),
+    Column("content", LargeBinary, nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+)
+
+runs = Table(
+    "runs",
+    metadata,
+    Column("run_id", String(32), primary_key=True),
+    Column("name", String(200), unique=True),
+    Column("project", String(200), nullable=False),
+    Column("model_family", String(200)),
+    Column("kind", String(16), nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("command", Text, nullable=False),  # JSON list of argv
+    Column("workdir", Text, nullable=False),
+    Column("resource", String(200), nullable=False),
+    Column("executor", String(32), nullable=False),
+    Column("gpus", Integer, nullable=False),
+    Column("time_limit_s", Float),
+    Column("config_sha256", String(64), ForeignKey("blobs.sha256")),
+    Column("data_manifest_sha256", String(64), ForeignKey("blobs.sha256")),
+    Column("data_paths", Text),  # JSON list of the absolute roots that were hashed
+    Column("code_repo", Text),
+    Column("code_branch", String(400)),
+    Column("code_commit", String(64)),
+    Column("code_dirty_sha256", String(64), ForeignKey("blobs.sha256")),
+    Column("termination_reason", String(32)),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("ended_at", UTCDateTime),
+)
+
+attempts = Table(
+    "attempts",
+    metadata,
+    Column("attempt_id", String(48), primary_key=True),  # "<run_id>/<attempt_number>"
+    Column("run_id", String(32), ForeignKey("runs.run_id"), nullable=False, index=True),
+    Column("attempt_number", Integer, nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("executor", String(32), nullable=False),
+    Column("executor_job_id", String(200)),
+    Column("state_dir", Text, nullable=False),
+    Column("log_path", Text, nullable=False),
+    Column("host", String(255)),
+    Column("gpu_ids", String(200)),
+    Column("gpu_model", String(200)),
+    Column("gpu_count", Integer, nullable=False, default=0),
+    Column("config_sha256", String(64)),
+    Column("data_manifest_sha256", String(64)),
+    Column("environment_sha256", String(64), ForeignKey("blobs.sha256")),
+    Column("code_commit", String(64)),
+    Column("code_dirty_sha256", String(64)),
+    Column("resumed_from_checkpoint", Text),
+    Column("first_step", Integer),
+    Column("last_step", Integer),
+    Column("checkpoints_committed", Integer),
+    Column("started_at", UTCDateTime, index=True),
+    Column("ended_at", UTCDateTime),
+    Column("last_heartbeat_at", UTCDateTime),
+    Column("gpu_seconds", Float),
+    Column("useful_gpu_seconds", Float),
+    Column("wasted_gpu_seconds", Float),
+    Column("cost_usd", Float),
+    Column("exit_code", Integer),
+    Column("signal", Integer),
+    Column("termination_reason", String(32), index=True),
+    Column("termination_evidence", Text),  # JSON: {"rule": ..., "lines": [...], ...}
+    Column("retry_decision", Text),
+    UniqueConstraint("run_id", "attempt_number", name="uq_attempts_run_number"),
+)

@@ -1,0 +1,1 @@
+"""Receipts: capture what an attempt ran with: config, data manifest, environment, code and placement."""

@@ -1,0 +1,96 @@
+"""Where things live: TRACKWAY_HOME, the ledger URL, and the project's trackway.toml.
+
+Precedence for the ledger URL: `--db` > `TRACKWAY_DB` > `[ledger] url` in trackway.toml >
+SQLite at `$TRACKWAY_HOME/ledger.db`. `TRACKWAY_HOME` defaults to `./.trackway`.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trackway.errors import InputError
+
+CONFIG_FILE_NAME = "trackway.toml"
+
+DEFAULT_TRACKWAY_TOML = """\
+# trackway.toml: where trackway keeps its ledger and which resources it may run on.
+# Every setting here is optional; these are the embedded defaults.
+
+[ledger]
+# SQLite file under $TRACKWAY_HOME by default. For a team, point every member at PostgreSQL:
+# url = "postgresql+psycopg://user@db-host:5432/trackway"
+
+[resources.local]
+# The machine trackway runs on. Attempts get free GPUs through CUDA_VISIBLE_DEVICES.
+executor = "local"
+# What one GPU-hour (or, with no GPU, one wall-clock hour) costs here; receipts record cost from it.
+cost_per_gpu_hour = 0.0
+# Seconds between SIGTERM and SIGKILL when a time limit is hit or a run is cancelled.
+grace_seconds = 30
+"""
+
+
+@dataclass(frozen=True)
+class Resource:
+    """A named place to run, as trackway.toml declares it."""
+
+    name: str
+    executor: str = "local"
+    cost_per_gpu_hour: float = 0.0
+    grace_seconds: float = 30.0
+
+
+@dataclass(frozen=True)
+class Settings:
+    home: Path
+    db_url: str
+    resources: dict[str, Resource] = field(default_factory=dict)
+
+    def resource(self, name: str = "local") -> Resource:
+        return self.resources.get(name) or Resource(name=name)
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.home / "runs"
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise InputError(f"{path}: not valid TOML: {exc}") from None
+
+
+def _parse_resources(doc: dict[str, Any], path: Path) -> dict[str, Resource]:
+    resources: dict[str, Resource] = {}
+    for name, body in (doc.get("resources") or {}).items():
+        if not isinstance(body, dict):
+            raise InputError(f"{path}: [resources.{name}] must be a table")
+        try:
+            resources[name] = Resource(
+                name=name,
+                executor=str(body.get("executor", "local")),
+                cost_per_gpu_hour=float(body.get("cost_per_gpu_hour", 0.0)),
+                grace_seconds=float(body.get("grace_seconds", 30.0)),
+            )
+        except (TypeError, ValueError):
+            raise InputError(
+                f"{path}: [resources.{name}] cost_per_gpu_hour and grace_seconds must be numbers"
+            ) from None
+    return resources
+
+
+def load_settings(home: str | Path | None = None, db: str | None = None, cwd: Path | None = None) -> Settings:
+    """Resolve settings from arguments, the environment and ./trackway.toml."""
+    cwd = cwd or Path.cwd()
+    home_path = Path(home or os.environ.get("TRACKWAY_HOME") or cwd / ".trackway").expanduser().resolve()
+    toml_path = cwd / CONFIG_FILE_NAME
+    doc = _read_toml(toml_path) if toml_path.is_file() else {}
+    url = db or os.environ.get("TRACKWAY_DB") or (doc.get("ledger") or {}).get("url")
+    if not url:
+        url = f"sqlite:///{home_path / 'ledger.db'}"
+    return Settings(home=home_path, db_url=url, resources=_parse_resources(doc, toml_path))

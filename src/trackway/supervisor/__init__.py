@@ -1,0 +1,1 @@
+"""The supervisor: launches attempts, notices their ends, classifies them and records the receipts."""

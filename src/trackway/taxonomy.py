@@ -1,0 +1,58 @@
+"""The words for states and endings: run states, attempt states and the termination taxonomy.
+
+    run:      queued ──► running ──► completed
+                            │   └──► failed      (the last attempt ended for any other reason)
+                            └──────► cancelled   (trackway cancel)
+
+    attempt:  starting ──► running ──► ended     (termination_reason says why)
+
+An attempt that ended always carries exactly one `TerminationReason`; "failed" is never a reason.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class RunState(str, Enum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    def is_terminal(self) -> bool:
+        return self in (RunState.COMPLETED, RunState.FAILED, RunState.CANCELLED)
+
+
+class AttemptState(str, Enum):
+    STARTING = "starting"
+    RUNNING = "running"
+    ENDED = "ended"
+
+    def is_terminal(self) -> bool:
+        return self is AttemptState.ENDED
+
+
+class TerminationReason(str, Enum):
+    """Why an attempt ended (DESIGN.md's closed taxonomy)."""
+
+    COMPLETED = "completed"
+    PREEMPTED = "preempted"
+    TIMEOUT = "timeout"
+    INFRA_TRANSIENT = "infra_transient"
+    STALLED = "stalled"
+    OOM = "oom"
+    NAN_LOSS = "nan_loss"
+    BAD_DATA = "bad_data"
+    CONFIG_ERROR = "config_error"
+    CODE_ERROR = "code_error"
+    EVALUATOR_CRASH = "evaluator_crash"
+    USER_CANCELLED = "user_cancelled"
+    UNKNOWN = "unknown"
+
+
+class RunKind(str, Enum):
+    TEST = "test"
+    FULL = "full"
+    EVAL = "eval"

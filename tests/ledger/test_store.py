@@ -1,0 +1,106 @@
+"""The ledger opens, migrates once, and keeps what is written: on SQLite and on PostgreSQL."""
+
+from __future__ import annotations
+
+import threading
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from sqlalchemy import inspect, select, text
+
+from trackway.errors import InputError, LedgerUnavailable
+from trackway.ledger import open_ledger
+from trackway.ledger.blobs import count_blobs, get_blob, put_blob
+from trackway.ledger.migrate import current_revision, head_revision
+from trackway.ledger.schema import runs
+
+
+def _run(**overrides):
+    values = dict(
+        project="arcagi", model_family="reasoning", kind="test", state="queued", command='["true"]',
+        workdir="/tmp", resource="local", executor="local", gpus=0, created_at=datetime.now(timezone.utc),
+    )
+    values.update(overrides)
+    return values
+
+
+def test_fresh_ledger_is_migrated_to_head_with_the_view(ledger):
+    with ledger.read() as conn:
+        assert current_revision(conn) == head_revision()
+        names = set(inspect(conn).get_table_names())
+        assert {"blobs", "runs", "attempts"} <= names
+        assert "training_attempts" in inspect(conn).get_view_names()
+
+
+def test_reopening_does_not_migrate_again(ledger_url):
+    open_ledger(ledger_url).dispose()
+    again = open_ledger(ledger_url)
+    with again.read() as conn:
+        assert current_revision(conn) == head_revision()
+    again.dispose()
+
+
+def test_same_blob_is_stored_once(ledger):
+    with ledger.write() as conn:
+        first = put_blob(conn, b'{"lr": 0.001}', "config")
+        second = put_blob(conn, b'{"lr": 0.001}', "config")
+        third = put_blob(conn, b'{"lr": 0.002}', "config")
+    assert first == second != third
+    with ledger.read() as conn:
+        assert count_blobs(conn, "config") == 2
+        assert get_blob(conn, first) == b'{"lr": 0.001}'
+
+
+def test_failed_write_leaves_nothing_behind(ledger):
+    with pytest.raises(RuntimeError):
+        with ledger.write() as conn:
+            conn.execute(runs.insert().values(run_id="r1", **_run()))
+            raise RuntimeError("boom")
+    with ledger.read() as conn:
+        assert conn.execute(select(runs)).first() is None
+
+
+def test_timestamps_come_back_in_utc(ledger):
+    moment = datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=timezone(timedelta(hours=2)))
+    with ledger.write() as conn:
+        conn.execute(runs.insert().values(run_id="r1", **_run(created_at=moment)))
+    with ledger.read() as conn:
+        stored = conn.execute(select(runs.c.created_at)).scalar_one()
+    assert stored == moment and stored.tzinfo is not None and stored.utcoffset() == timedelta(0)
+
+
+def test_concurrent_writers_all_land(ledger):
+    errors = []
+
+    def write(i):
+        try:
+            with ledger.write() as conn:
+                conn.execute(runs.insert().values(run_id=f"r{i}", **_run()))
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    with ledger.read() as conn:
+        assert conn.execute(text("select count(*) from runs")).scalar_one() == 20
+
+
+def test_sqlite_ledger_uses_wal(sqlite_url):
+    led = open_ledger(sqlite_url)
+    with led.read() as conn:
+        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar_one() == "wal"
+    led.dispose()
+
+
+def test_bad_url_is_one_line_input_error():
+    with pytest.raises(InputError, match="expected a sqlite:// or postgresql"):
+        open_ledger("mysql://nobody@nowhere/x")
+
+
+def test_unreachable_postgres_is_ledger_unavailable():
+    with pytest.raises(LedgerUnavailable, match="cannot open the ledger"):
+        open_ledger("postgresql+psycopg://postgres@127.0.0.1:1/nothing?connect_timeout=2")

@@ -1,0 +1,68 @@
+"""Shared by the benchmarks: timing, result lines, and throwaway ledgers on both backends."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+PG_ADMIN_URL = os.environ.get("TRACKWAY_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+
+
+def median_seconds(fn: Callable[[], object], repeat: int = 5) -> float:
+    samples = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - started)
+    return statistics.median(samples)
+
+
+def report(name: str, seconds: float, target: float | None = None, baseline: float | None = None) -> bool:
+    """Print one figure; return whether it met its target."""
+    parts = [f"{name:<58} {seconds * 1000:9.1f} ms"]
+    if baseline:
+        parts.append(f"{seconds / baseline:6.2f}x baseline ({baseline * 1000:.1f} ms)")
+    ok = True
+    if target is not None:
+        ok = seconds <= target
+        parts.append(f"target ≤ {target * 1000:.0f} ms: {'ok' if ok else 'MISSED'}")
+    print("  ".join(parts), flush=True)
+    return ok
+
+
+def trackway(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    result = subprocess.run(
+        [sys.executable, "-m", "trackway", *args], env={**os.environ, **env}, capture_output=True, text=True
+    )
+    if result.returncode != 0:
+        raise SystemExit(f"trackway {' '.join(args)} failed: {result.stderr.strip()}")
+    return result
+
+
+@contextmanager
+def postgres_database() -> Iterator[str]:
+    """A throwaway PostgreSQL database, dropped afterwards."""
+    name = f"trackway_bench_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def sqlite_database(directory: Path) -> str:
+    return f"sqlite:///{directory / 'ledger.db'}"

@@ -1,0 +1,100 @@
+"""`trackway submit`: record a run with its receipt, start its first attempt, and follow it to its end."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import typer
+from rich.text import Text
+
+from trackway.cli.context import AppContext, app_context
+from trackway.cli.render import console, duration, err_console
+from trackway.ledger.records import get_attempt, resolve_run
+from trackway.supervisor.launch import RunSpec, start_attempt, submit_run
+from trackway.supervisor.loop import Supervisor, read_log_tail
+from trackway.taxonomy import AttemptState, RunState
+
+FOLLOW_INTERVAL_S = 0.25
+
+
+def submit(
+    ctx: typer.Context,
+    command: list[str] = typer.Argument(None, metavar="-- COMMAND [ARGS]...", help="The command to run, after `--`."),
+    name: str = typer.Option(None, "--name", help="A unique name to address the run by."),
+    project: str = typer.Option("default", "--project", help="The project (namespace) the run belongs to."),
+    model_family: str = typer.Option(None, "--model-family", help="The model family, e.g. reasoning."),
+    kind: str = typer.Option("full", "--kind", help="test (a short gating run) or full."),
+    config: str = typer.Option(None, "--config", help="Config file (TOML, YAML or JSON) snapshotted into the receipt."),
+    overrides: list[str] = typer.Option([], "--set", help="Override a config key: --set optimizer.lr=3e-4 (repeatable)."),
+    data: list[str] = typer.Option([], "--data", help="A data file or directory to hash into the manifest (repeatable)."),
+    gpus: int = typer.Option(0, "--gpus", help="GPUs to assign (through CUDA_VISIBLE_DEVICES)."),
+    time_limit: float = typer.Option(None, "--time-limit", help="Hours before the attempt is ended (SIGTERM, grace, SIGKILL)."),
+    repo: str = typer.Option(None, "--repo", help="Clone this git repository into the run's workspace and run there."),
+    branch: str = typer.Option(None, "--branch", help="The branch of --repo to clone."),
+    detach: bool = typer.Option(False, "--detach", help="Print the run id and return; do not follow the attempt."),
+) -> None:
+    """Submit COMMAND as a run: capture its receipt, start an attempt and follow it (exit 0 iff it completed)."""
+    app = app_context(ctx)
+    spec = RunSpec(
+        command=list(command or []),
+        cwd=Path.cwd(),
+        name=name,
+        project=project,
+        model_family=model_family,
+        kind=kind,
+        config_path=config,
+        overrides=list(overrides),
+        data_paths=list(data),
+        gpus=gpus,
+        time_limit_hours=time_limit,
+        repo_url=repo,
+        branch=branch,
+    )
+    supervisor = Supervisor(app.ledger, app.settings)
+    run_id = submit_run(app.ledger, app.settings, spec, console=err_console)
+    with app.ledger.read() as conn:
+        run = resolve_run(conn, run_id)
+    attempt_id = start_attempt(app.ledger, app.settings, run_id, supervisor.executor(run["executor"]))
+    console.print(run_id, highlight=False)
+    if detach:
+        err_console.print(f"attempt {attempt_id} started; follow it with `trackway logs {attempt_id} -f`", highlight=False)
+        return
+    raise typer.Exit(follow(app, supervisor, run_id, attempt_id))
+
+
+def follow(app: AppContext, supervisor: Supervisor, run_id: str, attempt_id: str) -> int:
+    """Show a live status line until the attempt ends; return 0 iff the run completed."""
+    started = time.monotonic()
+    try:
+        with err_console.status("", spinner="dots") as status:
+            while True:
+                supervisor.tick()
+                with app.ledger.read() as conn:
+                    attempt = get_attempt(conn, attempt_id)
+                if attempt["state"] == AttemptState.ENDED.value:
+                    break
+                tail = read_log_tail(Path(attempt["log_path"]), max_bytes=4096, max_lines=1)
+                last = tail[-1].split(" ", 2)[-1] if tail else ""
+                line = Text(f"{attempt_id} {attempt['state']} {duration(time.monotonic() - started)}  ")
+                line.append(last[:100], style="dim")
+                status.update(line)
+                time.sleep(FOLLOW_INTERVAL_S)
+    except KeyboardInterrupt:
+        err_console.print(
+            f"stopped following; {attempt_id} goes on (`trackway cancel {run_id}` ends it)", highlight=False
+        )
+        return 130
+    with app.ledger.read() as conn:
+        run = resolve_run(conn, run_id)
+    reason = attempt["termination_reason"]
+    err_console.print(
+        f"{attempt_id} ended: {reason} (exit {attempt['exit_code']}, signal {attempt['signal']}) "
+        f"after {duration(attempt['gpu_seconds'] / max(1, attempt['gpu_count'] or 0))}; run {run['state']}",
+        highlight=False,
+    )
+    return 0 if run["state"] == RunState.COMPLETED.value else 1
+
+
+def register(app: typer.Typer) -> None:
+    app.command("submit", context_settings={"allow_interspersed_args": False})(submit)

@@ -1,0 +1,292 @@
+"""The local executor: attempts on this machine, each run by a detached shim, its state kept in files.
+
+Per attempt, `state_dir` holds `launch.json` (written by `submit()`), then `job.json`, `exit.json`
+and `shim.err` (written by the shim, see `local_shim`), and `cancel.json` once someone cancelled.
+Everything `poll()`, `cancel()` and `logs()` need is read from there, so any process can ask about
+any attempt: a CLI that detached, or a supervisor restarted after a kill -9.
+
+GPUs are leased with one file per GPU index under `home/local/gpu-leases/`, created with O_EXCL
+under an flock and naming the live process that holds it (the submitter, then the shim). A lease
+whose holder is dead is stale and is taken over.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from trackway.errors import ExecutorError, InputError, NotFound
+from trackway.executors.base import Executor, JobHandle, JobPhase, JobStatus, LaunchRequest, Submission
+from trackway.executors.local_shim import (
+    LeaseFiles,
+    group_alive,
+    process_create_time,
+    read_json,
+    same_process,
+    signal_group,
+    utc_now,
+    write_json_atomic,
+)
+
+if TYPE_CHECKING:
+    from trackway.receipts.placement import GpuInfo
+
+SHIM_START_TIMEOUT_S = 10.0
+
+
+class _Gpu(Protocol):
+    index: int
+    name: str
+    processes: int
+
+
+def choose_gpus(inventory: Iterable[_Gpu], leased: set[int], n: int) -> list[int]:
+    """The `n` lowest-numbered GPUs that no live attempt leases and no process computes on.
+
+    Raises InputError (naming `--gpus`) when there are not enough.
+    """
+    if n < 0:
+        raise InputError(f"--gpus {n}: expected a whole number of GPUs, 0 or more")
+    if n == 0:
+        return []
+    gpus = sorted(inventory, key=lambda gpu: gpu.index)
+    if len(gpus) < n:
+        raise InputError(f"--gpus {n}: this machine has {len(gpus)} GPU{'s' if len(gpus) != 1 else ''}")
+    free = [gpu.index for gpu in gpus if gpu.index not in leased and gpu.processes == 0]
+    if len(free) < n:
+        busy = ", ".join(str(gpu.index) for gpu in gpus if gpu.index not in free)
+        verb = "is" if len(free) == 1 else "are"
+        raise InputError(f"--gpus {n}: only {len(free)} of {len(gpus)} GPUs {verb} free (busy: {busy})")
+    return free[:n]
+
+
+def _default_inventory() -> list[GpuInfo]:
+    try:
+        from trackway.receipts.placement import gpu_inventory
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("trackway.receipts.placement", "trackway.receipts"):
+            raise
+        return []
+    return gpu_inventory()
+
+
+class LocalExecutor(Executor):
+    """Runs attempts as detached processes on this machine; see the module docstring for the files."""
+
+    name = "local"
+
+    def __init__(self, home: Path, gpu_inventory: Callable[[], list[GpuInfo]] | None = None):
+        self.home = Path(home)
+        self.gpu_inventory = gpu_inventory or _default_inventory
+        self.leases = LeaseFiles(self.home / "local" / "gpu-leases")
+
+    def submit(self, request: LaunchRequest) -> Submission:
+        state_dir = Path(request.state_dir)
+        state_dir.mkdir(parents=True, exist_ok=True)
+        if (state_dir / "job.json").exists():
+            raise ExecutorError(f"attempt {request.attempt_id}: {state_dir} already holds a started job")
+        env = dict(request.env)
+        inventory = self.gpu_inventory()
+        gpu_ids = self._lease(inventory, request)
+        if gpu_ids:
+            # NVML numbers GPUs in PCI order; CUDA's default order differs on mixed machines.
+            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpu_ids))
+        elif inventory:
+            # A job that asked for no GPU must not grab one that another attempt leased.
+            env["CUDA_VISIBLE_DEVICES"] = ""
+        try:
+            write_json_atomic(state_dir / "launch.json", {
+                "attempt_id": request.attempt_id,
+                "command": list(request.command),
+                "cwd": str(request.cwd),
+                "env": env,
+                "log_path": str(request.log_path),
+                "time_limit_s": request.time_limit_s,
+                "grace_s": request.grace_s,
+                "gpu_ids": gpu_ids,
+                "lease_dir": str(self.leases.directory),
+            })
+            job = self._start_shim(state_dir)
+        except BaseException:
+            self._release_own(gpu_ids, state_dir)
+            raise
+        names = {gpu.index: gpu.name for gpu in inventory}
+        return Submission(
+            handle=JobHandle(executor=self.name, job_id=str(job["shim_pid"]), state_dir=state_dir),
+            host=job["host"],
+            gpu_ids=list(job["gpu_ids"]),
+            gpu_model=names.get(gpu_ids[0]) if gpu_ids else None,
+            started_at=datetime.fromisoformat(job["started_at"]),
+            pid=job["child_pid"],
+        )
+
+    def poll(self, handle: JobHandle) -> JobStatus:
+        state_dir = Path(handle.state_dir)
+        job = read_json(state_dir / "job.json")
+        ended = read_json(state_dir / "exit.json")
+        if ended is None and job is not None and not same_process(job["shim_pid"], job["create_time"]):
+            # The shim may have written exit.json between the two reads above.
+            ended = read_json(state_dir / "exit.json")
+        started_at = datetime.fromisoformat(job["started_at"]) if job else None
+        if ended is not None:
+            return JobStatus(
+                phase=JobPhase.ENDED,
+                exit_code=ended["exit_code"],
+                signal=ended["signal"],
+                started_at=started_at,
+                ended_at=datetime.fromisoformat(ended["ended_at"]),
+                timed_out=ended["timed_out"],
+                cancelled=ended["cancelled"],
+                evidence=tuple(ended["evidence"]),
+            )
+        cancelled = (state_dir / "cancel.json").exists()
+        if job is None:
+            return JobStatus(
+                phase=JobPhase.VANISHED,
+                cancelled=cancelled,
+                evidence=(f"no job.json in {state_dir}: the executor shim never started the command",),
+            )
+        if same_process(job["shim_pid"], job["create_time"]):
+            return JobStatus(phase=JobPhase.RUNNING, started_at=started_at, cancelled=cancelled)
+        shim_gone = f"executor shim pid {job['shim_pid']} is gone"
+        if same_process(job["child_pid"], job["child_create_time"]):
+            return JobStatus(
+                phase=JobPhase.RUNNING,
+                started_at=started_at,
+                cancelled=cancelled,
+                evidence=(f"{shim_gone}; the command (pid {job['child_pid']}) still runs, unsupervised",),
+            )
+        return JobStatus(
+            phase=JobPhase.VANISHED,
+            started_at=started_at,
+            cancelled=cancelled,
+            evidence=(f"{shim_gone} and left no exit status",),
+        )
+
+    def cancel(self, handle: JobHandle) -> None:
+        """Ask the shim to stop the job (SIGTERM, then SIGKILL after the grace).
+
+        If the shim itself is gone but the command still runs, a detached `--kill-group` helper
+        does the same escalation, so that the caller can exit at once. With no shim, nobody is
+        left to record an exit status: poll() reports VANISHED, with cancelled=True.
+        """
+        state_dir = Path(handle.state_dir)
+        job = read_json(state_dir / "job.json")
+        if job is None:
+            raise NotFound(f"job {handle.job_id}: no local job was started in {state_dir}")
+        if (state_dir / "exit.json").exists():
+            return
+        if not (state_dir / "cancel.json").exists():
+            write_json_atomic(state_dir / "cancel.json", {"requested_at": utc_now().isoformat()})
+        if same_process(job["shim_pid"], job["create_time"]):
+            try:
+                os.kill(job["shim_pid"], signal.SIGTERM)
+                return
+            except ProcessLookupError:
+                pass
+        if same_process(job["child_pid"], job["child_create_time"]) and group_alive(job["pgid"]):
+            launch = read_json(state_dir / "launch.json") or {}
+            subprocess.Popen(
+                [sys.executable, "-m", "trackway.executors.local_shim", "--kill-group",
+                 str(job["pgid"]), str(launch.get("grace_s", 30.0))],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+
+    def logs(self, handle: JobHandle) -> Path:
+        launch = read_json(Path(handle.state_dir) / "launch.json")
+        if launch is None:
+            raise NotFound(f"job {handle.job_id}: no local job was launched in {handle.state_dir}")
+        return Path(launch["log_path"])
+
+    def _lease(self, inventory: list[GpuInfo], request: LaunchRequest) -> list[int]:
+        if request.gpus == 0:
+            return []
+        me = {"pid": os.getpid(), "create_time": process_create_time(os.getpid()),
+              "state_dir": str(request.state_dir), "attempt_id": request.attempt_id}
+        with self.leases.locked():
+            gpu_ids = choose_gpus(inventory, self._live_leases(), request.gpus)
+            for index in gpu_ids:
+                path = self.leases.path(index)
+                path.unlink(missing_ok=True)  # stale: _live_leases() saw its holder dead
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                with os.fdopen(fd, "w", encoding="utf-8") as f:
+                    json.dump(me, f)
+        return gpu_ids
+
+    def _live_leases(self) -> set[int]:
+        live = set()
+        for entry in self.leases.directory.iterdir():
+            if not entry.name.isdigit():
+                continue
+            holder = self.leases.read(int(entry.name))
+            if holder is not None and same_process(holder.get("pid"), holder.get("create_time")):
+                live.add(int(entry.name))
+        return live
+
+    def _release_own(self, gpu_ids: list[int], state_dir: Path) -> None:
+        if not gpu_ids:
+            return
+        with self.leases.locked():
+            for index in gpu_ids:
+                holder = self.leases.read(index)
+                if holder is not None and holder.get("state_dir") == str(state_dir):
+                    self.leases.path(index).unlink(missing_ok=True)
+
+    def _start_shim(self, state_dir: Path) -> dict:
+        """Start the shim detached and wait until it reports the command started (or failed to)."""
+        err_path = state_dir / "shim.err"
+        with open(err_path, "wb") as err:
+            launcher = subprocess.Popen(
+                [sys.executable, "-m", "trackway.executors.local_shim", str(state_dir)],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + SHIM_START_TIMEOUT_S
+        delay = 0.002
+        while True:
+            job = read_json(state_dir / "job.json")
+            if job is not None:
+                launcher.wait()
+                return job
+            code = launcher.poll()
+            if code not in (None, 0):
+                raise ExecutorError(f"local shim exited with code {code}: {_first_line(err_path)}")
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.02)
+        # Not started in time: stop it, so that no command starts after submit() gave up on it.
+        try:
+            os.killpg(launcher.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        launcher.wait()
+        late = read_json(state_dir / "job.json")
+        if late is not None and late.get("pgid"):
+            signal_group(late["pgid"], signal.SIGKILL)
+        raise ExecutorError(
+            f"local shim did not start the command within {SHIM_START_TIMEOUT_S:g} s: "
+            f"{_first_line(err_path) or 'shim.err is empty'}"
+        )
+
+
+def _first_line(path: Path) -> str:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+    return next((line.strip() for line in text.splitlines() if line.strip()), "")

@@ -1,0 +1,468 @@
+"""The local shim: the one process per local attempt that runs the command and writes down how it ended.
+
+`LocalExecutor.submit()` starts `python -m trackway.executors.local_shim STATE_DIR` detached; the
+shim forks once more (so that it is nobody's zombie), reads `STATE_DIR/launch.json`, and leaves:
+
+    job.json     as soon as the command runs (or failed to start): shim and child pids, create times, pgid
+    exit.json    once it ended: exit_code or signal, ended_at, timed_out, cancelled, evidence
+    shim.err     the shim's own stderr, empty unless the shim itself broke
+
+The command runs in its own session and process group; every signal the shim sends goes to the
+whole group, and whatever is left of the group when the command exits is killed with it.
+
+    started ──► exited on its own ───────────────────────────────► exit.json
+       │
+       ├─ time limit reached ─┐
+       └─ shim got SIGTERM  ──┴─► SIGTERM to group ─► grace ─► SIGKILL to group ─► exit.json
+
+A shim SIGTERM is how `cancel()` works (it writes `cancel.json` first) and how a host shutdown
+arrives. `--kill-group PGID GRACE` is a second mode: SIGTERM, then SIGKILL after the grace, for a
+group whose shim is gone.
+
+Stdlib only, on purpose: this starts for every attempt and submit() waits for it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from datetime import datetime, timezone
+from pathlib import Path
+
+PUMP_DRAIN_S = 2.0
+CANNOT_START_EXIT_CODE = 127
+_MAX_LINE = 1 << 16
+_boot_time: float | None = None
+
+
+def utc_now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def format_seconds(seconds: float) -> str:
+    return f"{seconds:g}"
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    """Readers see the old file, no file, or the whole new one; never a torn write."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> dict | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return None
+
+
+def _linux_boot_time() -> float:
+    global _boot_time
+    if _boot_time is None:
+        with open("/proc/stat", "rb") as f:
+            for line in f:
+                if line.startswith(b"btime"):
+                    _boot_time = float(line.split()[1])
+                    break
+            else:
+                raise OSError("no btime in /proc/stat")
+    return _boot_time
+
+
+def process_create_time(pid: int) -> float | None:
+    """When `pid` started, in seconds since the epoch, or None if it does not exist or is a zombie.
+
+    Computed as psutil does on Linux, read straight from /proc: psutil costs the shim ~25 ms to import.
+    """
+    if pid <= 0:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    except OSError:
+        return _psutil_create_time(pid)
+    fields = stat[stat.rindex(b")") + 2 :].split()
+    if fields[0] in (b"Z", b"X"):
+        return None
+    return _linux_boot_time() + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+
+
+def _psutil_create_time(pid: int) -> float | None:
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return proc.create_time()
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return None
+
+
+def same_process(pid: int | None, create_time: float | None) -> bool:
+    """Whether `pid` is alive and is still the process that started at `create_time` (not a reused pid)."""
+    if pid is None or create_time is None:
+        return False
+    now = process_create_time(pid)
+    # btime in /proc/stat is whole seconds and follows clock adjustments, so allow a second of slack.
+    return now is not None and abs(now - create_time) < 1.0
+
+
+def group_alive(pgid: int | None) -> bool:
+    if not pgid:
+        return False
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def signal_group(pgid: int, signum: int) -> bool:
+    """Send `signum` to process group `pgid`; False when the group no longer exists."""
+    try:
+        os.killpg(pgid, signum)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live pids in process group `pgid` (Linux /proc; empty where there is none)."""
+    members = []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return members
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(b")") + 2 :].split()
+        if fields[0] not in (b"Z", b"X") and int(fields[2]) == pgid:
+            members.append(int(name))
+    return members
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+class LeaseFiles:
+    """GPU lease files under `home/local/gpu-leases`, one per GPU index, guarded by one flock."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+
+    def path(self, index: int) -> Path:
+        return self.directory / str(index)
+
+    def locked(self) -> _Flock:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        return _Flock(self.directory / ".lock")
+
+    def hand_over(self, indices: list[int], state_dir: Path, owner: dict) -> list[str]:
+        """Make `owner` (the shim) the holder of leases the submitter took for `state_dir`."""
+        problems = []
+        with self.locked():
+            for index in indices:
+                current = self.read(index)
+                if current is None or current.get("state_dir") != str(state_dir):
+                    problems.append(f"GPU {index} lease was taken by another attempt before this one started")
+                    continue
+                write_json_atomic(self.path(index), owner)
+        return problems
+
+    def release(self, indices: list[int], owner_pid: int) -> None:
+        with self.locked():
+            for index in indices:
+                current = self.read(index)
+                if current is not None and current.get("pid") == owner_pid:
+                    self.path(index).unlink(missing_ok=True)
+
+    def read(self, index: int) -> dict | None:
+        try:
+            return read_json(self.path(index))
+        except (ValueError, OSError):
+            return None
+
+
+class _Flock:
+    def __init__(self, path: Path):
+        self.path = path
+        self.fd = -1
+
+    def __enter__(self) -> _Flock:
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        os.close(self.fd)
+
+
+class _Log:
+    """The attempt's log: one line per output line, `<UTC time> out|err <line>`, flushed per line."""
+
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.file = open(path, "ab")
+        self.lock = threading.Lock()
+        self.muted = False
+
+    def line(self, tag: bytes, text: bytes) -> None:
+        if not text.endswith(b"\n"):
+            text += b"\n"
+        stamp = utc_now().strftime("%Y-%m-%dT%H:%M:%S.%fZ").encode()
+        with self.lock:
+            if self.muted:
+                return
+            self.file.write(stamp + b" " + tag + b" " + text)
+            self.file.flush()
+
+    def note(self, text: str) -> None:
+        self.line(b"err", f"trackway: {text}".encode())
+
+    def pump(self, stream, tag: bytes) -> None:
+        with stream:
+            for chunk in iter(lambda: stream.readline(_MAX_LINE), b""):
+                self.line(tag, chunk)
+
+
+class Shim:
+    """One run of one command, from launch.json to exit.json."""
+
+    def __init__(self, state_dir: Path, launch: dict):
+        self.state_dir = state_dir
+        self.launch = launch
+        self.grace_s = float(launch.get("grace_s", 30.0))
+        self.time_limit_s = launch.get("time_limit_s")
+        self.gpu_ids = list(launch.get("gpu_ids", []))
+        self.leases = LeaseFiles(Path(launch["lease_dir"])) if launch.get("lease_dir") else None
+        self.evidence: list[str] = []
+        self.stop_signal: int | None = None
+        self.timed_out = False
+        self.term_at: float | None = None
+        self.kill_sent = False
+        self.create_time = process_create_time(os.getpid())
+
+    def run(self) -> int:
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_w, False)
+        signal.set_wakeup_fd(wake_w)
+        signal.signal(signal.SIGTERM, self._on_stop)
+        signal.signal(signal.SIGINT, self._on_stop)
+        signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+        if self.leases is not None and self.gpu_ids:
+            owner = {"pid": os.getpid(), "create_time": self.create_time, "state_dir": str(self.state_dir),
+                     "attempt_id": self.launch.get("attempt_id")}
+            self.evidence.extend(self.leases.hand_over(self.gpu_ids, self.state_dir, owner))
+
+        log = _Log(Path(self.launch["log_path"]))
+        env = dict(os.environ)
+        env.update(self.launch.get("env", {}))
+        try:
+            child = subprocess.Popen(
+                self.launch["command"],
+                cwd=self.launch["cwd"],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
+        except (OSError, ValueError, subprocess.SubprocessError) as exc:
+            return self._cannot_start(log, exc)
+
+        started_at = utc_now()
+        started = time.monotonic()
+        self._write_job(child.pid, process_create_time(child.pid), started_at)
+        pumps = [
+            threading.Thread(target=log.pump, args=(child.stdout, b"out"), daemon=True),
+            threading.Thread(target=log.pump, args=(child.stderr, b"err"), daemon=True),
+        ]
+        for pump in pumps:
+            pump.start()
+
+        self._supervise(child, started, wake_r, log)
+        self._kill_leftovers(child.pid, log)
+        returncode = child.wait()
+        deadline = time.monotonic() + PUMP_DRAIN_S
+        for pump in pumps:
+            pump.join(max(0.0, deadline - time.monotonic()))
+        if any(pump.is_alive() for pump in pumps):
+            with log.lock:
+                log.muted = True
+            self.evidence.append(
+                f"output pipes still open {format_seconds(PUMP_DRAIN_S)} s after the command exited"
+                " (held by a process outside its group): stopped reading them"
+            )
+        self._finish(
+            exit_code=returncode if returncode >= 0 else None,
+            signum=-returncode if returncode < 0 else None,
+        )
+        return 0
+
+    def _on_stop(self, signum, frame) -> None:
+        if self.stop_signal is None:
+            self.stop_signal = signum
+
+    def _supervise(self, child: subprocess.Popen, started: float, wake_r: int, log: _Log) -> None:
+        pgid = child.pid
+        deadline = started + float(self.time_limit_s) if self.time_limit_s is not None else None
+        while not _has_exited(child.pid):
+            now = time.monotonic()
+            if self.term_at is None and self.stop_signal is not None:
+                if (self.state_dir / "cancel.json").exists():
+                    why = "cancel requested"
+                else:
+                    why = f"executor shim received {signal_name(self.stop_signal)}"
+                self._terminate(pgid, why, log)
+            if self.term_at is None and deadline is not None and now >= deadline:
+                self.timed_out = True
+                self._terminate(pgid, f"time limit {format_seconds(float(self.time_limit_s))} s reached", log)
+            if self.term_at is not None and not self.kill_sent and now >= self.term_at + self.grace_s:
+                self.kill_sent = True
+                signal_group(pgid, signal.SIGKILL)
+                note = (f"process group {pgid} still running {format_seconds(self.grace_s)} s after SIGTERM:"
+                        " sent SIGKILL")
+                self.evidence.append(note)
+                log.note(note)
+            wake_at = [now + 5.0]
+            if deadline is not None and self.term_at is None:
+                wake_at.append(deadline)
+            if self.term_at is not None and not self.kill_sent:
+                wake_at.append(self.term_at + self.grace_s)
+            timeout = max(0.0, min(wake_at) - time.monotonic())
+            # Signals (SIGCHLD, SIGTERM) write to wake_r, so this returns as soon as anything happens.
+            if select.select([wake_r], [], [], timeout)[0]:
+                os.read(wake_r, 512)
+
+    def _terminate(self, pgid: int, why: str, log: _Log) -> None:
+        self.term_at = time.monotonic()
+        signal_group(pgid, signal.SIGTERM)
+        # A stopped process would sit on the SIGTERM until the grace ran out.
+        signal_group(pgid, signal.SIGCONT)
+        note = f"{why}: sent SIGTERM to process group {pgid}, SIGKILL after {format_seconds(self.grace_s)} s grace"
+        self.evidence.append(note)
+        log.note(note)
+
+    def _kill_leftovers(self, pgid: int, log: _Log) -> None:
+        # The leader is still an unreaped zombie here, so its pid cannot have been reused as a pgid.
+        leftovers = [pid for pid in group_members(pgid) if pid != pgid]
+        if signal_group(pgid, signal.SIGKILL) and leftovers:
+            note = (f"killed {len(leftovers)} process{'es' if len(leftovers) != 1 else ''}"
+                    f" left in process group {pgid} after the command exited")
+            self.evidence.append(note)
+            log.note(note)
+
+    def _cannot_start(self, log: _Log, exc: BaseException) -> int:
+        note = f"cannot start command: {exc}"
+        log.note(note)
+        self.evidence.append(note)
+        self._write_job(None, None, utc_now())
+        self._finish(exit_code=CANNOT_START_EXIT_CODE, signum=None)
+        return 0
+
+    def _write_job(self, child_pid: int | None, child_create_time: float | None, started_at: datetime) -> None:
+        write_json_atomic(self.state_dir / "job.json", {
+            "shim_pid": os.getpid(),
+            "create_time": self.create_time,
+            "child_pid": child_pid,
+            "child_create_time": child_create_time,
+            "pgid": child_pid,
+            "started_at": started_at.isoformat(),
+            "host": socket.gethostname(),
+            "gpu_ids": self.gpu_ids,
+        })
+
+    def _finish(self, exit_code: int | None, signum: int | None) -> None:
+        # Leases go first: whoever sees exit.json may submit again at once and expect the GPUs free.
+        if self.leases is not None and self.gpu_ids:
+            self.leases.release(self.gpu_ids, os.getpid())
+        write_json_atomic(self.state_dir / "exit.json", {
+            "exit_code": exit_code,
+            "signal": signum,
+            "ended_at": utc_now().isoformat(),
+            "timed_out": self.timed_out,
+            "cancelled": (self.state_dir / "cancel.json").exists(),
+            "evidence": self.evidence,
+        })
+
+
+def _has_exited(pid: int) -> bool:
+    """Whether the child has exited, without reaping it (WNOWAIT keeps its pid and pgid reserved)."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
+
+
+def kill_group(pgid: int, grace_s: float) -> int:
+    """SIGTERM the group, then SIGKILL it if it outlives the grace (for a group whose shim is gone)."""
+    if not signal_group(pgid, signal.SIGTERM):
+        return 0
+    signal_group(pgid, signal.SIGCONT)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if not group_alive(pgid):
+            return 0
+        time.sleep(0.1)
+    signal_group(pgid, signal.SIGKILL)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) == 3 and args[0] == "--kill-group":
+        return kill_group(int(args[1]), float(args[2]))
+    if len(args) != 1:
+        print("usage: python -m trackway.executors.local_shim STATE_DIR", file=sys.stderr)
+        return 2
+    state_dir = Path(args[0])
+    try:
+        launch = read_json(state_dir / "launch.json")
+        if launch is None:
+            raise FileNotFoundError(f"no launch.json in {state_dir}")
+    except Exception as exc:
+        print(f"local shim cannot read its launch file: {exc}", file=sys.stderr)
+        return 1
+    # Fork once more so the shim is reparented to init: no submitter has to reap it, ever.
+    if os.fork() != 0:
+        os._exit(0)
+    try:
+        return Shim(state_dir, launch).run()
+    except BaseException as exc:
+        print(f"local shim failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        traceback.print_exc()
+        sys.stderr.flush()
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

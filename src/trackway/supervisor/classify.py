@@ -1,0 +1,171 @@
+"""Why an attempt ended: a pure function from evidence to one termination reason, with the lines that decided it.
+
+Evidence is weighed most trusted first:
+
+    1. the attempt's own note from the SDK     ("oom: CUDA out of memory at step 11")
+    2. what trackway itself did                 (cancelled, time limit hit)
+    3. the executor's state                     (Slurm PREEMPTED / TIMEOUT / NODE_FAIL, pod evicted)
+    4. a clean exit                             (exit 0)
+    5. patterns in the log tail                 (CUDA out of memory, NCCL timeout, Traceback ...)
+    6. signal and exit code alone               (SIGTERM from outside, exit 127, SIGKILL)
+    7. nothing matched                          -> unknown, with the evidence kept
+
+The supervisor issue grows rules here; nothing else in trackway decides a reason.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal as signals
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from trackway.taxonomy import TerminationReason as R
+
+MAX_EVIDENCE_LINES = 8
+
+# Executor states as Slurm and Kubernetes spell them.
+EXECUTOR_STATES: dict[str, R] = {
+    "PREEMPTED": R.PREEMPTED,
+    "EVICTED": R.PREEMPTED,
+    "SPOT_RECLAIMED": R.PREEMPTED,
+    "TIMEOUT": R.TIMEOUT,
+    "DEADLINE": R.TIMEOUT,
+    "OUT_OF_MEMORY": R.OOM,
+    "OOMKILLED": R.OOM,
+    "NODE_FAIL": R.INFRA_TRANSIENT,
+    "BOOT_FAIL": R.INFRA_TRANSIENT,
+    "LOST": R.INFRA_TRANSIENT,
+}
+
+
+@dataclass(frozen=True)
+class LogRule:
+    name: str
+    reason: R
+    pattern: re.Pattern[str]
+    only_before_progress: bool = False
+
+
+def _rule(name: str, reason: R, pattern: str, *, only_before_progress: bool = False) -> LogRule:
+    return LogRule(name, reason, re.compile(pattern, re.IGNORECASE), only_before_progress)
+
+
+# Order matters: the first rule with a matching line wins, so specific rules precede generic ones.
+LOG_RULES: tuple[LogRule, ...] = (
+    _rule("log:cuda-oom", R.OOM, r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|HIP out of memory"),
+    _rule("log:host-oom", R.OOM, r"Out of memory: Killed process|oom-kill|MemoryError\b"),
+    _rule("log:non-finite-loss", R.NAN_LOSS, r"\b(loss|grad[_ ]norm)\b[^\n]*\b(nan|inf)\b|non-finite (loss|grad)"),
+    _rule(
+        "log:network-or-io",
+        R.INFRA_TRANSIENT,
+        r"NCCL (error|timeout|WARN.*timeout)|Watchdog caught collective operation timeout|"
+        r"Connection reset by peer|Socket Timeout|socket timed out|Input/output error|"
+        r"ECONNRESET|Broken pipe|Stale file handle|RendezvousTimeoutError",
+    ),
+    _rule(
+        "log:bad-data",
+        R.BAD_DATA,
+        r"\bBadData\b|UnicodeDecodeError|JSONDecodeError|ParserError|"
+        r"schema (mismatch|error)|manifest hash mismatch|corrupt(ed)? (record|file|shard)",
+    ),
+    _rule(
+        "log:start-up-error",
+        R.CONFIG_ERROR,
+        r"\b(ModuleNotFoundError|ImportError|FileNotFoundError|NotADirectoryError|PermissionError)\b|"
+        r"error: (unrecognized|the following) arguments|usage: ",
+        only_before_progress=True,
+    ),
+    _rule("log:traceback", R.CODE_ERROR, r"^(?:\S+ (?:out|err) )?Traceback \(most recent call last\)"),
+)
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """Everything known about how an attempt ended."""
+
+    exit_code: int | None = None
+    signal: int | None = None
+    timed_out: bool = False
+    cancelled: bool = False
+    vanished: bool = False
+    executor_state: str | None = None
+    executor_lines: Sequence[str] = ()
+    log_tail: Sequence[str] = ()
+    made_progress: bool = False
+    sdk_note: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Classification:
+    reason: R
+    rule: str
+    lines: tuple[str, ...] = field(default_factory=tuple)
+
+    def evidence_json(self, evidence: Evidence) -> str:
+        """The evidence column: the deciding rule and lines, plus the raw facts behind them."""
+        return json.dumps(
+            {
+                "rule": self.rule,
+                "lines": list(self.lines),
+                "exit_code": evidence.exit_code,
+                "signal": evidence.signal,
+                "executor_state": evidence.executor_state,
+                "executor": list(evidence.executor_lines),
+            },
+            ensure_ascii=False,
+        )
+
+
+def classify(evidence: Evidence) -> Classification:
+    """The termination reason for one ended attempt, and the rule and lines that decided it."""
+    e = evidence
+    if e.sdk_note and e.sdk_note.get("reason") in R._value2member_map_:
+        message = str(e.sdk_note.get("message") or "")
+        return Classification(R(e.sdk_note["reason"]), "sdk:note", (message,) if message else ())
+    if e.cancelled:
+        return Classification(R.USER_CANCELLED, "trackway:cancel", tuple(e.executor_lines[-MAX_EVIDENCE_LINES:]))
+    if e.timed_out:
+        return Classification(R.TIMEOUT, "trackway:time-limit", tuple(e.executor_lines[-MAX_EVIDENCE_LINES:]))
+    if e.executor_state and e.executor_state.upper() in EXECUTOR_STATES:
+        state = e.executor_state.upper()
+        return Classification(EXECUTOR_STATES[state], f"executor:{state}", tuple(e.executor_lines[-MAX_EVIDENCE_LINES:]))
+    if e.exit_code == 0 and e.signal is None and not e.vanished:
+        return Classification(R.COMPLETED, "exit:0")
+    matched = _match_log(e)
+    if matched is not None:
+        return matched
+    return _by_signal_and_exit_code(e)
+
+
+def _match_log(e: Evidence) -> Classification | None:
+    for rule in LOG_RULES:
+        if rule.only_before_progress and e.made_progress:
+            continue
+        hits = [line for line in e.log_tail if rule.pattern.search(line)]
+        if hits:
+            if rule.reason is R.CODE_ERROR:
+                # The traceback header says little; its last lines name the exception.
+                hits = hits[-1:] + [line for line in e.log_tail[-3:] if line not in hits[-1:]]
+            return Classification(rule.reason, rule.name, tuple(hits[-MAX_EVIDENCE_LINES:]))
+    return None
+
+
+def _by_signal_and_exit_code(e: Evidence) -> Classification:
+    tail = tuple(e.log_tail[-3:])
+    if e.vanished:
+        lines = tuple(e.executor_lines[-MAX_EVIDENCE_LINES:]) + tail
+        return Classification(R.INFRA_TRANSIENT, "executor:vanished", lines)
+    if e.signal in (signals.SIGTERM, signals.SIGUSR1):
+        name = signals.Signals(e.signal).name
+        return Classification(R.PREEMPTED, f"signal:{name}", (f"terminated by {name} from outside trackway",) + tail)
+    if e.exit_code in (126, 127):
+        return Classification(R.CONFIG_ERROR, f"exit:{e.exit_code}", tail or ("command could not be started",))
+    if e.signal == signals.SIGKILL or e.exit_code == 137:
+        return Classification(R.UNKNOWN, "signal:SIGKILL", ("killed by SIGKILL with no OOM evidence",) + tail)
+    if e.signal is not None:
+        name = signals.Signals(e.signal).name if e.signal in signals.Signals._value2member_map_ else str(e.signal)
+        return Classification(R.UNKNOWN, f"signal:{name}", (f"killed by signal {name}",) + tail)
+    return Classification(R.UNKNOWN, f"exit:{e.exit_code}", tail)

@@ -1,0 +1,255 @@
+"""Submitting a run and starting its attempts: capture the receipt, record it, hand the command to an executor.
+
+Bad input is refused before anything is written: the config, the data manifest and the code
+reference are captured first, and the run is recorded in one transaction only when all of
+them succeeded.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from rich.console import Console
+
+from trackway.errors import ExecutorError, InputError, TrackwayError
+from trackway.executors.base import Executor, LaunchRequest
+from trackway.ledger import Ledger
+from trackway.ledger.blobs import put_blob
+from trackway.ledger.records import (
+    attempt_count,
+    get_attempt,
+    insert_attempt,
+    insert_run,
+    name_taken,
+    new_run_id,
+    resolve_run,
+    update_attempt,
+    update_run,
+)
+from trackway.receipts.code import CodeRef, capture_code, clone_branch
+from trackway.receipts.config import load_config
+from trackway.receipts.data_manifest import build_data_manifest
+from trackway.receipts.environment import capture_environment
+from trackway.receipts.placement import gpu_inventory
+from trackway.settings import Settings
+from trackway.taxonomy import AttemptState, RunKind, RunState, TerminationReason
+
+
+@dataclass
+class RunSpec:
+    """What `trackway submit` was asked to run."""
+
+    command: list[str]
+    cwd: Path
+    name: str | None = None
+    project: str = "default"
+    model_family: str | None = None
+    kind: str = RunKind.FULL.value
+    config_path: str | None = None
+    overrides: list[str] = field(default_factory=list)
+    data_paths: list[str] = field(default_factory=list)
+    gpus: int = 0
+    time_limit_hours: float | None = None
+    repo_url: str | None = None
+    branch: str | None = None
+    resource: str = "local"
+
+
+def _validate(spec: RunSpec) -> None:
+    if not spec.command:
+        raise InputError("COMMAND: expected the command to run after `--`, e.g. trackway submit -- python train.py")
+    if spec.kind not in (RunKind.TEST.value, RunKind.FULL.value):
+        raise InputError(f"--kind {spec.kind!r}: expected 'test' or 'full'")
+    if spec.gpus < 0:
+        raise InputError(f"--gpus {spec.gpus}: expected a whole number ≥ 0")
+    if spec.time_limit_hours is not None and not spec.time_limit_hours > 0:
+        raise InputError(f"--time-limit {spec.time_limit_hours}: expected a positive number of hours")
+    if bool(spec.repo_url) != bool(spec.branch):
+        raise InputError("--repo/--branch: expected both together (--repo URL --branch B) or neither")
+    if spec.name is not None and (not spec.name.strip() or "/" in spec.name):
+        raise InputError(f"--name {spec.name!r}: expected a non-empty name without '/'")
+    if spec.gpus > 0:
+        available = len(gpu_inventory())
+        if available < spec.gpus:
+            raise InputError(f"--gpus {spec.gpus}: this machine has {available} GPU(s)")
+
+
+def submit_run(ledger: Ledger, settings: Settings, spec: RunSpec, console: Console | None = None) -> str:
+    """Capture the run's receipt and record the run (state queued); return its id."""
+    _validate(spec)
+    if spec.resource not in settings.resources and spec.resource != "local":
+        raise InputError(f"--resource {spec.resource!r}: not declared in trackway.toml")
+    if spec.name:
+        with ledger.read() as conn:
+            if name_taken(conn, spec.name):
+                raise InputError(f"--name {spec.name!r}: a run with that name exists; names address runs, so pick another")
+    config = load_config(spec.config_path, spec.overrides)
+    data = build_data_manifest(spec.data_paths, console=console)
+    run_id = new_run_id()
+    run_dir = settings.runs_dir / run_id
+    workdir, code = _prepare_code(spec, run_dir)
+    try:
+        with ledger.write() as conn:
+            config_sha = put_blob(conn, config.canonical, "config") if config else None
+            data_sha = put_blob(conn, data.canonical, "data_manifest") if data else None
+            diff_sha = put_blob(conn, code.dirty_diff, "git_diff") if code.dirty_diff else None
+            insert_run(
+                conn,
+                dict(
+                    run_id=run_id,
+                    name=spec.name,
+                    project=spec.project,
+                    model_family=spec.model_family,
+                    kind=spec.kind,
+                    state=RunState.QUEUED.value,
+                    command=json.dumps(spec.command),
+                    workdir=str(workdir),
+                    resource=spec.resource,
+                    executor=settings.resource(spec.resource).executor,
+                    gpus=spec.gpus,
+                    time_limit_s=spec.time_limit_hours * 3600 if spec.time_limit_hours else None,
+                    config_sha256=config_sha,
+                    data_manifest_sha256=data_sha,
+                    data_paths=json.dumps(data.roots) if data else None,
+                    code_repo=code.repo,
+                    code_branch=code.branch,
+                    code_commit=code.commit,
+                    code_dirty_sha256=diff_sha,
+                    created_at=datetime.now(timezone.utc),
+                ),
+            )
+    except BaseException:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+    if config:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.json").write_bytes(config.canonical)
+    return run_id
+
+
+def _prepare_code(spec: RunSpec, run_dir: Path) -> tuple[Path, CodeRef]:
+    """Where the command runs and the code reference it runs with (cloning `--repo` when given)."""
+    if not spec.repo_url:
+        return spec.cwd, capture_code(spec.cwd)
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    # Clone beside the final place and move it in, so a failed clone leaves no run directory.
+    staging = Path(tempfile.mkdtemp(prefix=f".{run_dir.name}-", dir=run_dir.parent))
+    try:
+        code = clone_branch(spec.repo_url, spec.branch or "", staging / "workspace")
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    run_dir.mkdir(parents=True, exist_ok=True)
+    workspace = run_dir / "workspace"
+    (staging / "workspace").rename(workspace)
+    staging.rmdir()
+    return workspace, CodeRef(
+        root=workspace,
+        repo=code.repo,
+        commit=code.commit,
+        branch=code.branch,
+        dirty_diff=code.dirty_diff,
+        dirty_sha256=code.dirty_sha256,
+    )
+
+
+def attempt_environment(settings: Settings, run_id: str, attempt_id: str, number: int, state_dir: Path) -> dict[str, str]:
+    """The TRACKWAY_* variables an attempt's process sees."""
+    run_dir = settings.runs_dir / run_id
+    env = {
+        "TRACKWAY_RUN_ID": run_id,
+        "TRACKWAY_ATTEMPT_ID": attempt_id,
+        "TRACKWAY_ATTEMPT_NUMBER": str(number),
+        "TRACKWAY_HOME": str(settings.home),
+        "TRACKWAY_DB": settings.db_url,
+        "TRACKWAY_SPOOL_DIR": str(state_dir / "spool"),
+        "TRACKWAY_CHECKPOINT_DIR": str(run_dir / "checkpoints"),
+    }
+    if (run_dir / "config.json").is_file():
+        env["TRACKWAY_CONFIG"] = str(run_dir / "config.json")
+    return env
+
+
+def start_attempt(ledger: Ledger, settings: Settings, run_id: str, executor: Executor) -> str:
+    """Record a new attempt of `run_id` and hand it to `executor`; return the attempt id."""
+    environment = capture_environment()
+    with ledger.write() as conn:
+        run = resolve_run(conn, run_id)
+        number = attempt_count(conn, run_id) + 1
+        state_dir = settings.runs_dir / run_id / "attempts" / str(number)
+        env_sha = put_blob(conn, environment.canonical, "environment")
+        attempt_id = insert_attempt(
+            conn,
+            dict(
+                run_id=run_id,
+                attempt_number=number,
+                state=AttemptState.STARTING.value,
+                executor=executor.name,
+                state_dir=str(state_dir),
+                log_path=str(state_dir / "output.log"),
+                gpu_count=run["gpus"],
+                config_sha256=run["config_sha256"],
+                data_manifest_sha256=run["data_manifest_sha256"],
+                environment_sha256=env_sha,
+                code_commit=run["code_commit"],
+                code_dirty_sha256=run["code_dirty_sha256"],
+            ),
+        )
+    state_dir.mkdir(parents=True, exist_ok=True)
+    request = LaunchRequest(
+        attempt_id=attempt_id,
+        command=json.loads(run["command"]),
+        cwd=Path(run["workdir"]),
+        env=attempt_environment(settings, run_id, attempt_id, number, state_dir),
+        state_dir=state_dir,
+        log_path=state_dir / "output.log",
+        gpus=run["gpus"],
+        time_limit_s=run["time_limit_s"],
+        grace_s=settings.resource(run["resource"]).grace_seconds,
+    )
+    try:
+        submission = executor.submit(request)
+    except TrackwayError as exc:
+        _record_launch_failure(ledger, attempt_id, run_id, exc)
+        raise
+    with ledger.write() as conn:
+        update_attempt(
+            conn,
+            attempt_id,
+            state=AttemptState.RUNNING.value,
+            executor_job_id=submission.handle.job_id,
+            host=submission.host,
+            gpu_ids=",".join(str(i) for i in submission.gpu_ids) or None,
+            gpu_model=submission.gpu_model,
+            gpu_count=len(submission.gpu_ids),
+            started_at=submission.started_at,
+        )
+        update_run(conn, run_id, state=RunState.RUNNING.value)
+    return attempt_id
+
+
+def _record_launch_failure(ledger: Ledger, attempt_id: str, run_id: str, exc: TrackwayError) -> None:
+    """An attempt the executor refused still ends with a reason and the executor's words."""
+    reason = TerminationReason.INFRA_TRANSIENT if isinstance(exc, ExecutorError) else TerminationReason.CONFIG_ERROR
+    now = datetime.now(timezone.utc)
+    evidence = {"rule": "executor:submit-refused", "lines": [str(exc)]}
+    with ledger.write() as conn:
+        if get_attempt(conn, attempt_id)["state"] == AttemptState.ENDED.value:
+            return
+        update_attempt(
+            conn,
+            attempt_id,
+            state=AttemptState.ENDED.value,
+            started_at=now,
+            ended_at=now,
+            gpu_seconds=0.0,
+            cost_usd=0.0,
+            termination_reason=reason.value,
+            termination_evidence=json.dumps(evidence),
+        )
+        update_run(conn, run_id, state=RunState.FAILED.value, termination_reason=reason.value, ended_at=now)

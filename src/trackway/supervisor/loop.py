@@ -1,0 +1,181 @@
+"""The control loop: each `tick()` polls the executors of unfinished attempts and records the ends it finds.
+
+Recording an end is idempotent: the attempt row is updated only while it is not yet `ended`,
+so two processes reconciling at once (a foreground `submit` and a `trackway runs`) record
+each end exactly once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from sqlalchemy import RowMapping, update
+
+from trackway.errors import InputError
+from trackway.executors.base import Executor, JobHandle, JobPhase, JobStatus, get_executor
+from trackway.ledger import Ledger
+from trackway.ledger.records import active_attempts, resolve_run, update_run
+from trackway.ledger.schema import attempts
+from trackway.settings import Settings
+from trackway.supervisor.classify import Classification, Evidence, classify
+from trackway.taxonomy import AttemptState, RunState, TerminationReason
+
+LOG_TAIL_BYTES = 64 * 1024
+LOG_TAIL_LINES = 200
+
+
+@dataclass(frozen=True)
+class AttemptEnd:
+    """One attempt end that a tick recorded."""
+
+    attempt_id: str
+    run_id: str
+    reason: TerminationReason
+    rule: str
+    exit_code: int | None
+    signal: int | None
+    gpu_seconds: float
+
+
+def read_log_tail(path: Path, max_bytes: int = LOG_TAIL_BYTES, max_lines: int = LOG_TAIL_LINES) -> list[str]:
+    try:
+        with path.open("rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            data = f.read()
+    except FileNotFoundError:
+        return []
+    lines = data.decode("utf-8", errors="replace").splitlines()
+    if size > max_bytes and lines:
+        lines = lines[1:]  # the first line is cut mid-way
+    return lines[-max_lines:]
+
+
+def handle_of(attempt: RowMapping) -> JobHandle:
+    return JobHandle(executor=attempt["executor"], job_id=attempt["executor_job_id"] or "", state_dir=Path(attempt["state_dir"]))
+
+
+def run_state_for(reason: TerminationReason) -> RunState:
+    if reason is TerminationReason.COMPLETED:
+        return RunState.COMPLETED
+    if reason is TerminationReason.USER_CANCELLED:
+        return RunState.CANCELLED
+    return RunState.FAILED
+
+
+class Supervisor:
+    """Drives attempts to their ends and writes each end into the ledger."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        settings: Settings,
+        executor_for: Callable[[str], Executor] | None = None,
+    ):
+        self.ledger = ledger
+        self.settings = settings
+        self._executors: dict[str, Executor] = {}
+        self._executor_for = executor_for or (lambda name: get_executor(name, settings.home))
+
+    def executor(self, name: str) -> Executor:
+        if name not in self._executors:
+            self._executors[name] = self._executor_for(name)
+        return self._executors[name]
+
+    def tick(self) -> list[AttemptEnd]:
+        """One pass: poll every unfinished attempt and record those that ended."""
+        with self.ledger.read() as conn:
+            pending = [a for a in active_attempts(conn) if a["executor_job_id"]]
+        ends = []
+        for attempt in pending:
+            status = self.executor(attempt["executor"]).poll(handle_of(attempt))
+            if status.phase is JobPhase.RUNNING:
+                continue
+            end = self._record_end(attempt, status)
+            if end is not None:
+                ends.append(end)
+        return ends
+
+    def run(self, should_stop: Callable[[], bool], interval_s: float = 1.0) -> None:
+        while not should_stop():
+            self.tick()
+            time.sleep(interval_s)
+
+    def cancel(self, run_ref: str) -> list[str]:
+        """Ask the executors to end every unfinished attempt of a run; return their ids.
+
+        The ends themselves are recorded by a later tick, as `user_cancelled`, once the
+        executor reports them (after the grace period at the latest).
+        """
+        with self.ledger.read() as conn:
+            run = resolve_run(conn, run_ref)
+            live = [a for a in active_attempts(conn) if a["run_id"] == run["run_id"]]
+        if RunState(run["state"]).is_terminal():
+            raise InputError(f"run {run_ref!r}: already {run['state']}; nothing to cancel")
+        for attempt in live:
+            if attempt["executor_job_id"]:
+                self.executor(attempt["executor"]).cancel(handle_of(attempt))
+        if not live:
+            with self.ledger.write() as conn:
+                update_run(
+                    conn,
+                    run["run_id"],
+                    state=RunState.CANCELLED.value,
+                    termination_reason=TerminationReason.USER_CANCELLED.value,
+                    ended_at=datetime.now(timezone.utc),
+                )
+        return [a["attempt_id"] for a in live]
+
+    def _record_end(self, attempt: RowMapping, status: JobStatus) -> AttemptEnd | None:
+        evidence = Evidence(
+            exit_code=status.exit_code,
+            signal=status.signal,
+            timed_out=status.timed_out,
+            cancelled=status.cancelled,
+            vanished=status.phase is JobPhase.VANISHED,
+            executor_lines=status.evidence,
+            log_tail=read_log_tail(Path(attempt["log_path"])),
+            made_progress=attempt["last_step"] is not None,
+        )
+        verdict: Classification = classify(evidence)
+        ended_at = status.ended_at or datetime.now(timezone.utc)
+        started_at = attempt["started_at"] or status.started_at or ended_at
+        wall = max(0.0, (ended_at - started_at).total_seconds())
+        gpu_seconds = wall * max(1, attempt["gpu_count"] or 0)
+        with self.ledger.write() as conn:
+            run = resolve_run(conn, attempt["run_id"])
+            price = self.settings.resource(run["resource"]).cost_per_gpu_hour
+            changed = conn.execute(
+                update(attempts)
+                .where(attempts.c.attempt_id == attempt["attempt_id"], attempts.c.state != AttemptState.ENDED.value)
+                .values(
+                    state=AttemptState.ENDED.value,
+                    ended_at=ended_at,
+                    gpu_seconds=gpu_seconds,
+                    cost_usd=gpu_seconds / 3600 * price,
+                    exit_code=status.exit_code,
+                    signal=status.signal,
+                    termination_reason=verdict.reason.value,
+                    termination_evidence=verdict.evidence_json(evidence),
+                )
+            ).rowcount
+            if not changed:
+                return None
+            run_state = run_state_for(verdict.reason)
+            update_run(
+                conn, attempt["run_id"], state=run_state.value, termination_reason=verdict.reason.value, ended_at=ended_at
+            )
+        return AttemptEnd(
+            attempt_id=attempt["attempt_id"],
+            run_id=attempt["run_id"],
+            reason=verdict.reason,
+            rule=verdict.rule,
+            exit_code=status.exit_code,
+            signal=status.signal,
+            gpu_seconds=gpu_seconds,
+        )

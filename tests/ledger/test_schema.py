@@ -1,0 +1,18 @@
+"""The migrations and schema.py describe the same tables: a drift here means a migration is missing."""
+
+from __future__ import annotations
+
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+
+from trackway.ledger.schema import metadata
+
+
+def test_migrated_schema_matches_schema_py(ledger):
+    with ledger.read() as conn:
+        context = MigrationContext.configure(conn, opts={"compare_type": True})
+        diff = compare_metadata(context, metadata)
+    assert diff == [], (
+        "schema.py and the migrations disagree; write a migration under "
+        f"src/trackway/ledger/migrations/versions for: {diff}"
+    )

@@ -1,0 +1,84 @@
+"""Classification is a pure function: each kind of evidence lands on its reason, with the lines that decided it."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from trackway.supervisor.classify import Evidence, classify
+from trackway.taxonomy import TerminationReason as R
+
+TS = "2026-11-22T04:10:00.000000Z err "
+
+
+@pytest.mark.parametrize(
+    ("evidence", "reason", "rule"),
+    [
+        (Evidence(exit_code=0), R.COMPLETED, "exit:0"),
+        (Evidence(exit_code=None, signal=9, cancelled=True), R.USER_CANCELLED, "trackway:cancel"),
+        (Evidence(exit_code=None, signal=9, timed_out=True), R.TIMEOUT, "trackway:time-limit"),
+        (Evidence(exit_code=1, executor_state="PREEMPTED"), R.PREEMPTED, "executor:PREEMPTED"),
+        (Evidence(exit_code=0, executor_state="NODE_FAIL"), R.INFRA_TRANSIENT, "executor:NODE_FAIL"),
+        (Evidence(exit_code=None, signal=15), R.PREEMPTED, "signal:SIGTERM"),
+        (Evidence(exit_code=127, log_tail=[TS + "trackway: cannot start command: No such file"]), R.CONFIG_ERROR, "exit:127"),
+        (Evidence(exit_code=None, signal=9), R.UNKNOWN, "signal:SIGKILL"),
+        (Evidence(vanished=True, executor_lines=["shim pid 1 is gone"]), R.INFRA_TRANSIENT, "executor:vanished"),
+        (Evidence(exit_code=3), R.UNKNOWN, "exit:3"),
+    ],
+)
+def test_executor_facts_decide_when_they_can(evidence, reason, rule):
+    verdict = classify(evidence)
+    assert (verdict.reason, verdict.rule) == (reason, rule)
+
+
+def _traceback(last: str) -> list[str]:
+    return [TS + "Traceback (most recent call last):", TS + '  File "train.py", line 3, in <module>', TS + last]
+
+
+@pytest.mark.parametrize(
+    ("last_line", "reason"),
+    [
+        ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", R.OOM),
+        ("RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:1, unhandled system error", R.INFRA_TRANSIENT),
+        ("UnicodeDecodeError: 'utf-8' codec can't decode byte 0xff", R.BAD_DATA),
+        ("trackway.BadData: shard 3 has no 'text' field", R.BAD_DATA),
+        ("ModuleNotFoundError: No module named 'transformerz'", R.CONFIG_ERROR),
+        ("FileNotFoundError: [Errno 2] No such file or directory: 'data/train.jsonl'", R.CONFIG_ERROR),
+        ("ZeroDivisionError: division by zero", R.CODE_ERROR),
+    ],
+)
+def test_the_log_tail_names_the_failure(last_line, reason):
+    verdict = classify(Evidence(exit_code=1, log_tail=_traceback(last_line)))
+    assert verdict.reason is reason
+    assert any(last_line in line or "Traceback" in line for line in verdict.lines)
+
+
+def test_import_errors_after_training_started_are_code_errors():
+    tail = _traceback("ImportError: cannot import name 'x' from 'y'")
+    assert classify(Evidence(exit_code=1, log_tail=tail, made_progress=False)).reason is R.CONFIG_ERROR
+    assert classify(Evidence(exit_code=1, log_tail=tail, made_progress=True)).reason is R.CODE_ERROR
+
+
+def test_non_finite_loss_in_the_log_is_nan_loss():
+    tail = [TS + "step 11: loss is nan (non-finite loss)"]
+    assert classify(Evidence(exit_code=1, log_tail=tail)).reason is R.NAN_LOSS
+
+
+def test_the_sdk_note_outranks_everything_else():
+    note = {"reason": "oom", "message": "CUDA out of memory at step 11"}
+    verdict = classify(Evidence(exit_code=1, signal=None, log_tail=_traceback("ValueError: x"), sdk_note=note))
+    assert (verdict.reason, verdict.rule, verdict.lines) == (R.OOM, "sdk:note", ("CUDA out of memory at step 11",))
+
+
+def test_a_cancel_beats_the_signal_it_caused():
+    assert classify(Evidence(signal=signal.SIGTERM, cancelled=True)).reason is R.USER_CANCELLED
+
+
+def test_evidence_json_keeps_the_raw_facts():
+    import json
+
+    e = Evidence(exit_code=1, log_tail=_traceback("ZeroDivisionError: division by zero"), executor_lines=["exited 1"])
+    stored = json.loads(classify(e).evidence_json(e))
+    assert stored["rule"] == "log:traceback" and stored["exit_code"] == 1 and stored["executor"] == ["exited 1"]
+    assert any("ZeroDivisionError" in line for line in stored["lines"])

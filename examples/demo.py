@@ -28,7 +28,9 @@ SEED_QUERY = (
 def trackway(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     shown = " ".join(shlex.quote(a) for a in args)
     console.print(Rule(f"[bold]trackway {shown}", align="left"))
-    result = subprocess.run([sys.executable, "-m", "trackway", *args], cwd=ROOT, text=True, stdout=subprocess.PIPE)
+    result = subprocess.run(
+        [sys.executable, "-m", "trackway", *args], cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
     sys.stdout.write(result.stdout)
     sys.stdout.flush()
     if check and result.returncode != 0:
@@ -46,7 +48,7 @@ def main() -> None:
         "--config", "examples/tiny.toml", "--set", "train.steps=300", "--data", str(corpus),
         "--", sys.executable, "examples/train_tiny.py", "--data-file", str(corpus),
     )
-    run_id = submitted.stdout.split()[0]
+    run_id = next(line for line in submitted.stdout.splitlines() if line.startswith("r") and " " not in line)
     trackway("logs", f"{name}/1")
     trackway("runs", "--limit", "5")
     trackway("show", name)

@@ -306,6 +306,14 @@ def test_the_database_runs_one_statement_at_most(filled, sql):
     assert _snapshot(filled) == before
 
 
+def test_queries_run_in_a_transaction_the_database_keeps_read_only(ledger):
+    if ledger.dialect == "sqlite":
+        assert run_readonly_query(ledger, "pragma query_only").rows == [(1,)]
+    else:
+        setting = run_readonly_query(ledger, "select current_setting('transaction_read_only')")
+        assert setting.rows == [("on",)]
+
+
 def test_sqlite_authorizer_refuses_attach_and_pragma_assignment(sqlite_url, tmp_path: Path):
     ledger = open_ledger(sqlite_url)
     try:

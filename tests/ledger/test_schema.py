@@ -5,6 +5,7 @@ from __future__ import annotations
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
+from trackway.ledger.migrate import HEAD_REVISION, head_revision
 from trackway.ledger.schema import metadata
 
 
@@ -16,3 +17,7 @@ def test_migrated_schema_matches_schema_py(ledger):
         "schema.py and the migrations disagree; write a migration under "
         f"src/trackway/ledger/migrations/versions for: {diff}"
     )
+
+
+def test_head_constant_names_the_newest_migration():
+    assert HEAD_REVISION == head_revision(), "set HEAD_REVISION in ledger/migrate.py to the new migration's id"

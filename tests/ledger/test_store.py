@@ -104,3 +104,29 @@ def test_bad_url_is_one_line_input_error():
 def test_unreachable_postgres_is_ledger_unavailable():
     with pytest.raises(LedgerUnavailable, match="cannot open the ledger"):
         open_ledger("postgresql+psycopg://postgres@127.0.0.1:1/nothing?connect_timeout=2")
+
+
+def _write_runs(url: str, prefix: str, count: int) -> None:
+    led = open_ledger(url)
+    for i in range(count):
+        with led.write() as conn:
+            conn.execute(runs.insert().values(run_id=f"{prefix}{i}", **_run()))
+    led.dispose()
+
+
+def test_writer_processes_queue_instead_of_failing(sqlite_url):
+    """Several processes writing one SQLite ledger at once: every write lands, none sees 'database is locked'."""
+    import multiprocessing
+
+    open_ledger(sqlite_url).dispose()
+    context = multiprocessing.get_context("spawn")
+    workers = [context.Process(target=_write_runs, args=(sqlite_url, f"p{n}-", 40)) for n in range(4)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(120)
+    assert [w.exitcode for w in workers] == [0, 0, 0, 0]
+    led = open_ledger(sqlite_url)
+    with led.read() as conn:
+        assert conn.execute(text("select count(*) from runs")).scalar_one() == 160
+    led.dispose()

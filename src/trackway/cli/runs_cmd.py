@@ -105,6 +105,10 @@ def attempts(
     )
 
 
+def _number(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.1f}"
+
+
 def _wall(a) -> float | None:
     if a["started_at"] and a["ended_at"]:
         return (a["ended_at"] - a["started_at"]).total_seconds()
@@ -158,7 +162,7 @@ def _run_panel(run, config, manifest) -> Panel:
         f"code          {run['code_repo'] or '-'} @ {run['code_branch'] or '-'} {short_sha(run['code_commit'])}"
         + (f" + dirty diff {short_sha(run['code_dirty_sha256'])}" if run["code_dirty_sha256"] else ""),
     ]
-    return Panel("\n".join(lines), title=f"run {run['run_id']}", title_align="left")
+    return Panel("\n".join(lines), title=f"run {run['run_id']}", title_align="left", expand=False)
 
 
 def _attempt_panel(a) -> Panel:
@@ -168,7 +172,7 @@ def _attempt_panel(a) -> Panel:
         f"executor      {a['executor']} job {a['executor_job_id'] or '-'} on {a['host'] or '-'}",
         f"gpus          {a['gpu_count']} {a['gpu_model'] or ''} {('ids ' + a['gpu_ids']) if a['gpu_ids'] else ''}",
         f"time          {short_time(a['started_at'])} → {short_time(a['ended_at'])} UTC ({duration(_wall(a))})",
-        f"gpu-seconds   {a['gpu_seconds'] if a['gpu_seconds'] is not None else '-'}   cost ${a['cost_usd'] or 0:.2f}",
+        f"gpu-seconds   {_number(a['gpu_seconds'])}   cost ${a['cost_usd'] or 0:.2f}",
         f"exit          code {a['exit_code'] if a['exit_code'] is not None else '-'}, signal {a['signal'] or '-'}",
         f"environment   {short_sha(a['environment_sha256'])}   config {short_sha(a['config_sha256'])}"
         f"   data {short_sha(a['data_manifest_sha256'])}",
@@ -177,7 +181,7 @@ def _attempt_panel(a) -> Panel:
     body: list = ["\n".join(lines)]
     if evidence.get("lines"):
         body.append("evidence:\n" + "\n".join(f"  {line}" for line in evidence["lines"]))
-    return Panel(Group(*body), title=f"attempt {a['attempt_id']}", title_align="left")
+    return Panel(Group(*body), title=f"attempt {a['attempt_id']}", title_align="left", expand=False)
 
 
 def cancel(ctx: typer.Context, run: str = typer.Argument(..., help="A run id or name.")) -> None:

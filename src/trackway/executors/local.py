@@ -21,7 +21,6 @@ import time
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
 
 from trackway.errors import ExecutorError, InputError, NotFound
 from trackway.executors.base import Executor, JobHandle, JobPhase, JobStatus, LaunchRequest, Submission
@@ -35,20 +34,13 @@ from trackway.executors.local_shim import (
     utc_now,
     write_json_atomic,
 )
-
-if TYPE_CHECKING:
-    from trackway.receipts.placement import GpuInfo
+from trackway.receipts.placement import GpuInfo
+from trackway.receipts.placement import gpu_inventory as host_gpu_inventory
 
 SHIM_START_TIMEOUT_S = 10.0
 
 
-class _Gpu(Protocol):
-    index: int
-    name: str
-    processes: int
-
-
-def choose_gpus(inventory: Iterable[_Gpu], leased: set[int], n: int) -> list[int]:
+def choose_gpus(inventory: Iterable[GpuInfo], leased: set[int], n: int) -> list[int]:
     """The `n` lowest-numbered GPUs that no live attempt leases and no process computes on.
 
     Raises InputError (naming `--gpus`) when there are not enough.
@@ -68,16 +60,6 @@ def choose_gpus(inventory: Iterable[_Gpu], leased: set[int], n: int) -> list[int
     return free[:n]
 
 
-def _default_inventory() -> list[GpuInfo]:
-    try:
-        from trackway.receipts.placement import gpu_inventory
-    except ModuleNotFoundError as exc:
-        if exc.name not in ("trackway.receipts.placement", "trackway.receipts"):
-            raise
-        return []
-    return gpu_inventory()
-
-
 class LocalExecutor(Executor):
     """Runs attempts as detached processes on this machine; see the module docstring for the files."""
 
@@ -85,7 +67,7 @@ class LocalExecutor(Executor):
 
     def __init__(self, home: Path, gpu_inventory: Callable[[], list[GpuInfo]] | None = None):
         self.home = Path(home)
-        self.gpu_inventory = gpu_inventory or _default_inventory
+        self.gpu_inventory = gpu_inventory or host_gpu_inventory
         self.leases = LeaseFiles(self.home / "local" / "gpu-leases")
 
     def submit(self, request: LaunchRequest) -> Submission:

@@ -40,6 +40,7 @@ from pathlib import Path
 
 PUMP_DRAIN_S = 2.0
 CANNOT_START_EXIT_CODE = 127
+# Output with no newline (a progress bar redrawn with \r) is cut into log lines of at most this many bytes.
 _MAX_LINE = 1 << 16
 _boot_time: float | None = None
 
@@ -227,7 +228,10 @@ class _Flock:
 
 
 class _Log:
-    """The attempt's log: one line per output line, `<UTC time> out|err <line>`, flushed per line."""
+    """The attempt's log: one line per output line, `<UTC time> out|err <line>`, flushed per line.
+
+    The shim's own notes (time limit, cancel, cannot start) go in as `err` lines starting `trackway: `.
+    """
 
     def __init__(self, path: Path):
         path.parent.mkdir(parents=True, exist_ok=True)

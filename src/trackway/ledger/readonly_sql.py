@@ -106,6 +106,7 @@ _READ_ONLY_PRAGMAS = _PRAGMAS_WITH_ARGUMENT | frozenset(
     user_version""".split()
 )
 
+_QUERY_KEYWORDS = frozenset({"SELECT", "WITH", "VALUES", "TABLE", "PRAGMA", "EXPLAIN"})
 _SKIP = r"(?:\s+|--[^\n]*(?:\n|$)|/\*.*?\*/)*"
 _EXPLAIN = re.compile(
     _SKIP + r"explain\b(?:\s+query\s+plan\b)?"
@@ -117,7 +118,13 @@ _EXPLAIN = re.compile(
 def _classify(query: str) -> _Statement:
     explain = _EXPLAIN.match(query)
     text = query[explain.end() :] if explain else query
-    statements = _parse(text)
+    try:
+        statements = _parse(text)
+    except InputError:
+        keyword = _leading_keyword(text)
+        if keyword and keyword not in _QUERY_KEYWORDS:  # e.g. START TRANSACTION READ WRITE
+            raise _not_allowed(f"EXPLAIN {keyword}" if explain else keyword) from None
+        raise
     if not statements:
         raise InputError("trackway sql: nothing to EXPLAIN" if explain else "trackway sql: the query is empty")
     if len(statements) > 1:
@@ -128,7 +135,7 @@ def _classify(query: str) -> _Statement:
         return _Statement(tree)
     if not isinstance(tree, (exp.Query, exp.Values)):
         # sqlglot reads statements it does not know (NOTIFY, DISCARD) as bare expressions.
-        kind = _kind(tree) if isinstance(tree, _STATEMENTS) else re.sub(_SKIP, "", text, count=1).split()[0].upper()
+        kind = _kind(tree) if isinstance(tree, _STATEMENTS) else _leading_keyword(text) or type(tree).__name__
         raise _not_allowed(f"EXPLAIN {kind}" if explain else kind)
     for node in tree.walk():
         if isinstance(node, _STATEMENTS):
@@ -136,6 +143,11 @@ def _classify(query: str) -> _Statement:
         if isinstance(node, exp.Func) and _is_unsafe_function(name := _function_name(node)):
             raise _not_allowed(f"{name}()")
     return _Statement(tree, explain=bool(explain))
+
+
+def _leading_keyword(sql: str) -> str:
+    word = re.match(_SKIP + r"([a-z_]+)", sql, re.IGNORECASE | re.DOTALL)
+    return word.group(1).upper() if word else ""
 
 
 def _parse(sql: str) -> list[exp.Expression]:

@@ -109,22 +109,17 @@ def get_attempt(conn: Connection, attempt_id: str) -> RowMapping:
 
 def active_attempts(conn: Connection) -> list[RowMapping]:
     """Attempts that have not ended: what a supervisor pass has to look at."""
-    query = select(attempts).where(attempts.c.state != AttemptState.ENDED.value).order_by(attempts.c.attempt_id)
+    unfinished = [state.value for state in AttemptState if not state.is_terminal()]
+    query = select(attempts).where(attempts.c.state.in_(unfinished)).order_by(attempts.c.attempt_id)
     return list(conn.execute(query).mappings())
 
 
 def list_runs(conn: Connection, limit: int | None = 50, project: str | None = None) -> list[RowMapping]:
-    """Newest runs first, each with its attempt count."""
-    counts = (
-        select(attempts.c.run_id, func.count().label("attempt_count"))
-        .group_by(attempts.c.run_id)
-        .subquery()
+    """Newest runs first, each with its attempt count (counted for the listed runs only)."""
+    attempt_total = (
+        select(func.count()).where(attempts.c.run_id == runs.c.run_id).correlate(runs).scalar_subquery()
     )
-    query = (
-        select(runs, func.coalesce(counts.c.attempt_count, 0).label("attempt_count"))
-        .outerjoin(counts, counts.c.run_id == runs.c.run_id)
-        .order_by(runs.c.created_at.desc(), runs.c.run_id.desc())
-    )
+    query = select(runs, attempt_total.label("attempt_count")).order_by(runs.c.created_at.desc(), runs.c.run_id.desc())
     if project:
         query = query.where(runs.c.project == project)
     if limit:

@@ -86,7 +86,7 @@ runs = Table(
     Column("code_commit", String(64)),
     Column("code_dirty_sha256", String(64), ForeignKey("blobs.sha256")),
     Column("termination_reason", String(32)),
-    Column("created_at", UTCDateTime, nullable=False),
+    Column("created_at", UTCDateTime, nullable=False, index=True),
     Column("ended_at", UTCDateTime),
 )
 
@@ -96,7 +96,7 @@ attempts = Table(
     Column("attempt_id", String(48), primary_key=True),  # "<run_id>/<attempt_number>"
     Column("run_id", String(32), ForeignKey("runs.run_id"), nullable=False, index=True),
     Column("attempt_number", Integer, nullable=False),
-    Column("state", String(16), nullable=False),
+    Column("state", String(16), nullable=False, index=True),
     Column("executor", String(32), nullable=False),
     Column("executor_job_id", String(200)),
     Column("state_dir", Text, nullable=False),

@@ -103,7 +103,9 @@ def upgrade() -> None:
         sa.Column("retry_decision", sa.Text),
         sa.UniqueConstraint("run_id", "attempt_number", name="uq_attempts_run_number"),
     )
+    op.create_index("ix_runs_created_at", "runs", ["created_at"])
     op.create_index("ix_attempts_run_id", "attempts", ["run_id"])
+    op.create_index("ix_attempts_state", "attempts", ["state"])
     op.create_index("ix_attempts_started_at", "attempts", ["started_at"])
     op.create_index("ix_attempts_termination_reason", "attempts", ["termination_reason"])
     op.execute(TRAINING_ATTEMPTS)

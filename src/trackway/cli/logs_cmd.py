@@ -10,7 +10,6 @@ import typer
 
 from trackway.cli.context import app_context
 from trackway.ledger.records import get_attempt, resolve_attempt
-from trackway.supervisor.loop import Supervisor
 from trackway.taxonomy import AttemptState
 
 FOLLOW_INTERVAL_S = 0.25
@@ -26,7 +25,11 @@ def logs(
     with app.ledger.read() as conn:
         attempt = resolve_attempt(conn, ref)
     path = Path(attempt["log_path"])
-    supervisor = Supervisor(app.ledger, app.settings) if follow else None
+    supervisor = None
+    if follow:
+        from trackway.supervisor.loop import Supervisor  # on use: only following needs the control loop
+
+        supervisor = Supervisor(app.ledger, app.settings)
     offset = 0
     while True:
         offset = _copy_from(path, offset)

@@ -12,7 +12,6 @@ from trackway.cli.context import AppContext, app_context
 from trackway.cli.render import console, duration, print_json, rows_to_dicts, short_sha, short_time, table
 from trackway.ledger.blobs import get_blob
 from trackway.ledger.records import list_attempts, list_runs, resolve_attempt, resolve_run
-from trackway.supervisor.loop import Supervisor
 
 RUN_COLUMNS = [
     "run_id", "name", "project", "model_family", "kind", "state", "termination_reason", "attempt_count",
@@ -28,8 +27,10 @@ ATTEMPT_COLUMNS = [
 ]
 
 
-def reconcile(app: AppContext) -> Supervisor:
+def reconcile(app: AppContext):
     """Record the ends of attempts that finished while nobody was following them."""
+    from trackway.supervisor.loop import Supervisor  # on use: `trackway sql` starts faster without it
+
     supervisor = Supervisor(app.ledger, app.settings)
     supervisor.tick()
     return supervisor

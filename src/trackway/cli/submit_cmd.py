@@ -11,8 +11,6 @@ from rich.text import Text
 from trackway.cli.context import AppContext, app_context
 from trackway.cli.render import console, duration, err_console
 from trackway.ledger.records import get_attempt, resolve_run
-from trackway.supervisor.launch import RunSpec, start_attempt, submit_run
-from trackway.supervisor.loop import Supervisor, read_log_tail
 from trackway.taxonomy import AttemptState, RunState
 
 FOLLOW_INTERVAL_S = 0.25
@@ -35,6 +33,10 @@ def submit(
     detach: bool = typer.Option(False, "--detach", help="Print the run id and return; do not follow the attempt."),
 ) -> None:
     """Submit COMMAND as a run: capture its receipt, start an attempt and follow it (exit 0 iff it completed)."""
+    # Imported on use, so that the other commands do not pay for receipts and executors at start-up.
+    from trackway.supervisor.launch import RunSpec, start_attempt, submit_run
+    from trackway.supervisor.loop import Supervisor
+
     app = app_context(ctx)
     spec = RunSpec(
         command=list(command or []),
@@ -63,8 +65,10 @@ def submit(
     raise typer.Exit(follow(app, supervisor, run_id, attempt_id))
 
 
-def follow(app: AppContext, supervisor: Supervisor, run_id: str, attempt_id: str) -> int:
+def follow(app: AppContext, supervisor, run_id: str, attempt_id: str) -> int:
     """Show a live status line until the attempt ends; return 0 iff the run completed."""
+    from trackway.supervisor.loop import read_log_tail
+
     started = time.monotonic()
     try:
         with err_console.status("", spinner="dots") as status:

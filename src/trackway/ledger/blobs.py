@@ -7,7 +7,6 @@ import zlib
 from datetime import datetime, timezone
 
 from sqlalchemy import Connection, func, select
-from sqlalchemy.dialects import postgresql, sqlite
 
 from trackway.errors import NotFound
 from trackway.ledger.schema import blobs
@@ -22,7 +21,11 @@ def sha256_hex(content: bytes) -> str:
 def put_blob(conn: Connection, content: bytes, kind: str) -> str:
     """Store `content` unless the same bytes are already stored; return its sha256."""
     digest = sha256_hex(content)
-    insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
+    # Imported here: the PostgreSQL dialect module pulls in asyncio, which every CLI start would pay for.
+    if conn.dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+    else:
+        from sqlalchemy.dialects.sqlite import insert
     statement = insert(blobs).values(
         sha256=digest,
         kind=kind,

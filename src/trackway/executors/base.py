@@ -111,7 +111,13 @@ def _local(home: Path) -> Executor:
 
 
 # Factories import their module on use, so that naming an executor never loads the others.
-_REGISTRY: dict[str, Callable[[Path], Executor]] = {"local": _local}
+def _inline(home: Path) -> Executor:
+    from trackway.executors.inline import InlineExecutor
+
+    return InlineExecutor(home)
+
+
+_REGISTRY: dict[str, Callable[[Path], Executor]] = {"local": _local, "inline": _inline}
 
 
 def known_executors() -> list[str]:

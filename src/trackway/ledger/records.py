@@ -13,7 +13,7 @@ from sqlalchemy import Connection, RowMapping, func, insert, select, update
 
 from trackway.errors import Ambiguous, InputError, NotFound
 from trackway.ledger.schema import attempts, runs
-from trackway.taxonomy import AttemptState
+from trackway.taxonomy import AttemptState, RunState, TerminationReason
 
 
 def new_run_id() -> str:
@@ -136,3 +136,53 @@ def list_attempts(conn: Connection, run_id: str | None = None, limit: int | None
     if limit:
         query = query.limit(limit)
     return list(conn.execute(query).mappings())
+
+
+def run_state_for(reason: TerminationReason) -> RunState:
+    """The state a run is left in when its latest attempt ended for `reason`."""
+    if reason is TerminationReason.COMPLETED:
+        return RunState.COMPLETED
+    if reason is TerminationReason.USER_CANCELLED:
+        return RunState.CANCELLED
+    return RunState.FAILED
+
+
+def record_attempt_end(
+    conn: Connection,
+    attempt: Mapping[str, Any],
+    *,
+    ended_at,
+    reason: TerminationReason,
+    evidence_json: str,
+    exit_code: int | None,
+    signal: int | None,
+    cost_per_gpu_hour: float,
+) -> float | None:
+    """Write an attempt's end and its run's state, once: returns gpu_seconds, or None if it was already ended."""
+    started_at = attempt["started_at"] or ended_at
+    wall = max(0.0, (ended_at - started_at).total_seconds())
+    gpu_seconds = wall * max(1, attempt["gpu_count"] or 0)
+    changed = conn.execute(
+        update(attempts)
+        .where(attempts.c.attempt_id == attempt["attempt_id"], attempts.c.state != AttemptState.ENDED.value)
+        .values(
+            state=AttemptState.ENDED.value,
+            ended_at=ended_at,
+            gpu_seconds=gpu_seconds,
+            cost_usd=gpu_seconds / 3600 * cost_per_gpu_hour,
+            exit_code=exit_code,
+            signal=signal,
+            termination_reason=reason.value,
+            termination_evidence=evidence_json,
+        )
+    ).rowcount
+    if not changed:
+        return None
+    update_run(
+        conn,
+        attempt["run_id"],
+        state=run_state_for(reason).value,
+        termination_reason=reason.value,
+        ended_at=ended_at,
+    )
+    return gpu_seconds

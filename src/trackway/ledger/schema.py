@@ -9,6 +9,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 from sqlalchemy import (
+    BigInteger,
     Column,
     DateTime,
     Float,
@@ -127,4 +128,65 @@ attempts = Table(
     Column("termination_evidence", Text),  # JSON: {"rule": ..., "lines": [...], ...}
     Column("retry_decision", Text),
     UniqueConstraint("run_id", "attempt_number", name="uq_attempts_run_number"),
+)
+
+# -- what training processes said (ingested from attempt spools) -----------------------------
+
+metric_series = Table(
+    "metric_series",
+    metadata,
+    Column("series_id", Integer, primary_key=True, autoincrement=True),
+    Column("run_id", String(32), ForeignKey("runs.run_id"), nullable=False),
+    Column("key", String(200), nullable=False),
+    UniqueConstraint("run_id", "key", name="uq_metric_series_run_key"),
+)
+
+# One point per (series, step): the step axis is the run's, continuous across attempts. A
+# resumed attempt that redoes steps after the last checkpoint overwrites them (its values are
+# the ones the surviving lineage computed); `attempt_number` says which attempt wrote each.
+metric_points = Table(
+    "metric_points",
+    metadata,
+    Column("series_id", Integer, primary_key=True, autoincrement=False),
+    Column("step", BigInteger, primary_key=True, autoincrement=False),
+    Column("value", Float),
+    Column("attempt_number", Integer, nullable=False),
+    Column("logged_at", Float, nullable=False),  # unix seconds: cheap to ingest at 500k points/s
+    sqlite_with_rowid=False,
+)
+
+attempt_events = Table(
+    "attempt_events",
+    metadata,
+    Column("attempt_id", String(48), ForeignKey("attempts.attempt_id"), primary_key=True),
+    Column("rank", Integer, primary_key=True, autoincrement=False),
+    Column("seq", Integer, primary_key=True, autoincrement=False),
+    Column("kind", String(64), nullable=False),
+    Column("at", UTCDateTime, nullable=False),
+    Column("payload", Text, nullable=False),
+)
+
+spool_cursors = Table(
+    "spool_cursors",
+    metadata,
+    Column("attempt_id", String(48), ForeignKey("attempts.attempt_id"), primary_key=True),
+    Column("file", String(200), primary_key=True),
+    Column("byte_offset", BigInteger, nullable=False),
+)
+
+# The ledger's mirror of checkpoint storage (which is the truth; see checkpoints/protocol.py).
+checkpoints = Table(
+    "checkpoints",
+    metadata,
+    Column("run_id", String(32), ForeignKey("runs.run_id"), primary_key=True),
+    Column("step", BigInteger, primary_key=True, autoincrement=False),
+    Column("name", String(64), nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("path", Text, nullable=False),
+    Column("size_bytes", BigInteger),
+    Column("attempt_id", String(48)),
+    Column("parent", String(64)),
+    Column("metrics", Text),
+    Column("committed_at", UTCDateTime),
+    Column("updated_at", UTCDateTime, nullable=False),
 )

@@ -158,7 +158,23 @@ def _prepare_code(spec: RunSpec, run_dir: Path) -> tuple[Path, CodeRef]:
     )
 
 
-def attempt_environment(settings: Settings, run_id: str, attempt_id: str, number: int, state_dir: Path) -> dict[str, str]:
+def resume_target(checkpoint_dir: Path) -> str | None:
+    """The checkpoint a new attempt resumes from: the newest whose commit marker verifies.
+
+    Storage is the truth; the SDK's `restore_latest` also verifies every file before loading,
+    and falls back to an older checkpoint if this one turns out corrupt.
+    """
+    if not checkpoint_dir.is_dir():
+        return None
+    from trackway.checkpoints.protocol import CheckpointStore
+
+    latest = CheckpointStore(checkpoint_dir).latest_committed(verify_files=False)
+    return latest.name if latest else None
+
+
+def attempt_environment(
+    settings: Settings, run_id: str, attempt_id: str, number: int, state_dir: Path, resume_from: str | None = None
+) -> dict[str, str]:
     """The TRACKWAY_* variables an attempt's process sees."""
     run_dir = settings.runs_dir / run_id
     env = {
@@ -172,12 +188,15 @@ def attempt_environment(settings: Settings, run_id: str, attempt_id: str, number
     }
     if (run_dir / "config.json").is_file():
         env["TRACKWAY_CONFIG"] = str(run_dir / "config.json")
+    if resume_from:
+        env["TRACKWAY_RESUME_FROM"] = resume_from
     return env
 
 
 def start_attempt(ledger: Ledger, settings: Settings, run_id: str, executor: Executor) -> str:
     """Record a new attempt of `run_id` and hand it to `executor`; return the attempt id."""
     environment = capture_environment()
+    resume_from = resume_target(settings.runs_dir / run_id / "checkpoints")
     with ledger.write() as conn:
         run = resolve_run(conn, run_id)
         number = attempt_count(conn, run_id) + 1
@@ -198,6 +217,7 @@ def start_attempt(ledger: Ledger, settings: Settings, run_id: str, executor: Exe
                 environment_sha256=env_sha,
                 code_commit=run["code_commit"],
                 code_dirty_sha256=run["code_dirty_sha256"],
+                resumed_from_checkpoint=resume_from,
             ),
         )
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -205,7 +225,7 @@ def start_attempt(ledger: Ledger, settings: Settings, run_id: str, executor: Exe
         attempt_id=attempt_id,
         command=json.loads(run["command"]),
         cwd=Path(run["workdir"]),
-        env=attempt_environment(settings, run_id, attempt_id, number, state_dir),
+        env=attempt_environment(settings, run_id, attempt_id, number, state_dir, resume_from),
         state_dir=state_dir,
         log_path=state_dir / "output.log",
         gpus=run["gpus"],

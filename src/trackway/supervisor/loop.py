@@ -13,13 +13,13 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from sqlalchemy import RowMapping, update
+from sqlalchemy import RowMapping
 
 from trackway.errors import InputError
 from trackway.executors.base import Executor, JobHandle, JobPhase, JobStatus, get_executor
 from trackway.ledger import Ledger
-from trackway.ledger.records import active_attempts, resolve_run, update_run
-from trackway.ledger.schema import attempts
+from trackway.ledger.ingest import ingest_attempt
+from trackway.ledger.records import active_attempts, get_attempt, record_attempt_end, resolve_run, update_run
 from trackway.settings import Settings
 from trackway.supervisor.classify import Classification, Evidence, classify
 from trackway.taxonomy import AttemptState, RunState, TerminationReason
@@ -60,14 +60,6 @@ def handle_of(attempt: RowMapping) -> JobHandle:
     return JobHandle(executor=attempt["executor"], job_id=attempt["executor_job_id"] or "", state_dir=Path(attempt["state_dir"]))
 
 
-def run_state_for(reason: TerminationReason) -> RunState:
-    if reason is TerminationReason.COMPLETED:
-        return RunState.COMPLETED
-    if reason is TerminationReason.USER_CANCELLED:
-        return RunState.CANCELLED
-    return RunState.FAILED
-
-
 class Supervisor:
     """Drives attempts to their ends and writes each end into the ledger."""
 
@@ -94,9 +86,13 @@ class Supervisor:
         ends = []
         for attempt in pending:
             status = self.executor(attempt["executor"]).poll(handle_of(attempt))
+            # Ingest after polling: an attempt seen ended has written all it will write.
+            report = ingest_attempt(self.ledger, attempt)
             if status.phase is JobPhase.RUNNING:
                 continue
-            end = self._record_end(attempt, status)
+            with self.ledger.read() as conn:
+                attempt = get_attempt(conn, attempt["attempt_id"])
+            end = self._record_end(attempt, status, report.note)
             if end is not None:
                 ends.append(end)
         return ends
@@ -131,7 +127,7 @@ class Supervisor:
                 )
         return [a["attempt_id"] for a in live]
 
-    def _record_end(self, attempt: RowMapping, status: JobStatus) -> AttemptEnd | None:
+    def _record_end(self, attempt: RowMapping, status: JobStatus, note: dict | None) -> AttemptEnd | None:
         evidence = Evidence(
             exit_code=status.exit_code,
             signal=status.signal,
@@ -141,35 +137,26 @@ class Supervisor:
             executor_lines=status.evidence,
             log_tail=read_log_tail(Path(attempt["log_path"])),
             made_progress=attempt["last_step"] is not None,
+            sdk_note=note,
         )
         verdict: Classification = classify(evidence)
         ended_at = status.ended_at or datetime.now(timezone.utc)
-        started_at = attempt["started_at"] or status.started_at or ended_at
-        wall = max(0.0, (ended_at - started_at).total_seconds())
-        gpu_seconds = wall * max(1, attempt["gpu_count"] or 0)
+        if attempt["started_at"] is None and status.started_at is not None:
+            attempt = {**attempt, "started_at": status.started_at}
         with self.ledger.write() as conn:
             run = resolve_run(conn, attempt["run_id"])
-            price = self.settings.resource(run["resource"]).cost_per_gpu_hour
-            changed = conn.execute(
-                update(attempts)
-                .where(attempts.c.attempt_id == attempt["attempt_id"], attempts.c.state != AttemptState.ENDED.value)
-                .values(
-                    state=AttemptState.ENDED.value,
-                    ended_at=ended_at,
-                    gpu_seconds=gpu_seconds,
-                    cost_usd=gpu_seconds / 3600 * price,
-                    exit_code=status.exit_code,
-                    signal=status.signal,
-                    termination_reason=verdict.reason.value,
-                    termination_evidence=verdict.evidence_json(evidence),
-                )
-            ).rowcount
-            if not changed:
-                return None
-            run_state = run_state_for(verdict.reason)
-            update_run(
-                conn, attempt["run_id"], state=run_state.value, termination_reason=verdict.reason.value, ended_at=ended_at
+            gpu_seconds = record_attempt_end(
+                conn,
+                attempt,
+                ended_at=ended_at,
+                reason=verdict.reason,
+                evidence_json=verdict.evidence_json(evidence),
+                exit_code=status.exit_code,
+                signal=status.signal,
+                cost_per_gpu_hour=self.settings.resource(run["resource"]).cost_per_gpu_hour,
             )
+        if gpu_seconds is None:
+            return None
         return AttemptEnd(
             attempt_id=attempt["attempt_id"],
             run_id=attempt["run_id"],

@@ -1,0 +1,35 @@
+"""Reading metric points back: one run's series on the run's continuous step axis."""
+
+from __future__ import annotations
+
+from sqlalchemy import Connection, RowMapping, select
+
+from trackway.ledger.schema import metric_points, metric_series
+
+
+def metric_keys(conn: Connection, run_id: str) -> list[str]:
+    query = select(metric_series.c.key).where(metric_series.c.run_id == run_id).order_by(metric_series.c.key)
+    return list(conn.execute(query).scalars())
+
+
+def metric_points_for_run(
+    conn: Connection, run_id: str, key: str | None = None, limit: int | None = None
+) -> list[RowMapping]:
+    """(key, step, value, attempt_number, logged_at) rows ordered by key, then step."""
+    query = (
+        select(
+            metric_series.c.key,
+            metric_points.c.step,
+            metric_points.c.value,
+            metric_points.c.attempt_number,
+            metric_points.c.logged_at,
+        )
+        .join(metric_points, metric_points.c.series_id == metric_series.c.series_id)
+        .where(metric_series.c.run_id == run_id)
+        .order_by(metric_series.c.key, metric_points.c.step)
+    )
+    if key is not None:
+        query = query.where(metric_series.c.key == key)
+    if limit:
+        query = query.limit(limit)
+    return list(conn.execute(query).mappings())

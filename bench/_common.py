@@ -35,15 +35,23 @@ def median_seconds(fn: Callable[[], object], repeat: int = 9) -> float:
     return statistics.median(samples)
 
 
+def human(seconds: float) -> str:
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.2f} µs"
+    if seconds < 1:
+        return f"{seconds * 1e3:.1f} ms"
+    return f"{seconds:.2f} s"
+
+
 def report(name: str, seconds: float, target: float | None = None, baseline: float | None = None) -> bool:
     """Print one figure; return whether it met its target."""
-    parts = [f"{name:<58} {seconds * 1000:9.1f} ms"]
+    parts = [f"{name:<58} {human(seconds):>10}"]
     if baseline:
-        parts.append(f"{seconds / baseline:6.2f}x baseline ({baseline * 1000:.1f} ms)")
+        parts.append(f"{seconds / baseline:6.2f}x baseline ({human(baseline)})")
     ok = True
     if target is not None:
         ok = seconds <= target
-        parts.append(f"target ≤ {target * 1000:.0f} ms: {'ok' if ok else 'MISSED'}")
+        parts.append(f"target ≤ {human(target)}: {'ok' if ok else 'MISSED'}")
     print("  ".join(parts), flush=True)
     return ok
 

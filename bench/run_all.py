@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-BENCHES = ["bench_submit.py", "bench_ledger.py"]
+BENCHES = ["bench_submit.py", "bench_ledger.py", "bench_sdk.py"]
 
 
 def main() -> int:

@@ -2,6 +2,9 @@
 
 Under trackway it reads its config from $TRACKWAY_CONFIG (the snapshot the receipt hashed);
 alone it takes --config. The corpus comes from --data-file or the config's `data.path`.
+It logs through the trackway SDK, checkpoints every `train.checkpoint_every` steps, resumes
+from the latest committed checkpoint (model, optimizer, RNG states and the data order), and
+on a preemption notice (SIGTERM) checkpoints and exits as preempted.
 """
 
 from __future__ import annotations
@@ -18,9 +21,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
+import trackway
+
 DEFAULTS = {
     "model": {"embed": 32, "hidden": 128},
-    "train": {"steps": 400, "batch_size": 64, "seq_len": 48, "lr": 3e-3, "seed": 0, "log_every": 50},
+    "train": {
+        "steps": 400, "batch_size": 64, "seq_len": 48, "lr": 3e-3, "seed": 0, "log_every": 50, "checkpoint_every": 50,
+    },
 }
 
 
@@ -80,12 +87,20 @@ def main() -> int:
     model = CharLM(len(vocab), model_cfg["embed"], model_cfg["hidden"])
     optimizer = torch.optim.AdamW(model.parameters(), lr=train["lr"])
     loss_fn = nn.CrossEntropyLoss()
+
+    run = trackway.init(config=config, checkpoint_every_steps=train["checkpoint_every"])
+    restored = run.checkpoints.restore_latest(model=model, optimizer=optimizer)
+    start = 1
+    if restored is not None:
+        generator.set_state(restored.data_state["generator"])
+        start = restored.step + 1
+        print(f"resumed from step {restored.step}", flush=True)
     stream = batches(data, train["batch_size"], train["seq_len"], generator)
     print(f"training CharLM vocab={len(vocab)} params={sum(p.numel() for p in model.parameters())} "
-          f"steps={train['steps']} corpus={data_file} ({len(text)} chars)", flush=True)
+          f"steps {start}..{train['steps']} corpus={data_file} ({len(text)} chars)", flush=True)
     started = time.time()
     loss_value = math.nan
-    for step in range(1, train["steps"] + 1):
+    for step in range(start, train["steps"] + 1):
         x, y = next(stream)
         logits = model(x)
         loss = loss_fn(logits.reshape(-1, len(vocab)), y.reshape(-1))
@@ -93,12 +108,19 @@ def main() -> int:
         loss.backward()
         optimizer.step()
         loss_value = loss.item()
-        if not math.isfinite(loss_value):
-            print(f"step {step}: loss is {loss_value} (non-finite loss)", file=sys.stderr, flush=True)
-            return 1
+        run.log({"loss": loss_value, "lr": optimizer.param_groups[0]["lr"]}, step=step)
         if step % train["log_every"] == 0 or step == train["steps"]:
             print(f"step {step} loss {loss_value:.4f} ({time.time() - started:.1f}s)", flush=True)
+        if run.checkpoints.due(step) or run.should_stop or step == train["steps"]:
+            run.checkpoints.save(
+                step, model=model, optimizer=optimizer,
+                data_state={"generator": generator.get_state()}, metrics={"loss": loss_value},
+            )
+        if run.should_stop:
+            print(f"preemption notice at step {step}: checkpointed, exiting", flush=True)
+            run.exit_preempted()
     print(f"final loss {loss_value:.4f}", flush=True)
+    run.finish()
     return 0
 
 

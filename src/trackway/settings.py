@@ -31,6 +31,15 @@ executor = "local"
 cost_per_gpu_hour = 0.0
 # Seconds between SIGTERM and SIGKILL when a time limit is hit or a run is cancelled.
 grace_seconds = 30
+
+[checkpoints]
+# Retention, applied by `trackway gc`. The newest committed checkpoint, the one a running
+# attempt resumed from, and any an evaluation references are always kept.
+keep_last = 2          # at least 2
+# keep_every = 1000    # also keep every checkpoint whose step is a multiple of this
+# keep_best = 1        # also keep the best N by a metric recorded at save time
+# best_metric = "loss"
+# best_mode = "min"
 """
 
 
@@ -49,6 +58,7 @@ class Settings:
     home: Path
     db_url: str
     resources: dict[str, Resource] = field(default_factory=dict)
+    retention: dict[str, Any] = field(default_factory=dict)  # [checkpoints] in trackway.toml
 
     def resource(self, name: str = "local") -> Resource:
         return self.resources.get(name) or Resource(name=name)
@@ -93,4 +103,7 @@ def load_settings(home: str | Path | None = None, db: str | None = None, cwd: Pa
     url = db or os.environ.get("TRACKWAY_DB") or (doc.get("ledger") or {}).get("url")
     if not url:
         url = f"sqlite:///{home_path / 'ledger.db'}"
-    return Settings(home=home_path, db_url=url, resources=_parse_resources(doc, toml_path))
+    retention = doc.get("checkpoints") or {}
+    if not isinstance(retention, dict):
+        raise InputError(f"{toml_path}: [checkpoints] must be a table")
+    return Settings(home=home_path, db_url=url, resources=_parse_resources(doc, toml_path), retention=retention)

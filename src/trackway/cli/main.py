@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from trackway.cli import init_cmd, logs_cmd, runs_cmd, sql_cmd, submit_cmd
+from trackway.cli import checkpoints_cmd, init_cmd, logs_cmd, metrics_cmd, runs_cmd, sql_cmd, submit_cmd
 from trackway.cli.context import AppContext
 from trackway.cli.errors import run_app
 
@@ -35,6 +35,8 @@ submit_cmd.register(app)
 runs_cmd.register(app)
 logs_cmd.register(app)
 sql_cmd.register(app)
+metrics_cmd.register(app)
+checkpoints_cmd.register(app)
 
 
 def main() -> None:

@@ -65,6 +65,32 @@ def submit(
     raise typer.Exit(follow(app, supervisor, run_id, attempt_id))
 
 
+def resume(
+    ctx: typer.Context,
+    run: str = typer.Argument(..., help="A run id or name that ended without completing."),
+    detach: bool = typer.Option(False, "--detach", help="Print the attempt id and return; do not follow it."),
+) -> None:
+    """Start a new attempt of RUN, from its latest committed checkpoint (exit 0 iff it completes)."""
+    from trackway.errors import InputError
+    from trackway.supervisor.launch import start_attempt
+    from trackway.supervisor.loop import Supervisor
+
+    app = app_context(ctx)
+    supervisor = Supervisor(app.ledger, app.settings)
+    supervisor.tick()
+    with app.ledger.read() as conn:
+        record = resolve_run(conn, run)
+    if record["state"] in (RunState.RUNNING.value, RunState.QUEUED.value, RunState.COMPLETED.value):
+        raise InputError(f"run {run!r}: is {record['state']}; only a run that ended without completing can be resumed")
+    attempt_id = start_attempt(app.ledger, app.settings, record["run_id"], supervisor.executor(record["executor"]))
+    with app.ledger.read() as conn:
+        resumed_from = get_attempt(conn, attempt_id)["resumed_from_checkpoint"]
+    console.print(attempt_id, highlight=False)
+    err_console.print(f"resuming from {resumed_from or 'the start (no committed checkpoint)'}", highlight=False)
+    if not detach:
+        raise typer.Exit(follow(app, supervisor, record["run_id"], attempt_id))
+
+
 def follow(app: AppContext, supervisor, run_id: str, attempt_id: str) -> int:
     """Show a live status line until the attempt ends; return 0 iff the run completed."""
     from trackway.supervisor.loop import read_log_tail
@@ -102,3 +128,4 @@ def follow(app: AppContext, supervisor, run_id: str, attempt_id: str) -> int:
 
 def register(app: typer.Typer) -> None:
     app.command("submit", context_settings={"allow_interspersed_args": False})(submit)
+    app.command("resume")(resume)

@@ -1,0 +1,137 @@
+"""`trackway checkpoints` and `trackway gc`: what storage holds for a run, and retention applied to it."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+
+from trackway.cli.context import AppContext, app_context
+from trackway.cli.render import console, print_json, short_time, table
+from trackway.errors import InputError
+from trackway.ledger.records import active_attempts, list_runs, resolve_run
+
+
+def _store(app: AppContext, run_id: str):
+    from trackway.checkpoints.mirror import checkpoint_root
+    from trackway.checkpoints.protocol import CheckpointStore
+
+    return CheckpointStore(checkpoint_root(app.settings.runs_dir, run_id))
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def checkpoints(
+    ctx: typer.Context,
+    run: str = typer.Argument(..., help="A run id or name."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """List a run's checkpoints as storage holds them: state, step, size and lineage."""
+    from trackway.checkpoints.mirror import reconcile_run_checkpoints
+    from trackway.cli.runs_cmd import reconcile
+
+    app = app_context(ctx)
+    reconcile(app)
+    with app.ledger.read() as conn:
+        run_id = resolve_run(conn, run)["run_id"]
+    held = reconcile_run_checkpoints(app.ledger, run_id, _store(app, run_id))
+    rows = [
+        {
+            "name": c.name,
+            "step": c.step,
+            "state": c.state.value,
+            "size_bytes": c.size_bytes,
+            "committed_at": c.committed_at,
+            "attempt_id": (c.manifest or {}).get("attempt_id"),
+            "parent": (c.manifest or {}).get("parent"),
+            "metrics": (c.manifest or {}).get("metrics"),
+            "path": str(c.path),
+            "problems": list(c.problems),
+        }
+        for c in held
+    ]
+    if as_json:
+        print_json(rows)
+        return
+    console.print(
+        table(
+            None,
+            ["checkpoint", "state", "size", "committed (UTC)", "attempt", "parent", "metrics"],
+            (
+                (r["name"], r["state"], _size(r["size_bytes"]), short_time(r["committed_at"]), r["attempt_id"],
+                 r["parent"], json.dumps(r["metrics"]) if r["metrics"] else None)
+                for r in rows
+            ),
+            squeeze=("metrics",),
+        )
+    )
+
+
+def gc(
+    ctx: typer.Context,
+    run: str = typer.Argument(None, help="A run id or name; every run when left out."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print what would be superseded and deleted; change nothing."),
+    keep_last: int = typer.Option(None, "--keep-last", help="Keep the last N committed checkpoints (≥ 2)."),
+    keep_every: int = typer.Option(None, "--keep-every", help="Also keep every checkpoint whose step is a multiple of K."),
+    keep_best: int = typer.Option(None, "--keep-best", help="Also keep the best N by --metric."),
+    metric: str = typer.Option(None, "--metric", help="The metric --keep-best ranks by (recorded at save time)."),
+    mode: str = typer.Option(None, "--mode", help="min or max: which end of --metric is best."),
+) -> None:
+    """Apply checkpoint retention: committed → superseded, superseded → deleted (marker first)."""
+    from trackway.checkpoints.mirror import reconcile_run_checkpoints
+    from trackway.checkpoints.retention import RetentionPolicy, apply_retention, plan_retention
+    from trackway.cli.runs_cmd import reconcile
+
+    app = app_context(ctx)
+    reconcile(app)
+    settings = {**app.settings.retention}
+    for key, value in (("keep_last", keep_last), ("keep_every", keep_every), ("keep_best", keep_best),
+                       ("best_metric", metric), ("best_mode", mode)):
+        if value is not None:
+            settings[key] = value
+    try:
+        policy = RetentionPolicy(**settings)
+    except TypeError as exc:
+        raise InputError(f"[checkpoints] in trackway.toml: {exc}") from None
+    except ValueError as exc:
+        raise InputError(f"retention: {exc}") from None
+    with app.ledger.read() as conn:
+        run_ids = [resolve_run(conn, run)["run_id"]] if run else [r["run_id"] for r in list_runs(conn, limit=None)]
+        protected_by_run: dict[str, dict[int, str]] = {}
+        for attempt in active_attempts(conn):
+            name = attempt["resumed_from_checkpoint"]
+            if name and name.startswith("step-"):
+                protected_by_run.setdefault(attempt["run_id"], {})[int(name[5:])] = f"resumed from by {attempt['attempt_id']}"
+    for run_id in run_ids:
+        store = _store(app, run_id)
+        if not store.root.is_dir():
+            continue
+        held = store.list()
+        plan = plan_retention(held, policy, protected_by_run.get(run_id, {}))
+        if plan.supersede or plan.delete:
+            verb = "would" if dry_run else "will"
+            console.print(
+                f"{run_id}: {verb} supersede {_steps(plan.supersede)}; {verb} delete {_steps(plan.delete)}",
+                highlight=False,
+            )
+        for step, reasons in sorted(plan.keep.items()):
+            console.print(f"  keep step {step}: {', '.join(reasons)}", highlight=False)
+        if not dry_run:
+            apply_retention(store, plan)
+            store.clean_debris()
+            reconcile_run_checkpoints(app.ledger, run_id, store)
+
+
+def _steps(steps: list[int]) -> str:
+    return ", ".join(str(s) for s in steps) or "nothing"
+
+
+def register(app: typer.Typer) -> None:
+    app.command("checkpoints")(checkpoints)
+    app.command("gc")(gc)

@@ -1,8 +1,10 @@
 """A script run without a supervisor: it records its own run and attempt, and ingests its own spool.
 
-Ids are made locally and the spool is written first, so a ledger that is down when the
-script starts costs nothing: a background thread registers the run and ingests whenever the
-ledger answers, and the end is recorded on `finish()` (or at exit) once it does.
+Ids are made locally, the receipt goes to a pending registration file and everything logged to
+the spool, so a ledger that is down costs nothing: a background thread registers the run and
+ingests whenever the ledger answers, and the end is recorded on `finish()` (or at exit). If the
+ledger stays away longer than the script, the next `trackway` command that reaches it
+registers the run, ingests the spool and classifies the end from the script's own note.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 from trackway.ledger.records import new_run_id
 from trackway.settings import Settings, load_settings
@@ -22,18 +23,17 @@ from trackway.spool import NOTE_FILE, read_json
 from trackway.taxonomy import AttemptState, RunKind, RunState, TerminationReason
 
 INGEST_INTERVAL_S = 2.0
-FINAL_INGEST_PATIENCE_S = 10.0
+# How long finish() waits for an absent ledger before leaving the rest to the next `trackway` command.
+FINAL_INGEST_PATIENCE_S = float(os.environ.get("TRACKWAY_LEDGER_PATIENCE_S", "10"))
 
 
 class StandaloneSession:
     """The run and attempt a standalone script records, and the thread that keeps the ledger current."""
 
-    def __init__(self, settings: Settings, context, run_values: dict[str, Any], config_bytes: bytes | None):
+    def __init__(self, settings: Settings, context, pending: Path):
         self.settings = settings
         self.context = context
-        self._run_values = run_values
-        self._config_bytes = config_bytes
-        self._started_at = datetime.now(timezone.utc)
+        self._pending = pending
         self._ledger = None
         self._registered = False
         self.last_error: str | None = None
@@ -42,7 +42,12 @@ class StandaloneSession:
 
     @classmethod
     def start(cls, config: dict | None, name: str | None, project: str, model_family: str | None) -> StandaloneSession:
+        from trackway.executors.inline import inline_job_id
+        from trackway.ledger.registration import write_pending
         from trackway.receipts.canonical import canonical_json
+        from trackway.receipts.code import capture_code
+        from trackway.receipts.environment import capture_environment
+        from trackway.receipts.placement import host_name
         from trackway.sdk.run import AttemptContext
 
         settings = load_settings()
@@ -61,21 +66,21 @@ class StandaloneSession:
             checkpoint_dir=run_dir / "checkpoints",
             config_path=run_dir / "config.json" if config_bytes is not None else None,
         )
-        run_values = dict(
-            run_id=run_id,
-            name=name,
-            project=project,
-            model_family=model_family,
-            kind=RunKind.FULL.value,
-            state=RunState.RUNNING.value,
-            command=json.dumps([sys.executable, *sys.argv]),
-            workdir=str(Path.cwd()),
-            resource="local",
-            executor="inline",
-            gpus=0,
-            data_paths=None,
+        now = datetime.now(timezone.utc)
+        code = capture_code(Path.cwd())
+        run = dict(
+            run_id=run_id, name=name, project=project, model_family=model_family, kind=RunKind.FULL.value,
+            state=RunState.RUNNING.value, command=json.dumps([sys.executable, *sys.argv]), workdir=str(Path.cwd()),
+            resource="local", executor="inline", gpus=0, code_repo=code.repo, code_branch=code.branch,
+            code_commit=code.commit, created_at=now,
         )
-        session = cls(settings, context, run_values, config_bytes)
+        attempt = dict(
+            run_id=run_id, attempt_number=1, state=AttemptState.RUNNING.value, executor="inline",
+            executor_job_id=inline_job_id(os.getpid()), state_dir=str(state_dir), log_path=str(state_dir / "output.log"),
+            host=host_name(), gpu_count=0, code_commit=code.commit, started_at=now,
+        )
+        blobs = {"config": config_bytes, "environment": capture_environment().canonical, "git_diff": code.dirty_diff}
+        session = cls(settings, context, write_pending(settings.home, run, attempt, blobs))
         session._thread.start()
         return session
 
@@ -104,51 +109,9 @@ class StandaloneSession:
             return False
 
     def _register(self) -> None:
-        from trackway.executors.inline import inline_job_id
-        from trackway.ledger.blobs import put_blob
-        from trackway.ledger.records import insert_attempt, insert_run
-        from trackway.ledger.schema import runs
-        from trackway.receipts.code import capture_code
-        from trackway.receipts.environment import capture_environment
-        from trackway.receipts.placement import host_name
+        from trackway.ledger.registration import register_pending
 
-        code = capture_code(Path(self._run_values["workdir"]))
-        environment = capture_environment()
-        with self._ledger.write() as conn:
-            if conn.execute(runs.select().where(runs.c.run_id == self.context.run_id)).first() is None:
-                config_sha = put_blob(conn, self._config_bytes, "config") if self._config_bytes else None
-                diff_sha = put_blob(conn, code.dirty_diff, "git_diff") if code.dirty_diff else None
-                insert_run(
-                    conn,
-                    {
-                        **self._run_values,
-                        "config_sha256": config_sha,
-                        "code_repo": code.repo,
-                        "code_branch": code.branch,
-                        "code_commit": code.commit,
-                        "code_dirty_sha256": diff_sha,
-                        "created_at": self._started_at,
-                    },
-                )
-                insert_attempt(
-                    conn,
-                    dict(
-                        run_id=self.context.run_id,
-                        attempt_number=1,
-                        state=AttemptState.RUNNING.value,
-                        executor="inline",
-                        executor_job_id=inline_job_id(os.getpid()),
-                        state_dir=str(self.context.spool_dir.parent),
-                        log_path=str(self.context.spool_dir.parent / "output.log"),
-                        host=host_name(),
-                        gpu_count=0,
-                        config_sha256=config_sha,
-                        environment_sha256=put_blob(conn, environment.canonical, "environment"),
-                        code_commit=code.commit,
-                        code_dirty_sha256=diff_sha,
-                        started_at=self._started_at,
-                    ),
-                )
+        register_pending(self._ledger, self._pending)
         self._registered = True
 
     def close(self, exit_code: int | None) -> None:

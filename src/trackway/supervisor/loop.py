@@ -19,6 +19,7 @@ from trackway.errors import InputError
 from trackway.executors.base import Executor, JobHandle, JobPhase, JobStatus, get_executor
 from trackway.ledger import Ledger
 from trackway.ledger.ingest import ingest_attempt
+from trackway.ledger.registration import register_all_pending
 from trackway.ledger.records import active_attempts, get_attempt, record_attempt_end, resolve_run, update_run
 from trackway.settings import Settings
 from trackway.supervisor.classify import Classification, Evidence, classify
@@ -81,6 +82,7 @@ class Supervisor:
 
     def tick(self) -> list[AttemptEnd]:
         """One pass: poll every unfinished attempt and record those that ended."""
+        register_all_pending(self.ledger, self.settings.home)
         with self.ledger.read() as conn:
             pending = [a for a in active_attempts(conn) if a["executor_job_id"]]
         ends = []

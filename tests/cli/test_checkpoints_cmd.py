@@ -1,0 +1,61 @@
+"""`trackway checkpoints`, `gc`, `metrics` and `resume` over real runs that checkpoint and fail."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+PY = sys.executable
+SCRIPT = str(Path(__file__).parent / "scripts" / "neutral.py")
+
+
+def test_checkpoints_lineage_retention_and_metrics(cli):
+    result = cli("submit", "--name", "ck", "--", PY, SCRIPT, "55")
+    assert result.code == 0, result.err
+    held = cli("checkpoints", "ck", "--json").json()
+    assert [c["step"] for c in held] == [10, 20, 30, 40, 50]
+    assert all(c["state"] == "committed" for c in held)
+    assert [c["parent"] for c in held] == [None, "step-00000010", "step-00000020", "step-00000030", "step-00000040"]
+    mirrored = cli("sql", "select step, state from checkpoints order by step", "--json").json()
+    assert mirrored == [{"step": s, "state": "committed"} for s in (10, 20, 30, 40, 50)]
+
+    dry = cli("gc", "ck", "--dry-run", "--keep-last", "2")
+    assert dry.code == 0 and "would supersede 10, 20, 30" in dry.out
+    assert [c["state"] for c in cli("checkpoints", "ck", "--json").json()] == ["committed"] * 5
+
+    assert cli("gc", "ck", "--keep-last", "2", "--keep-every", "20").code == 0
+    states = {c["step"]: c["state"] for c in cli("checkpoints", "ck", "--json").json()}
+    assert states[40] == states[50] == "committed" and states[20] == "committed"  # last 2, every 20
+    assert all(states.get(step) in ("superseded", None) for step in (10, 30))
+    cli("gc", "ck", "--keep-last", "2", "--keep-every", "20")
+    remaining = [c["step"] for c in cli("checkpoints", "ck", "--json").json()]
+    assert 10 not in remaining and 30 not in remaining and {20, 40, 50} <= set(remaining)
+    gone = cli("sql", "select step from checkpoints where state = 'deleted' order by step", "--json").json()
+    assert [row["step"] for row in gone] == [10, 30]
+
+    points = cli("metrics", "ck", "--key", "loss", "--json").json()
+    assert [p["step"] for p in points] == list(range(55))
+    assert "loss" in cli("metrics", "ck").out
+
+
+def test_keep_last_below_two_is_refused(cli):
+    assert cli("submit", "--name", "ck2", "--", PY, SCRIPT, "25").code == 0
+    refused = cli("gc", "ck2", "--keep-last", "1")
+    assert refused.code == 2 and "keep_last" in refused.err
+
+
+def test_resume_continues_from_the_last_committed_checkpoint(cli):
+    failed = cli("submit", "--name", "flaky", "--", PY, SCRIPT, "40", "25")
+    assert failed.code == 1
+    resumed = cli("resume", "flaky")
+    assert resumed.code == 0, resumed.err
+    assert "resuming from step-00000020" in resumed.err
+    first, second = cli("attempts", "flaky", "--json").json()
+    assert first["termination_reason"] == "code_error" and second["termination_reason"] == "completed"
+    assert second["resumed_from_checkpoint"] == "step-00000020"
+    assert (second["first_step"], second["last_step"]) == (21, 39)
+    points = cli("metrics", "flaky", "--key", "loss", "--json").json()
+    assert [p["step"] for p in points] == list(range(40))  # continuous: no restart at 0, no duplicates
+    assert {p["attempt_number"] for p in points if p["step"] >= 21} == {2}
+    again = cli("resume", "flaky")
+    assert again.code == 2 and "is completed" in again.err

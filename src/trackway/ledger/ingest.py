@@ -58,15 +58,12 @@ def ingest_attempt(ledger: Ledger, attempt: RowMapping) -> IngestReport:
     report = IngestReport(note=read_json(spool / NOTE_FILE))
     if not spool.is_dir():
         return report
+    beat = read_json(spool / HEARTBEAT_FILE)
+    with ledger.read() as conn:
+        if not _has_news(spool, _offsets(conn, attempt["attempt_id"]), attempt, beat):
+            return report  # the common case on a busy supervisor: no write transaction at all
     with ledger.write() as conn:
-        offsets = {
-            row.file: row.byte_offset
-            for row in conn.execute(
-                select(spool_cursors.c.file, spool_cursors.c.byte_offset).where(
-                    spool_cursors.c.attempt_id == attempt["attempt_id"]
-                )
-            )
-        }
+        offsets = _offsets(conn, attempt["attempt_id"])
         for path in sorted(spool.glob(f"{METRICS_PREFIX}*.jsonl")):
             lines, end = read_complete_lines(path, offsets.get(path.name, 0))
             if lines:
@@ -76,8 +73,26 @@ def ingest_attempt(ledger: Ledger, attempt: RowMapping) -> IngestReport:
         if lines:
             report.events, report.checkpoints = _ingest_events(conn, attempt, lines)
             _save_offset(conn, attempt["attempt_id"], EVENTS_FILE, end, EVENTS_FILE in offsets)
-        _ingest_heartbeat(conn, attempt, read_json(spool / HEARTBEAT_FILE))
+        _ingest_heartbeat(conn, attempt, beat)
     return report
+
+
+def _offsets(conn: Connection, attempt_id: str) -> dict[str, int]:
+    query = select(spool_cursors.c.file, spool_cursors.c.byte_offset).where(spool_cursors.c.attempt_id == attempt_id)
+    return {row.file: row.byte_offset for row in conn.execute(query)}
+
+
+def _has_news(spool: Path, offsets: dict[str, int], attempt: RowMapping, beat: dict[str, Any] | None) -> bool:
+    for path in [*spool.glob(f"{METRICS_PREFIX}*.jsonl"), spool / EVENTS_FILE]:
+        try:
+            if path.stat().st_size > offsets.get(path.name, 0):
+                return True
+        except FileNotFoundError:
+            continue
+    if beat and "t" in beat:
+        last = attempt["last_heartbeat_at"]
+        return last is None or datetime.fromtimestamp(float(beat["t"]), timezone.utc) > last
+    return False
 
 
 def _save_offset(conn: Connection, attempt_id: str, name: str, offset: int, known: bool) -> None:

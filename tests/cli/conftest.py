@@ -25,31 +25,21 @@ class Result:
         return json.loads(self.out)
 
 
+def _in_process(capsys):
+    def invoke(*args: str) -> Result:
+        capsys.readouterr()
+        code = run_app(app, list(args))
+        captured = capsys.readouterr()
+        return Result(code, captured.out, captured.err)
+
+    return invoke
+
+
 @pytest.fixture
 def cli(home: Path, capsys, ledger_url: str, monkeypatch):
     """`cli("runs", "--json")` runs trackway in this process against a fresh ledger on each backend."""
     monkeypatch.setenv("TRACKWAY_DB", ledger_url)
-
-    def invoke(*args: str) -> Result:
-        capsys.readouterr()
-        code = run_app(app, list(args))
-        captured = capsys.readouterr()
-        return Result(code, captured.out, captured.err)
-
-    return invoke
-
-
-@pytest.fixture
-def sqlite_cli(home: Path, capsys):
-    """The CLI on the embedded default (SQLite under TRACKWAY_HOME) only."""
-
-    def invoke(*args: str) -> Result:
-        capsys.readouterr()
-        code = run_app(app, list(args))
-        captured = capsys.readouterr()
-        return Result(code, captured.out, captured.err)
-
-    return invoke
+    return _in_process(capsys)
 
 
 @pytest.fixture
@@ -65,5 +55,3 @@ def cli_process(home: Path):
 
     return invoke
 
-
-PY = sys.executable

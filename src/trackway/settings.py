@@ -40,6 +40,15 @@ keep_last = 2          # at least 2
 # keep_best = 1        # also keep the best N by a metric recorded at save time
 # best_metric = "loss"
 # best_mode = "min"
+
+[retry]
+# What the supervisor does after an attempt ends, per termination reason (DESIGN.md's defaults).
+# gpu_hours_budget = 100
+# [retry.reasons.preempted]
+# budget = 10
+# [retry.reasons.infra_transient]
+# budget = 3
+# backoff_seconds = 30
 """
 
 
@@ -59,6 +68,7 @@ class Settings:
     db_url: str
     resources: dict[str, Resource] = field(default_factory=dict)
     retention: dict[str, Any] = field(default_factory=dict)  # [checkpoints] in trackway.toml
+    retry: dict[str, Any] = field(default_factory=dict)  # [retry] in trackway.toml (supervisor/policy.py)
 
     def resource(self, name: str = "local") -> Resource:
         return self.resources.get(name) or Resource(name=name)
@@ -106,4 +116,9 @@ def load_settings(home: str | Path | None = None, db: str | None = None, cwd: Pa
     retention = doc.get("checkpoints") or {}
     if not isinstance(retention, dict):
         raise InputError(f"{toml_path}: [checkpoints] must be a table")
-    return Settings(home=home_path, db_url=url, resources=_parse_resources(doc, toml_path), retention=retention)
+    retry = doc.get("retry") or {}
+    if not isinstance(retry, dict):
+        raise InputError(f"{toml_path}: [retry] must be a table")
+    return Settings(
+        home=home_path, db_url=url, resources=_parse_resources(doc, toml_path), retention=retention, retry=retry
+    )

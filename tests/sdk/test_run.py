@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -83,17 +84,22 @@ def test_preemption_notice_ends_the_attempt_as_preempted(env, tmp_path, monkeypa
     with ledger.read() as conn:
         attempt = get_attempt(conn, attempt_id)
     job = Path(attempt["state_dir"]) / "job.json"
-    import json
-
     child = json.loads(job.read_text())["child_pid"]
     os.kill(child, signal.SIGTERM)
     attempt = _wait_end(env, attempt_id)
     assert attempt["termination_reason"] == "preempted" and attempt["exit_code"] == 75
-    evidence = __import__("json").loads(attempt["termination_evidence"])
+    evidence = json.loads(attempt["termination_evidence"])
     assert evidence["rule"] == "sdk:note" and "SIGTERM" in evidence["lines"][0]
     with ledger.read() as conn:
         kinds = set(conn.execute(select(attempt_events.c.kind).where(attempt_events.c.attempt_id == attempt_id)).scalars())
     assert {"started", "preemption_notice", "termination_note"} <= kinds
+    decision = json.loads(attempt["retry_decision"])
+    assert decision["action"] == "resume" and decision["rule"] == "preempted: resume (1 of 10)"
+    _, _, supervisor = env
+    with ledger.read() as conn:
+        assert latest_attempt(conn, run_id)["attempt_number"] == 2  # the supervisor relaunched it
+    supervisor.cancel(run_id)
+    _wait_end(env, f"{run_id}/2")
 
 
 @pytest.mark.parametrize(
@@ -110,8 +116,9 @@ def test_the_scripts_own_note_names_the_reason(env, mode, reason, fragment):
     _, attempt_id = _launch(env, mode, "20")
     attempt = _wait_end(env, attempt_id)
     assert attempt["termination_reason"] == reason
-    evidence = __import__("json").loads(attempt["termination_evidence"])
+    evidence = json.loads(attempt["termination_evidence"])
     assert evidence["rule"] == "sdk:note" and fragment in evidence["lines"][0]
+    assert json.loads(attempt["retry_decision"])["action"] == "stop"
 
 
 def test_a_script_run_alone_records_its_own_run(home, ledger_url):

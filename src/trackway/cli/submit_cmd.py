@@ -92,37 +92,55 @@ def resume(
 
 
 def follow(app: AppContext, supervisor, run_id: str, attempt_id: str) -> int:
-    """Show a live status line until the attempt ends; return 0 iff the run completed."""
+    """Show a live status line until the run ends, across the retries the policy decides; 0 iff it completed."""
+    import json
+
+    from trackway.ledger.records import latest_attempt
     from trackway.supervisor.loop import read_log_tail
 
     started = time.monotonic()
+    reported: set[str] = set()
     try:
         with err_console.status("", spinner="dots") as status:
             while True:
-                supervisor.tick()
+                for end in supervisor.tick():
+                    if end.run_id == run_id:
+                        reported.add(end.attempt_id)
+                        decision = end.decision
+                        err_console.print(
+                            f"{end.attempt_id} ended: {end.reason.value} (exit {end.exit_code}, signal {end.signal}); "
+                            f"{decision.action}: {decision.message} [{decision.rule}]",
+                            highlight=False,
+                        )
                 with app.ledger.read() as conn:
-                    attempt = get_attempt(conn, attempt_id)
-                if attempt["state"] == AttemptState.ENDED.value:
+                    run = resolve_run(conn, run_id)
+                    attempt = latest_attempt(conn, run_id)
+                if RunState(run["state"]).is_terminal():
                     break
-                tail = read_log_tail(Path(attempt["log_path"]), max_bytes=4096, max_lines=1)
-                last = tail[-1].split(" ", 2)[-1] if tail else ""
-                line = Text(f"{attempt_id} {attempt['state']} {duration(time.monotonic() - started)}  ")
-                line.append(last[:100], style="dim")
+                if attempt is not None and attempt["attempt_id"] != attempt_id:
+                    attempt_id = attempt["attempt_id"]
+                    err_console.print(
+                        f"{attempt_id} started, resuming from {attempt['resumed_from_checkpoint'] or 'the start'}",
+                        highlight=False,
+                    )
+                line = Text(f"{attempt_id} {attempt['state'] if attempt else run['state']} {duration(time.monotonic() - started)}  ")
+                if attempt is not None:
+                    tail = read_log_tail(Path(attempt["log_path"]), max_bytes=4096, max_lines=1)
+                    line.append((tail[-1].split(" ", 2)[-1] if tail else "")[:100], style="dim")
                 status.update(line)
                 time.sleep(FOLLOW_INTERVAL_S)
     except KeyboardInterrupt:
-        err_console.print(
-            f"stopped following; {attempt_id} goes on (`trackway cancel {run_id}` ends it)", highlight=False
-        )
+        err_console.print(f"stopped following; {run_id} goes on (`trackway cancel {run_id}` ends it)", highlight=False)
         return 130
-    with app.ledger.read() as conn:
-        run = resolve_run(conn, run_id)
-    reason = attempt["termination_reason"]
-    err_console.print(
-        f"{attempt_id} ended: {reason} (exit {attempt['exit_code']}, signal {attempt['signal']}) "
-        f"after {duration(attempt['gpu_seconds'] / max(1, attempt['gpu_count'] or 0))}; run {run['state']}",
-        highlight=False,
-    )
+    if attempt is not None and attempt["attempt_id"] not in reported:
+        # Another process recorded the end: say it the same way.
+        decision = json.loads(attempt["retry_decision"]) if attempt["retry_decision"] else {}
+        err_console.print(
+            f"{attempt['attempt_id']} ended: {attempt['termination_reason']} (exit {attempt['exit_code']}, "
+            f"signal {attempt['signal']}); {decision.get('action', 'none')}: {decision.get('message', '')}",
+            highlight=False,
+        )
+    err_console.print(f"run {run_id} {run['state']} after {duration(time.monotonic() - started)}", highlight=False)
     return 0 if run["state"] == RunState.COMPLETED.value else 1
 
 

@@ -89,6 +89,8 @@ runs = Table(
     Column("termination_reason", String(32)),
     Column("created_at", UTCDateTime, nullable=False, index=True),
     Column("ended_at", UTCDateTime),
+    Column("retry_policy", Text),  # the run's own --retry-policy (TOML), over trackway.toml's [retry]
+    Column("not_before", UTCDateTime),  # a queued retry waits until then (backoff)
 )
 
 attempts = Table(
@@ -126,7 +128,8 @@ attempts = Table(
     Column("signal", Integer),
     Column("termination_reason", String(32), index=True),
     Column("termination_evidence", Text),  # JSON: {"rule": ..., "lines": [...], ...}
-    Column("retry_decision", Text),
+    Column("retry_decision", Text),  # JSON: {"action", "rule", "message", "delay_s"}
+    Column("memory_fingerprint", String(64)),  # what an OOM retry must change (supervisor/policy.py)
     UniqueConstraint("run_id", "attempt_number", name="uq_attempts_run_number"),
 )
 

@@ -58,6 +58,7 @@ class RunSpec:
     repo_url: str | None = None
     branch: str | None = None
     resource: str = "local"
+    retry_policy_path: str | None = None
 
 
 def _validate(spec: RunSpec) -> None:
@@ -88,6 +89,11 @@ def submit_run(ledger: Ledger, settings: Settings, spec: RunSpec, console: Conso
         with ledger.read() as conn:
             if name_taken(conn, spec.name):
                 raise InputError(f"--name {spec.name!r}: a run with that name exists; names address runs, so pick another")
+    from trackway.supervisor.policy import load_policy
+    from trackway.supervisor.retry import read_policy_file
+
+    load_policy(None, settings.retry)  # a broken [retry] in trackway.toml is refused now, not after an attempt
+    retry_policy = read_policy_file(spec.retry_policy_path)
     config = load_config(spec.config_path, spec.overrides)
     data = build_data_manifest(spec.data_paths, console=console)
     run_id = new_run_id()
@@ -121,6 +127,7 @@ def submit_run(ledger: Ledger, settings: Settings, spec: RunSpec, console: Conso
                     code_commit=code.commit,
                     code_dirty_sha256=diff_sha,
                     created_at=datetime.now(timezone.utc),
+                    retry_policy=retry_policy,
                 ),
             )
     except BaseException:
@@ -195,6 +202,8 @@ def attempt_environment(
 
 def start_attempt(ledger: Ledger, settings: Settings, run_id: str, executor: Executor) -> str:
     """Record a new attempt of `run_id` and hand it to `executor`; return the attempt id."""
+    from trackway.supervisor.retry import next_fingerprint
+
     environment = capture_environment()
     resume_from = resume_target(settings.runs_dir / run_id / "checkpoints")
     with ledger.write() as conn:
@@ -218,6 +227,7 @@ def start_attempt(ledger: Ledger, settings: Settings, run_id: str, executor: Exe
                 code_commit=run["code_commit"],
                 code_dirty_sha256=run["code_dirty_sha256"],
                 resumed_from_checkpoint=resume_from,
+                memory_fingerprint=next_fingerprint(settings, run),
             ),
         )
     state_dir.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from sqlalchemy import RowMapping
 
-from trackway.errors import InputError
+from trackway.errors import InputError, TrackwayError
 from trackway.executors.base import Executor, JobHandle, JobPhase, JobStatus, get_executor
 from trackway.ledger import Ledger
 from trackway.ledger.ingest import ingest_attempt
@@ -23,6 +23,9 @@ from trackway.ledger.registration import register_all_pending
 from trackway.ledger.records import active_attempts, get_attempt, record_attempt_end, resolve_run, update_run
 from trackway.settings import Settings
 from trackway.supervisor.classify import Classification, Evidence, classify
+from trackway.supervisor.launch import start_attempt
+from trackway.supervisor.policy import Decision
+from trackway.supervisor.retry import claim, decide_after_end, due_retries
 from trackway.taxonomy import AttemptState, RunState, TerminationReason
 
 LOG_TAIL_BYTES = 64 * 1024
@@ -40,6 +43,7 @@ class AttemptEnd:
     exit_code: int | None
     signal: int | None
     gpu_seconds: float
+    decision: Decision
 
 
 def read_log_tail(path: Path, max_bytes: int = LOG_TAIL_BYTES, max_lines: int = LOG_TAIL_LINES) -> list[str]:
@@ -97,7 +101,24 @@ class Supervisor:
             end = self._record_end(attempt, status, report.note)
             if end is not None:
                 ends.append(end)
+        self.launch_due_retries()
         return ends
+
+    def launch_due_retries(self) -> list[str]:
+        """Start the next attempt of every run whose retry is due; return the new attempt ids."""
+        with self.ledger.read() as conn:
+            due = due_retries(conn, datetime.now(timezone.utc))
+        started = []
+        for run_id in due:
+            with self.ledger.write() as conn:
+                if not claim(conn, run_id):
+                    continue
+                executor = resolve_run(conn, run_id)["executor"]
+            try:
+                started.append(start_attempt(self.ledger, self.settings, run_id, self.executor(executor)))
+            except TrackwayError:
+                continue  # recorded on the attempt by start_attempt; the run stays failed
+        return started
 
     def run(self, should_stop: Callable[[], bool], interval_s: float = 1.0) -> None:
         while not should_stop():
@@ -157,8 +178,9 @@ class Supervisor:
                 signal=status.signal,
                 cost_per_gpu_hour=self.settings.resource(run["resource"]).cost_per_gpu_hour,
             )
-        if gpu_seconds is None:
-            return None
+            if gpu_seconds is None:
+                return None
+            decision = decide_after_end(conn, self.settings, run, attempt["attempt_id"])
         return AttemptEnd(
             attempt_id=attempt["attempt_id"],
             run_id=attempt["run_id"],
@@ -167,4 +189,5 @@ class Supervisor:
             exit_code=status.exit_code,
             signal=status.signal,
             gpu_seconds=gpu_seconds,
+            decision=decision,
         )

@@ -1,0 +1,175 @@
+"""Asynchronous checkpoint saving: the caller only copies state to host memory; one thread writes and commits.
+
+    caller thread                       writer thread
+    save(step 10) ─ wait idle ─ capture ─► begin → serialize+hash → commit → on_commit
+    (training continues)                                                        │
+    save(step 20) ─ wait idle ◄───────────────────────────────────────────────────┘
+                  ─ capture ─► ...
+
+How reused host buffers stay safe: `save()` waits for the previous job to finish (commit or
+abort) *before* it captures, and only the writer thread reads a snapshot. So a capture never
+overwrites buffers that a write is still reading, and at most one save is ever in flight.
+
+A failure on the writer thread aborts the pending checkpoint (`commit_to` does; its temp
+directory is removed and no marker is ever written) and is raised as CheckpointError from the
+next `save()`, `wait()` or `close()`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from trackway.checkpoints.protocol import CheckpointError, CheckpointInfo, PendingCheckpoint
+from trackway.checkpoints.torch_state import STATE_FILE, HostBuffers, Snapshot, capture
+
+Persist = Callable[[Snapshot], "CheckpointInfo | None"]
+OnCommit = Callable[[CheckpointInfo], None]
+
+
+def commit_to(
+    begin: Callable[[], PendingCheckpoint], *, metrics: dict | None = None, filename: str = STATE_FILE
+) -> Persist:
+    """The single-process persist: open the pending checkpoint, serialize the snapshot, commit.
+
+    Any failure aborts the pending checkpoint, so no marker is ever written for it.
+    """
+
+    def persist(snapshot: Snapshot) -> CheckpointInfo:
+        pending = begin()
+        try:
+            snapshot.write(pending, filename)
+            return pending.commit(metrics=metrics)
+        except BaseException:
+            abort_quietly(pending)
+            raise
+
+    return persist
+
+
+def abort_quietly(pending: PendingCheckpoint) -> None:
+    """Abort a pending checkpoint without letting a second failure hide the first."""
+    try:
+        pending.abort()
+    except Exception:  # noqa: BLE001 - the original failure is the one worth raising
+        pass
+
+
+class AsyncSaver:
+    """Saves captured state on one background thread, one save at a time."""
+
+    def __init__(self, buffers: HostBuffers | None = None, *, name: str = "trackway-checkpoint-writer") -> None:
+        self.buffers = buffers if buffers is not None else HostBuffers()
+        self._name = name
+        self._lock = threading.Lock()
+        self._idle = threading.Event()
+        self._idle.set()
+        self._failure: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    @property
+    def busy(self) -> bool:
+        return not self._idle.is_set()
+
+    def save(
+        self,
+        persist: Persist,
+        *,
+        model: Any = None,
+        optimizer: Any = None,
+        scheduler: Any = None,
+        scaler: Any = None,
+        data_state: Any = None,
+        extra: Any = None,
+        on_commit: OnCommit | None = None,
+        blocking: bool = False,
+    ) -> None:
+        """Capture now; `persist` the snapshot on the writer thread (or here, when `blocking`).
+
+        `persist` writes and commits the snapshot, returning the committed info (None where
+        another process commits, as on rank > 0); `commit_to(store.begin-callable)` is the
+        usual one. Raises the previous save's failure before capturing anything.
+        """
+        if self._closed:
+            raise CheckpointError("this AsyncSaver is closed; create a new one to save again")
+        self.wait()
+        snapshot = capture(
+            model=model,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            scaler=scaler,
+            data_state=data_state,
+            extra=extra,
+            buffers=self.buffers,
+        )
+        job = _Job(persist, snapshot, on_commit)
+        self._idle.clear()
+        if blocking:
+            try:
+                job.run()
+            except CheckpointError:
+                raise
+            except Exception as exc:
+                raise CheckpointError(f"checkpoint save failed: {type(exc).__name__}: {exc}") from exc
+            finally:
+                self._idle.set()
+            return
+        # One short-lived thread per save, never two at once. Not a daemon: a script that ends
+        # right after save() still gets that checkpoint committed before the interpreter exits.
+        self._thread = threading.Thread(target=self._run, args=(job,), name=self._name, daemon=False)
+        self._thread.start()
+
+    def wait(self) -> None:
+        """Block until no save is in flight; raise CheckpointError if the last one failed."""
+        self._idle.wait()
+        thread = self._thread
+        if thread is not None:
+            thread.join()
+            self._thread = None
+        with self._lock:
+            failure, self._failure = self._failure, None
+        if isinstance(failure, CheckpointError):
+            raise failure
+        if failure is not None:
+            raise CheckpointError(
+                f"the background checkpoint save failed: {type(failure).__name__}: {failure}"
+            ) from failure
+
+    def close(self) -> None:
+        """Wait for the save in flight (raising its failure) and refuse further saves."""
+        self._closed = True
+        self.wait()
+
+    def _run(self, job: _Job) -> None:
+        try:
+            job.run()
+        except BaseException as exc:  # noqa: BLE001 - re-raised on the caller's thread by wait()
+            with self._lock:
+                self._failure = exc
+        finally:
+            self._idle.set()
+
+
+class _Job:
+    def __init__(self, persist: Persist, snapshot: Snapshot, on_commit: OnCommit | None) -> None:
+        self.persist = persist
+        self.snapshot: Snapshot | None = snapshot
+        self.on_commit = on_commit
+
+    def run(self) -> None:
+        try:
+            info = self.persist(self.snapshot)
+        finally:
+            # The buffers belong to the next capture now; nothing may keep reading them.
+            self.snapshot = None
+        if info is not None and self.on_commit is not None:
+            try:
+                self.on_commit(info)
+            except Exception as exc:
+                raise CheckpointError(
+                    f"checkpoint {info.name} is committed, but its on_commit callback failed: "
+                    f"{type(exc).__name__}: {exc}"
+                ) from exc
+

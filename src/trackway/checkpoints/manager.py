@@ -1,0 +1,445 @@
+"""`run.checkpoints`: when to save, saving (async by default, one shard per rank), resuming, listing.
+
+Lineage: each checkpoint's parent is, by name, the checkpoint this attempt resumed from or the
+previous one it committed, so `trackway checkpoints RUN` can draw the chain across attempts.
+
+Multi-process (torch.distributed initialized, world size > 1), one save:
+
+    rank 0                                   rank r > 0
+    broadcast temp-dir token ───────────────► begin(step, token)   (one shared temp dir)
+    write state.pt                            write rank-0000r.pt
+    gather digests ◄───────────────────────── (name, size, sha256) or the error
+    add_digest each, commit (or abort all)
+    broadcast outcome ──────────────────────► raise if it failed
+    (every rank returns only once the commit is durable)
+
+These collectives run on gloo groups of their own: one for the writer thread, one for the
+training thread (restore, `due` by minutes, `writing`), so they never interleave with the
+training's own collectives or with each other.
+
+torch is imported only when a torch feature is used: scripts that do not use torch can
+checkpoint with `writing()` without it.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trackway.checkpoints.protocol import (
+    CheckpointError,
+    CheckpointInfo,
+    CheckpointStore,
+    PendingCheckpoint,
+    new_token,
+)
+from trackway.errors import InputError
+
+if TYPE_CHECKING:
+    from trackway.checkpoints.async_save import AsyncSaver
+    from trackway.checkpoints.torch_state import Restored, Snapshot
+
+STATE_FILE = "state.pt"
+
+
+def shard_name(rank: int) -> str:
+    """The file one rank's state lives in: rank 0 writes `state.pt`, rank r writes `rank-0000r.pt`."""
+    return STATE_FILE if rank == 0 else f"rank-{rank:05d}.pt"
+
+
+class CheckpointManager:
+    """Saves, lists and restores one run's checkpoints under `root`."""
+
+    def __init__(
+        self,
+        root: str | Path,
+        *,
+        run_id: str | None = None,
+        attempt_id: str | None = None,
+        resume_from: str | None = None,
+        every_steps: int | None = None,
+        every_minutes: float | None = None,
+        async_save: bool = True,
+        on_commit: Callable[[CheckpointInfo], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if every_steps is not None and (not isinstance(every_steps, int) or every_steps < 1):
+            raise InputError(f"every_steps must be a positive integer, got {every_steps!r}")
+        if every_minutes is not None and not every_minutes > 0:
+            raise InputError(f"every_minutes must be a positive number, got {every_minutes!r}")
+        self.store = CheckpointStore(root)
+        self.run_id = run_id
+        self.attempt_id = attempt_id
+        self.resume_from = resume_from
+        self.every_steps = every_steps
+        self.every_minutes = every_minutes
+        self.async_save = async_save
+        self.on_commit = on_commit
+        self._clock = clock
+        self._parent = resume_from
+        self._last_step: int | None = None
+        self._last_save_at = clock()
+        self._saver: AsyncSaver | None = None
+        self._ranks: _Ranks | None | bool = False
+
+    def __enter__(self) -> CheckpointManager:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @property
+    def parent(self) -> str | None:
+        """The name the next checkpoint will record as its parent."""
+        return self._parent
+
+    def due(self, step: int) -> bool:
+        """Whether `step` should be saved: a multiple of every_steps, or every_minutes since the last save.
+
+        With several ranks and every_minutes, every rank must call it: rank 0's clock decides for all.
+        """
+        if step == self._last_step:
+            return False
+        if self.every_steps is not None and step > 0 and step % self.every_steps == 0:
+            return True
+        if self.every_minutes is None:
+            return False
+        elapsed = self._clock() - self._last_save_at >= self.every_minutes * 60
+        ranks = self._distributed()
+        # Clocks differ between ranks; a save that only some ranks start would hang the others.
+        return ranks.agree(elapsed) if ranks is not None else elapsed
+
+    def save(
+        self,
+        step: int,
+        *,
+        model: Any = None,
+        optimizer: Any = None,
+        scheduler: Any = None,
+        scaler: Any = None,
+        data_state: Any = None,
+        extra: Any = None,
+        metrics: dict | None = None,
+        blocking: bool | None = None,
+    ) -> None:
+        """Checkpoint the state at `step`; returns once it is copied to host memory (unless blocking).
+
+        Saving the step this manager saved last does nothing. A failure of the previous
+        background save is raised here, as CheckpointError.
+        """
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise InputError(f"checkpoint step must be a non-negative integer, got {step!r}")
+        saver = self._async_saver()
+        if step == self._last_step:
+            self.wait()
+            return
+        ranks = self._distributed()
+        if ranks is None:
+            persist = self._persist_single(step, metrics)
+        else:
+            persist = self._persist_sharded(step, metrics, ranks)
+        self.wait()
+        self._last_step = step
+        try:
+            saver.save(
+                persist,
+                model=model,
+                optimizer=optimizer,
+                scheduler=scheduler,
+                scaler=scaler,
+                data_state=data_state,
+                extra=extra,
+                on_commit=self.on_commit,
+                blocking=not self.async_save if blocking is None else blocking,
+            )
+        except BaseException:
+            self._last_step = None
+            raise
+        self._last_save_at = self._clock()
+
+    @contextmanager
+    def writing(self, step: int, metrics: dict | None = None) -> Iterator[Path]:
+        """A directory to write any files into: committed on clean exit, discarded on an exception.
+
+        With several ranks, all of them get the same directory and rank 0 commits what they wrote.
+        """
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise InputError(f"checkpoint step must be a non-negative integer, got {step!r}")
+        self.wait()
+        ranks = self._distributed()
+        pending = self._begin(step, ranks.token() if ranks is not None else None)
+        try:
+            yield pending.path
+        except BaseException as exc:
+            if ranks is None:
+                _abort(pending)
+            else:
+                try:
+                    self._finish_shared(pending, ranks, f"rank {ranks.rank}: {type(exc).__name__}: {exc}", metrics)
+                except CheckpointError:
+                    pass  # the exception from the caller's block says more
+            raise
+        if ranks is None:
+            try:
+                info = pending.commit(metrics=metrics)
+            except BaseException:
+                _abort(pending)
+                raise
+        else:
+            info = self._finish_shared(pending, ranks, None, metrics)
+        self._last_step = step
+        self._last_save_at = self._clock()
+        if info is not None:
+            self._committed(info)
+
+    def restore_latest(
+        self,
+        model: Any = None,
+        optimizer: Any = None,
+        scheduler: Any = None,
+        scaler: Any = None,
+        restore_rng: bool = True,
+    ) -> Restored | None:
+        """Load the newest committed checkpoint whose files verify; None on a fresh start.
+
+        Waits for any save in flight first. Each rank reads its own shard.
+        """
+        self.wait()
+        info = self.latest()
+        if info is None:
+            if self.resume_from is not None:
+                raise CheckpointError(
+                    f"asked to resume from {self.resume_from}, but no committed checkpoint under "
+                    f"{self.store.root} verifies; refusing to start from scratch silently"
+                )
+            return None
+        from trackway.checkpoints.torch_state import restore
+
+        ranks = self._distributed()
+        filename = shard_name(ranks.rank if ranks is not None else 0)
+        if not (Path(info.path) / filename).is_file():
+            files = sorted(p.name for p in Path(info.path).glob("*.pt"))
+            raise CheckpointError(
+                f"checkpoint {info.name} has no {filename} (it holds {', '.join(files) or 'no .pt files'}); "
+                "was it saved with a different number of ranks?"
+            )
+        restored = restore(
+            info,
+            model=model,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            scaler=scaler,
+            restore_rng=restore_rng,
+            filename=filename,
+        )
+        self._parent = info.name
+        self._last_step = info.step
+        self._last_save_at = self._clock()
+        return restored
+
+    def latest(self) -> CheckpointInfo | None:
+        """The resume target: the newest committed checkpoint whose files verify (rank 0 decides)."""
+        ranks = self._distributed()
+        if ranks is None:
+            return self.store.latest_committed()
+        step = ranks.from_rank0(lambda: _step_of(self.store.latest_committed()))
+        if step is None:
+            return None
+        info = self.store.get(step)
+        if info is None:
+            raise CheckpointError(f"rank {ranks.rank} cannot see checkpoint step {step} under {self.store.root}")
+        return info
+
+    def list(self) -> list[CheckpointInfo]:
+        """Every checkpoint under the root, by step."""
+        return self.store.list()
+
+    def wait(self) -> None:
+        """Block until no save is in flight; raise CheckpointError if the last one failed."""
+        if self._saver is not None:
+            try:
+                self._saver.wait()
+            except CheckpointError:
+                # The step it was saving is not saved: saving it again must not be skipped.
+                self._last_step = None
+                raise
+
+    def close(self) -> None:
+        """Wait for the save in flight, raising its failure."""
+        saver, self._saver = self._saver, None
+        if saver is not None:
+            try:
+                saver.close()
+            except CheckpointError:
+                self._last_step = None
+                raise
+
+    def _async_saver(self) -> AsyncSaver:
+        if self._saver is None:
+            from trackway.checkpoints.async_save import AsyncSaver
+
+            self._saver = AsyncSaver()
+        return self._saver
+
+    def _distributed(self) -> _Ranks | None:
+        if self._ranks is False:
+            self._ranks = _Ranks.detect()
+        return self._ranks
+
+    def _begin(self, step: int, token: str | None) -> PendingCheckpoint:
+        return self.store.begin(
+            step, run_id=self.run_id, attempt_id=self.attempt_id, parent=self._parent, token=token
+        )
+
+    def _committed(self, info: CheckpointInfo) -> None:
+        self._parent = info.name
+        if self.on_commit is not None:
+            self.on_commit(info)
+
+    def _persist_single(self, step: int, metrics: dict | None) -> Callable[[Snapshot], CheckpointInfo]:
+        from trackway.checkpoints.async_save import commit_to
+
+        commit = commit_to(lambda: self._begin(step, None), metrics=metrics, filename=STATE_FILE)
+
+        def persist(snapshot: Snapshot) -> CheckpointInfo:
+            info = commit(snapshot)
+            # Runs on the writer thread before the next save may start, so lineage stays a chain.
+            self._parent = info.name
+            return info
+
+        return persist
+
+    def _persist_sharded(self, step: int, metrics: dict | None, ranks: _Ranks) -> Callable[[Snapshot], Any]:
+        def persist(snapshot: Snapshot) -> CheckpointInfo | None:
+            token = ranks.token(writer=True)
+            pending = None
+            report: tuple | str
+            try:
+                pending = self._begin(step, token)
+                filename = shard_name(ranks.rank)
+                snapshot.write(pending, filename)
+                digest = pending.digests[filename]
+                report = (filename, digest["size"], digest["sha256"])
+            except Exception as exc:  # noqa: BLE001 - every rank must reach the gather, failed or not
+                report = f"rank {ranks.rank}: {type(exc).__name__}: {exc}"
+            info = _commit_gathered(pending, ranks, report, metrics, writer=True)
+            if info is not None:
+                self._parent = info.name
+            return info
+
+        return persist
+
+    def _finish_shared(
+        self, pending: PendingCheckpoint, ranks: _Ranks, error: str | None, metrics: dict | None
+    ) -> CheckpointInfo | None:
+        report: tuple | str = error if error is not None else ("", 0, "")
+        return _commit_gathered(pending, ranks, report, metrics, writer=False)
+
+
+def _commit_gathered(
+    pending: PendingCheckpoint | None,
+    ranks: _Ranks,
+    report: tuple | str,
+    metrics: dict | None,
+    *,
+    writer: bool,
+) -> CheckpointInfo | None:
+    """Gather every rank's report to rank 0, which commits or aborts; all ranks learn the outcome."""
+    try:
+        reports = ranks.gather(report, writer=writer)
+    except BaseException:
+        # A rank died or the group broke: nothing will commit this directory, so clear it.
+        if ranks.rank == 0 and pending is not None:
+            _abort(pending)
+        raise
+    info = None
+    outcome = "ok"
+    if ranks.rank == 0:
+        errors = [r for r in reports if isinstance(r, str)]
+        if pending is None and not errors:
+            errors = ["rank 0: the checkpoint could not be started"]
+        if errors:
+            outcome = "; ".join(errors)
+            if pending is not None:
+                _abort(pending)
+        else:
+            try:
+                for filename, size, sha256 in reports[1:]:
+                    if filename:
+                        pending.add_digest(filename, size, sha256)
+                info = pending.commit(metrics=metrics)
+            except Exception as exc:  # noqa: BLE001 - the other ranks must hear about it
+                outcome = f"rank 0 could not commit: {type(exc).__name__}: {exc}"
+                _abort(pending)
+    outcome = ranks.broadcast(outcome, writer=writer)
+    if outcome != "ok":
+        raise CheckpointError(f"checkpoint step {pending.step if pending else '?'} was not committed: {outcome}")
+    return info
+
+
+def _step_of(info: CheckpointInfo | None) -> int | None:
+    return None if info is None else info.step
+
+
+def _abort(pending: PendingCheckpoint) -> None:
+    try:
+        pending.abort()
+    except Exception:  # noqa: BLE001 - the original failure is the one worth raising
+        pass
+
+
+class _Ranks:
+    """This process's place in a torch.distributed job, and the collectives checkpointing needs."""
+
+    def __init__(self, dist: Any, rank: int, world_size: int) -> None:
+        self.dist = dist
+        self.rank = rank
+        self.world_size = world_size
+        # Groups are made by every rank in the same order: here, on the first checkpoint call.
+        self._writer_group = dist.new_group(backend="gloo")
+        self._control_group = dist.new_group(backend="gloo")
+
+    @classmethod
+    def detect(cls) -> _Ranks | None:
+        if "torch" not in sys.modules:
+            return None
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() <= 1:
+            return None
+        return cls(dist, dist.get_rank(), dist.get_world_size())
+
+    def _group(self, writer: bool) -> Any:
+        return self._writer_group if writer else self._control_group
+
+    def broadcast(self, value: Any, *, writer: bool = False) -> Any:
+        box = [value if self.rank == 0 else None]
+        self.dist.broadcast_object_list(box, src=0, group=self._group(writer))
+        return box[0]
+
+    def gather(self, value: Any, *, writer: bool = False) -> list[Any]:
+        out: list[Any] = [None] * self.world_size if self.rank == 0 else None
+        self.dist.gather_object(value, out, dst=0, group=self._group(writer))
+        return out or []
+
+    def token(self, *, writer: bool = False) -> str:
+        return self.broadcast(new_token() if self.rank == 0 else None, writer=writer)
+
+    def from_rank0(self, compute: Callable[[], Any]) -> Any:
+        value = None
+        if self.rank == 0:
+            try:
+                value = ("ok", compute())
+            except Exception as exc:  # noqa: BLE001 - the other ranks must not wait forever
+                value = ("error", f"{type(exc).__name__}: {exc}")
+        status, payload = self.broadcast(value)
+        if status != "ok":
+            raise CheckpointError(f"rank 0 failed while choosing the checkpoint: {payload}")
+        return payload
+
+    def agree(self, flag: bool) -> bool:
+        return bool(self.broadcast(flag))

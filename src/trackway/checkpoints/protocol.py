@@ -1,0 +1,797 @@
+"""The checkpoint protocol on a filesystem: how a checkpoint is written, committed, found, verified and removed.
+
+Storage is the truth; the ledger only mirrors it. Under a run's checkpoint root:
+
+    .tmp-step-00001234-<token>/        being written (PendingCheckpoint); never read
+    step-00001234/                     payload files, MANIFEST.json, COMMITTED [, SUPERSEDED]
+    step-00001234.corrupt-<UTC time>/  committed-looking, failed verification: set aside, never deleted
+    .debris-step-00001234-<token>/     an uncommitted step directory moved out of a new writer's way
+
+    writing ──commit──► committed ──supersede──► superseded ──delete──► deleted ──► (gone)
+       └─ abandoned: debris     └── fails verification ──┴──► corrupt: set aside
+
+Committed iff COMMITTED parses, its manifest_sha256 is sha256(MANIFEST.json) and the manifest's
+step is the directory's. `commit()` makes that true last: payload written (hashed as it is written)
+and fsynced → MANIFEST.json written, fsynced → temp directories fsynced → rename to step-N → fsync
+root → COMMITTED.tmp written, fsynced → renamed to COMMITTED → fsync step-N. Deletion removes
+COMMITTED first. A crash anywhere leaves nothing that looks committed and is not.
+
+Two writers, one step: a rename onto a non-empty directory fails atomically. If the holder is
+committed and verifies, the later commit discards its own files and returns it (committing a step
+is idempotent); an uncommitted holder (its writer died between rename and marker) is moved aside as
+debris, a corrupt one set aside, and the rename retried. Writers hold an flock on the root from the
+rename to the marker, so nobody moves a live writer's directory; without a working flock the writer
+notices afterwards and raises rather than claim a commit.
+
+Fault injection: TRACKWAY_CHECKPOINT_CRASH_AT=<point>[@n] SIGKILLs the process the n-th time it
+passes that point (`CRASH_POINTS`); unset, a point costs one comparison.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import io
+import json
+import math
+import os
+import queue
+import re
+import secrets
+import shutil
+import signal
+import stat
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext, suppress
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from enum import Enum
+from pathlib import Path, PurePosixPath
+from typing import Any, BinaryIO
+
+from trackway.errors import TrackwayError
+
+MANIFEST = "MANIFEST.json"
+MARKER = "COMMITTED"
+SUPERSEDED_MARK = "SUPERSEDED"
+_RESERVED = frozenset({MANIFEST, MARKER, SUPERSEDED_MARK, MARKER + ".tmp", SUPERSEDED_MARK + ".tmp"})
+
+_STEP_RE = re.compile(r"step-(\d+)", re.ASCII)
+_TMP_RE = re.compile(r"\.tmp-step-(\d+)-(.+)", re.ASCII)
+_DEBRIS_RE = re.compile(r"\.debris-step-(\d+)-(.+)", re.ASCII)
+_TOKEN_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", re.ASCII)
+_STAMP_RE = re.compile(r"\d{8}T\d{6}\.\d{6}Z", re.ASCII)  # what new_token() starts with
+_STAMP_FORMAT = "%Y%m%dT%H%M%S.%fZ"
+_SHA256_RE = re.compile(r"[0-9a-f]{64}", re.ASCII)
+_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
+
+_SMALL_WRITE = 1 << 20  # smaller writes are hashed inline: a helper thread would cost more than it saves
+_WRITE_CHUNK = 4 << 20  # one os.write per chunk; small enough to be hashed from cache right after
+_HINT_EVERY = 8 << 20
+_FADVISE = hasattr(os, "posix_fadvise")
+
+CRASH_POINTS = (
+    "mid_write", "after_payload_fsync", "after_manifest", "before_rename", "after_rename",
+    "after_COMMITTED_tmp_write", "before_COMMITTED_rename", "after_COMMITTED_rename", "after_commit",
+    "after_SUPERSEDED_rename", "delete_after_marker", "delete_mid_files", "clean_mid", "before_set_aside",
+)
+_crash_at = os.environ.get("TRACKWAY_CHECKPOINT_CRASH_AT") or None
+_crash_hits: dict[str, int] = {}
+
+
+def _crash_point(name: str) -> None:
+    if _crash_at is not None and _crash_at.partition("@")[0] == name:
+        _crash_hits[name] = _crash_hits.get(name, 0) + 1
+        if _crash_hits[name] >= int(_crash_at.partition("@")[2] or 1):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+class CheckpointError(TrackwayError):
+    """A checkpoint could not be written, committed, verified or removed; the message says which and why."""
+
+
+class CheckpointState(str, Enum):
+    """Where a step directory stands; only committed and superseded ones may be read."""
+
+    WRITING = "writing"
+    COMMITTED = "committed"
+    SUPERSEDED = "superseded"
+    DELETED = "deleted"
+    CORRUPT = "corrupt"
+
+    @property
+    def readable(self) -> bool:
+        return self in (CheckpointState.COMMITTED, CheckpointState.SUPERSEDED)
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """One step directory as storage held it when read (`CheckpointStore.get` reads it again)."""
+
+    step: int
+    path: Path
+    state: CheckpointState
+    manifest: dict | None
+    committed_at: datetime | None
+    size_bytes: int
+    problems: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+
+def step_dir_name(step: int) -> str:
+    """`step-00001234`: at least 8 digits, more when the step needs them."""
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise CheckpointError(f"checkpoint step must be a non-negative integer, got {step!r}")
+    return f"step-{step:08d}"
+
+
+def parse_step(name: str) -> int | None:
+    """The step of a `step-N` directory name; None for anything else (temp, debris, set-aside names)."""
+    match = _STEP_RE.fullmatch(name)
+    return int(match.group(1)) if match else None
+
+
+def new_token() -> str:
+    """A temp-directory token that records when it was made (the debris cleaner dates it by this)."""
+    return f"{datetime.now(timezone.utc).strftime(_STAMP_FORMAT)}-{secrets.token_hex(4)}"
+
+
+class _HashingWriter(io.RawIOBase):
+    """A write-only file that hashes what it writes as it writes it, fsyncs on close and records its digest.
+
+    Each chunk is hashed just after it is written, while still in cache; a big buffer's chunks on a helper
+    thread while this one writes the next (both release the GIL). No fileno(): it would bypass the hash.
+    """
+
+    def __init__(self, pending: PendingCheckpoint, relpath: str, path: Path) -> None:
+        super().__init__()
+        self.name = str(path)
+        self._pending, self._relpath = pending, relpath
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
+        self._sha = hashlib.sha256()
+        self._size = self._on_disk = self._hinted = 0
+        self._jobs, self._hashed = queue.SimpleQueue(), threading.Semaphore(0)
+        self._hasher: threading.Thread | None = None
+        self._failed = False
+        # A helper thread only pays where a CPU is idle to run it; on a busy machine it is cheaper
+        # to hash each chunk right here, just after writing it, while it is still in cache.
+        self._spare_cpu = os.getloadavg()[0] + 1 <= len(os.sched_getaffinity(0))
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        if self.closed or self._failed:
+            raise ValueError(f"checkpoint file {self._relpath} is {'closed' if self.closed else 'broken by an error'}")
+        view = memoryview(data)
+        view = view if view.c_contiguous else memoryview(view.tobytes())
+        view = view if view.format == "B" and view.ndim == 1 else view.cast("B")
+        self._failed = True  # until these bytes are both written and hashed
+        self._write_all(view, hash_beside=view.nbytes >= _SMALL_WRITE and self._spare_cpu)
+        self._failed = False
+        self._size += view.nbytes
+        return view.nbytes
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        try:
+            if not self._failed:
+                self._failed = True  # until the fsync succeeds
+                os.fsync(self._fd)
+                self._failed = False
+                _crash_point("after_payload_fsync")
+        finally:
+            if self._hasher is not None:
+                self._jobs.put(None)
+                self._hasher.join()
+            os.close(self._fd)
+            super().close()
+            self._pending._closed(self._relpath, None if self._failed else (self._size, self._sha.hexdigest()))
+
+    def _hash_jobs(self) -> None:
+        while (view := self._jobs.get()) is not None:
+            try:
+                self._sha.update(view)
+            finally:
+                self._hashed.release()
+
+    def _write_all(self, view: memoryview, hash_beside: bool) -> None:
+        # DONTNEED starts writeback without waiting for it, so the fsync at close has little left.
+        if hash_beside and self._hasher is None:
+            self._hasher = threading.Thread(target=self._hash_jobs, name=f"sha256 {self._relpath}", daemon=True)
+            self._hasher.start()
+        pos = queued = 0
+        try:
+            while pos < len(view):
+                written = os.write(self._fd, view[pos : pos + _WRITE_CHUNK])
+                if hash_beside:
+                    self._jobs.put(view[pos : pos + written])
+                    queued += 1
+                else:
+                    self._sha.update(view[pos : pos + written])
+                pos += written
+                self._on_disk += written
+                _crash_point("mid_write")
+                if _FADVISE and self._on_disk - self._hinted >= _HINT_EVERY:
+                    with suppress(OSError):
+                        os.posix_fadvise(self._fd, self._hinted, self._on_disk - self._hinted, os.POSIX_FADV_DONTNEED)
+                    self._hinted = self._on_disk
+        finally:
+            for _ in range(queued):  # the caller may reuse its buffer once write() returns
+                self._hashed.acquire()
+
+
+class PendingCheckpoint:
+    """A checkpoint being written into a private temporary directory; nothing reads it until `commit()`.
+
+    Processes (ranks) given the same token by `begin()` share the directory: each writes its own
+    files, and one of them records the others' digests (`add_digest`) and commits. The others
+    neither commit nor abort (so they do not use `with`); `digests` is what they send.
+    """
+
+    def __init__(self, store: CheckpointStore, step: int, path: Path, identity: dict[str, str | None]) -> None:
+        self.step = step
+        self.path = path
+        self.info: CheckpointInfo | None = None
+        self._store = store
+        self._identity = identity
+        self._digests: dict[str, tuple[int, str]] = {}
+        self._open: list[str] = []  # files whose writer is not closed yet
+        self._lock = threading.Lock()
+        self._state = "open"
+
+    @property
+    def digests(self) -> dict[str, dict[str, Any]]:
+        """{relpath: {"size", "sha256"}} of the files recorded so far."""
+        with self._lock:
+            return {rel: {"size": size, "sha256": sha} for rel, (size, sha) in self._digests.items()}
+
+    def open(self, relpath: str) -> BinaryIO:
+        """A new binary file in the checkpoint, hashed as it is written and fsynced when closed."""
+        self._check_open("open a file in")
+        rel = _clean_relpath(relpath)
+        (self.path / rel).parent.mkdir(parents=True, exist_ok=True)
+        writer = _HashingWriter(self, rel, self.path / rel)
+        with self._lock:
+            self._digests.pop(rel, None)
+            self._open.append(rel)
+        return writer  # type: ignore[return-value]
+
+    def add_digest(self, relpath: str, size: int, sha256: str) -> None:
+        """Record a file that another process wrote into this directory, with the digest it computed."""
+        self._check_open("add a digest to")
+        rel = _clean_relpath(relpath)
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise CheckpointError(f"add_digest({rel!r}): size must be a non-negative integer, got {size!r}")
+        if not isinstance(sha256, str) or not _SHA256_RE.fullmatch(sha256):
+            raise CheckpointError(f"add_digest({rel!r}): sha256 must be 64 lowercase hex digits, got {sha256!r}")
+        with self._lock:
+            self._digests[rel] = (size, sha256)
+
+    def commit(self, metrics: dict | None = None, extra: dict | None = None) -> CheckpointInfo:
+        """Commit in the order the module docstring gives; return the committed checkpoint.
+
+        Files dropped into the directory without `open()`/`add_digest()` are hashed and fsynced here.
+        If this step is already committed and verifies, this one is discarded and that one returned.
+        """
+        if self._state == "committed" and self.info is not None:
+            return self.info
+        self._check_open("commit")
+        with self._lock:
+            if self._open:
+                raise CheckpointError(f"cannot commit step {self.step}: {', '.join(sorted(self._open))} still open")
+            recorded = dict(self._digests)
+        if not self.path.is_dir():
+            raise CheckpointError(f"cannot commit step {self.step}: {self.path} is gone (aborted elsewhere?)")
+        found, dirs = _walk(self.path)
+        files: dict[str, dict[str, Any]] = {}
+        for rel in found:
+            if rel in _RESERVED:
+                raise CheckpointError(f"{self.path / rel}: {rel} is the protocol's own file; do not write it")
+            if rel in recorded:
+                size, sha = recorded[rel]
+                actual = os.stat(self.path / rel).st_size
+                if actual != size:
+                    raise CheckpointError(f"{self.path / rel} is {actual} bytes, {size} were recorded; changed later?")
+                _fsync(self.path / rel)  # nothing left to flush when it came through open()
+            else:
+                size, sha = _hash_file(self.path / rel, fsync=True)
+            files[rel] = {"size": size, "sha256": sha}
+        missing = sorted(set(recorded) - set(found))
+        if missing:
+            raise CheckpointError(f"cannot commit step {self.step}: recorded but missing: {', '.join(missing)}")
+        manifest = {
+            "format": 1, "step": self.step, **self._identity,
+            "created_at": datetime.now(timezone.utc).isoformat(), "files": files,
+            "metrics": _jsonable(metrics or {}, "metrics"), "extra": _jsonable(extra or {}, "extra"),
+        }
+        manifest_bytes = (json.dumps(manifest, indent=1, sort_keys=True, allow_nan=False) + "\n").encode()
+        _write_durably(self.path / MANIFEST, manifest_bytes)
+        _crash_point("after_manifest")
+        for directory in reversed(dirs):  # deepest first, the temp directory itself last
+            _fsync(directory, directory=True)
+        _crash_point("before_rename")
+        self.info = self._store._install(self, manifest_bytes)
+        self._state = "committed"
+        return self.info
+
+    def abort(self) -> None:
+        """Discard the temporary directory and everything in it; safe to call twice."""
+        if self._state != "committed":
+            self._state = "aborted"
+            shutil.rmtree(self.path, ignore_errors=True)
+
+    def __enter__(self) -> PendingCheckpoint:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is not None:
+            self.abort()
+        elif self._state == "open":
+            self.commit()
+
+    def _check_open(self, action: str) -> None:
+        if self._state != "open":
+            raise CheckpointError(f"cannot {action} checkpoint step {self.step}: it was already {self._state}")
+
+    def _closed(self, rel: str, digest: tuple[int, str] | None) -> None:
+        with self._lock:
+            self._open.remove(rel)
+            if digest is not None:
+                self._digests[rel] = digest
+
+
+_LEFTOVER = (CheckpointState.WRITING, CheckpointState.DELETED)
+
+
+class CheckpointStore:
+    """The checkpoints under one root directory (one run): begin, list, verify, supersede, delete, clean."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+
+    def begin(
+        self, step: int, *, run_id: str | None = None, attempt_id: str | None = None, parent: str | None = None,
+        token: str | None = None,
+    ) -> PendingCheckpoint:
+        """Start writing `step` in `.tmp-step-N-<token>`, shared by every process given the same token.
+
+        Make shared tokens with `new_token()`: a token without its UTC time is dated by mtimes alone.
+        """
+        name = step_dir_name(step)
+        if token is not None and not _TOKEN_RE.fullmatch(token):
+            raise CheckpointError(f"checkpoint token must match {_TOKEN_RE.pattern}, got {token!r}")
+        path = self.root / f".tmp-{name}-{token or new_token()}"
+        self.root.mkdir(parents=True, exist_ok=True)
+        path.mkdir(exist_ok=token is not None)
+        return PendingCheckpoint(self, step, path, {"run_id": run_id, "attempt_id": attempt_id, "parent": parent})
+
+    def list(self, verify_files: bool = False) -> list[CheckpointInfo]:
+        """Every step-N directory, by step number; with verify_files, one whose files fail shows as corrupt."""
+        infos = []
+        for info in filter(None, map(self._inspect, self._step_dirs())):
+            problems = self.verify(info) if verify_files and info.state.readable else None
+            if problems:  # only shown as corrupt: latest_committed is what sets one aside
+                info = replace(info, state=CheckpointState.CORRUPT, problems=tuple(problems))
+            infos.append(info)
+        return sorted(infos, key=lambda i: (i.step, i.name))
+
+    def get(self, step: int) -> CheckpointInfo | None:
+        return self._inspect(self.root / step_dir_name(step)) or next(
+            (i for i in map(self._inspect, self._step_dirs()) if i is not None and i.step == step), None
+        )
+
+    def latest_committed(self, verify_files: bool = True) -> CheckpointInfo | None:
+        """The resume target: the highest step that is committed (or superseded) and verifies.
+
+        Anything committed-looking above it that fails verification (a bad marker; a missing,
+        truncated or altered file) is set aside as `step-N.corrupt-<UTC time>`, never deleted. A file
+        that cannot be read for other reasons (EIO, permissions) raises: that is no proof of corruption.
+        """
+        for listed in reversed(self.list()):
+            inode = _inode(listed.path)  # taken before judging, so that what is set aside is what was judged
+            info = self._inspect(listed.path)
+            if info is None or not (info.state.readable or info.state is CheckpointState.CORRUPT):
+                continue
+            problems, unreadable = self._check_files(info.path, info.step) if verify_files else (info.problems, ())
+            if unreadable:
+                raise CheckpointError(f"cannot verify {info.path}: {'; '.join(unreadable)}")
+            if not problems:
+                return info
+            self._set_aside(info.path, inode)
+        return None
+
+    def verify(self, info: CheckpointInfo) -> list[str]:
+        """What is wrong with a checkpoint as it is on disk now (marker, manifest, every file); [] when good."""
+        problems, unreadable = self._check_files(info.path, info.step)
+        return problems + unreadable
+
+    def supersede(self, info: CheckpointInfo) -> CheckpointInfo:
+        """Mark a committed checkpoint superseded (it stays readable until deleted)."""
+        current = self._inspect(info.path)
+        if current is None or not current.state.readable:
+            raise CheckpointError(f"cannot supersede {info.name}: it is {current.state.value if current else 'gone'}")
+        if current.state is CheckpointState.COMMITTED:
+            _publish(info.path, SUPERSEDED_MARK, {"superseded_at": datetime.now(timezone.utc).isoformat()})
+        return self._inspect(info.path) or current
+
+    def delete(self, info: CheckpointInfo) -> None:
+        """Remove a committed or superseded checkpoint: COMMITTED first, then the files, then the directory.
+
+        The SUPERSEDED mark is written first when missing and removed last, so a delete interrupted
+        anywhere leaves a `deleted` directory that nothing reads and `clean_debris` finishes.
+        """
+        path, current = info.path, self._inspect(info.path)
+        if current is None:
+            return
+        if not (current.state.readable or current.state is CheckpointState.DELETED):
+            raise CheckpointError(f"cannot delete {info.name}: it is {current.state.value}, not committed")
+        if current.state is CheckpointState.COMMITTED:
+            self.supersede(current)
+        with suppress(FileNotFoundError):
+            os.unlink(path / MARKER)
+        _fsync(path, directory=True)
+        _crash_point("delete_after_marker")
+        _, dirs = _walk(path)
+        for directory in reversed(dirs):  # deepest first; the mark in the step directory stays to the end
+            for entry in os.scandir(directory):
+                if entry.is_dir(follow_symlinks=False):
+                    os.rmdir(entry.path)
+                elif not (directory == path and entry.name == SUPERSEDED_MARK):
+                    os.unlink(entry.path)
+                    _crash_point("delete_mid_files")
+        os.unlink(path / SUPERSEDED_MARK)
+        os.rmdir(path)
+        _fsync(self.root, directory=True)
+
+    def debris(self) -> list[Path]:
+        """Leftovers nothing will read: temp and moved-aside directories, step dirs without a verifying marker."""
+        return sorted(
+            p for p in self._entries() if _TMP_RE.fullmatch(p.name) or _DEBRIS_RE.fullmatch(p.name)
+            or parse_step(p.name) is not None and getattr(self._inspect(p), "state", None) in _LEFTOVER
+        )
+
+    def clean_debris(self, min_age_s: float = 3600.0) -> list[Path]:
+        """Remove debris at least `min_age_s` old and return it; committed and corrupt ones are never touched.
+
+        Age: an entry is as young as the youngest thing known about it — the UTC time in its name
+        (tokens from `new_token()`, debris names), its manifest's created_at, and the mtimes of it and
+        of everything inside it. A time in the future therefore keeps it (it looks young), and an
+        mtime in the past never makes it older than the time we recorded; only an entry with no
+        recorded time (a token without one) is dated by mtimes alone. A `deleted` directory (an
+        interrupted delete) is finished whatever its age, since no writer ever makes one; and
+        min_age_s=0 removes all debris, for when no writer can be running.
+        """
+        now, removed = time.time(), []
+        for path in self.debris():
+            info = self._inspect(path) if parse_step(path.name) is not None else None
+            finishing = info is not None and info.state is CheckpointState.DELETED
+            if not finishing and min_age_s > 0 and _age(path, info.manifest if info else None, now) < min_age_s:
+                continue
+            doomed = path
+            if info is not None:
+                with self._locked():  # writers hold it from rename to marker, so this one's writer is gone
+                    again = self._inspect(path)
+                    if again is None or again.state not in _LEFTOVER:
+                        continue
+                    doomed = self._move_aside(path)
+            _crash_point("clean_mid")
+            if doomed.is_dir():
+                shutil.rmtree(doomed, ignore_errors=True)
+            else:
+                doomed.unlink(missing_ok=True)
+            removed.append(path)
+        if removed:
+            _fsync(self.root, directory=True)
+        return removed
+
+    def _entries(self) -> list[Path]:
+        return [Path(e.path) for e in os.scandir(self.root)] if self.root.is_dir() else []
+
+    def _step_dirs(self) -> list[Path]:
+        return [p for p in self._entries() if parse_step(p.name) is not None]
+
+    def _inspect(self, path: Path, step: int | None = None) -> CheckpointInfo | None:
+        step = parse_step(path.name) if step is None else step
+        if not os.path.lexists(path):
+            return None
+        (marker_bytes, marker), (manifest_bytes, manifest) = _read(path / MARKER), _read(path / MANIFEST)
+        superseded = os.path.lexists(path / SUPERSEDED_MARK)
+        if marker_bytes is None:
+            state = CheckpointState.DELETED if superseded else CheckpointState.WRITING
+            return CheckpointInfo(step, path, state, manifest, None, _tree(path)[0])
+        problems = _marker_problems(step, marker, manifest_bytes, manifest)
+        if problems:
+            return CheckpointInfo(step, path, CheckpointState.CORRUPT, manifest, None, _tree(path)[0], problems)
+        state = CheckpointState.SUPERSEDED if superseded else CheckpointState.COMMITTED
+        size = sum(f["size"] for f in manifest["files"].values() if isinstance(f, dict) and type(f.get("size")) is int)
+        return CheckpointInfo(step, path, state, manifest, _parse_time(marker.get("committed_at")), size)
+
+    def _check_files(self, path: Path, step: int) -> tuple[list[str], list[str]]:
+        """(evidence of corruption, files that could not be read for other reasons)."""
+        info = self._inspect(path, step)
+        if info is None or not info.state.readable:
+            return list(info.problems if info else ()) or [f"{path} is not committed"], []
+        problems, unreadable, checks = [], [], []
+        for rel, entry in sorted(info.manifest["files"].items()):
+            try:
+                target, size = path / _clean_relpath(rel), entry["size"]
+                st = os.stat(target)
+            except (CheckpointError, KeyError, TypeError) as exc:
+                problems.append(f"{rel}: bad manifest entry ({exc})")
+                continue
+            except FileNotFoundError:
+                problems.append(f"{rel}: missing")
+                continue
+            except OSError as exc:
+                unreadable.append(f"{rel}: {exc.strerror or exc}")
+                continue
+            if not stat.S_ISREG(st.st_mode) or st.st_size != size:
+                problems.append(f"{rel}: {st.st_size} bytes, manifest says {size}")
+            else:
+                checks.append((rel, target, entry.get("sha256")))
+        if problems:
+            return problems, unreadable  # a wrong size is proof enough; nothing needs reading
+        for rel, target, expected in checks:
+            try:
+                actual = _hash_file(target)[1]
+            except OSError as exc:
+                unreadable.append(f"{rel}: {exc.strerror or exc}")
+                continue
+            if actual != expected:
+                problems.append(f"{rel}: sha256 {actual[:12]}… but manifest says {str(expected)[:12]}…")
+        return problems, unreadable
+
+    def _install(self, pending: PendingCheckpoint, manifest_bytes: bytes) -> CheckpointInfo:
+        """Rename the pending directory to step-N and write its marker, holding the root lock."""
+        final = self.root / step_dir_name(pending.step)
+        # The marker goes through a descriptor of our own directory: it can only ever land beside
+        # the manifest it names, wherever that directory has been moved to.
+        dir_fd = os.open(pending.path, _DIR_FLAGS)
+        try:
+            with self._locked():
+                for _ in range(100):
+                    try:
+                        os.rename(pending.path, final)
+                        break
+                    except OSError as exc:
+                        if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+                            raise
+                    existing = self._make_room(final)
+                    if existing is not None:
+                        shutil.rmtree(pending.path, ignore_errors=True)
+                        return existing
+                else:
+                    raise CheckpointError(f"could not rename {pending.path} to {final}: something keeps taking it")
+                _crash_point("after_rename")
+                _fsync(self.root, directory=True)
+                marker = {"manifest_sha256": hashlib.sha256(manifest_bytes).hexdigest(),
+                          "committed_at": datetime.now(timezone.utc).isoformat()}
+                _publish(dir_fd, MARKER, marker)
+                mine = os.fstat(dir_fd)
+                if _inode(final) != (mine.st_dev, mine.st_ino):
+                    raise CheckpointError(f"{final} was moved by a concurrent writer before its marker (no working "
+                                          f"flock here?); step {pending.step} was not committed by this writer")
+        finally:
+            os.close(dir_fd)
+        _crash_point("after_commit")
+        info = self._inspect(final)
+        if info is None or not info.state.readable:
+            raise CheckpointError(f"{final} does not verify right after commit: {info.problems if info else 'gone'}")
+        return info
+
+    def _make_room(self, final: Path) -> CheckpointInfo | None:
+        """Something holds step-N: return it when committed and good, else move it out of the way."""
+        inode = _inode(final)
+        existing = self._inspect(final)
+        if existing is None:
+            return None
+        if existing.state.readable:
+            problems, unreadable = self._check_files(final, existing.step)
+            if unreadable:
+                raise CheckpointError(f"step {existing.step} exists and cannot be verified: {'; '.join(unreadable)}")
+            if not problems:
+                return existing
+        if existing.state.readable or existing.state is CheckpointState.CORRUPT:
+            self._set_aside(final, inode, locked=True)
+        else:
+            self._move_aside(final)
+        return None
+
+    def _move_aside(self, path: Path) -> Path:
+        target = self.root / f".debris-{step_dir_name(parse_step(path.name))}-{new_token()}"
+        with suppress(FileNotFoundError):
+            os.rename(path, target)
+            _fsync(self.root, directory=True)
+        return target
+
+    def _set_aside(self, path: Path, inode: tuple[int, int] | None, locked: bool = False) -> None:
+        with nullcontext() if locked else self._locked():
+            if inode is None or _inode(path) != inode:
+                return  # already moved, or replaced by a new commit since it was judged
+            _crash_point("before_set_aside")
+            target = path.with_name(f"{path.name}.corrupt-{datetime.now(timezone.utc).strftime(_STAMP_FORMAT)}")
+            os.rename(path, target)
+            _fsync(self.root, directory=True)
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        """An exclusive flock on the root directory; nothing where the filesystem has no flock (ENOLCK...)."""
+        fd = os.open(self.root, _DIR_FLAGS)
+        try:
+            with suppress(OSError):
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+
+def _parse_time(value: Any) -> datetime | None:
+    try:  # ISO 8601, also the basic form in tokens (20260509T073525.123456Z)
+        moment = datetime.fromisoformat(value)
+    except (TypeError, ValueError):
+        return None
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
+def _age(path: Path, manifest: dict | None, now: float) -> float:
+    """Seconds since the youngest evidence about `path` (the rule is in `clean_debris`)."""
+    evidence = []
+    named = _TMP_RE.fullmatch(path.name) or _DEBRIS_RE.fullmatch(path.name)
+    stamped = _STAMP_RE.search(named.group(2)) if named else None
+    for recorded in (stamped and stamped.group(0), (manifest or {}).get("created_at")):
+        if (moment := _parse_time(recorded)) is not None:
+            evidence.append(moment.timestamp())
+    return now - max([*evidence, _tree(path)[1]])
+
+
+def _clean_relpath(relpath: str) -> str:
+    if not isinstance(relpath, str) or not relpath or "\x00" in relpath:
+        raise CheckpointError(f"checkpoint file name must be a non-empty relative path, got {relpath!r}")
+    pure = PurePosixPath(relpath)
+    if pure.is_absolute() or any(part in ("..", ".") for part in relpath.split("/")):
+        raise CheckpointError(f"checkpoint file name must stay inside the checkpoint, got {relpath!r}")
+    if pure.as_posix() in _RESERVED:
+        raise CheckpointError(f"{relpath} is the protocol's own file; pick another name")
+    return pure.as_posix()
+
+
+def _walk(root: Path) -> tuple[list[str], list[Path]]:
+    """(relative paths of the regular files, directories from root down); links and devices are refused."""
+    files, dirs, stack = [], [], [root]
+    while stack:
+        dirs.append(stack.pop())
+        for entry in os.scandir(dirs[-1]):
+            if entry.is_dir(follow_symlinks=False):
+                stack.append(Path(entry.path))
+            elif entry.is_file(follow_symlinks=False):
+                files.append(Path(entry.path).relative_to(root).as_posix())
+            else:
+                raise CheckpointError(f"{entry.path} is not a regular file or directory; checkpoints hold files only")
+    return sorted(files), sorted(dirs, key=lambda d: len(d.parts))
+
+
+def _hash_file(path: Path, fsync: bool = False) -> tuple[int, str]:
+    sha, size, buffer = hashlib.sha256(), 0, bytearray(_WRITE_CHUNK)
+    view = memoryview(buffer)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buffer):
+            sha.update(view[:n])
+            size += n
+        if fsync:
+            os.fsync(f.fileno())
+    return size, sha.hexdigest()
+
+
+def _write_durably(path: Path | str, data: bytes, dir_fd: int | None = None, crash_point: str = "") -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644, dir_fd=dir_fd)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        _crash_point(crash_point)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _publish(directory: int | Path, name: str, body: dict) -> None:
+    """Write `name` in a directory (a path or a descriptor) whole or not at all, and make it durable."""
+    dir_fd = directory if isinstance(directory, int) else os.open(directory, _DIR_FLAGS)
+    try:
+        _write_durably(f"{name}.tmp", json.dumps(body).encode() + b"\n", dir_fd, f"after_{name}_tmp_write")
+        _crash_point(f"before_{name}_rename")
+        os.rename(f"{name}.tmp", name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        _crash_point(f"after_{name}_rename")
+        os.fsync(dir_fd)
+    finally:
+        if not isinstance(directory, int):
+            os.close(dir_fd)
+
+
+def _fsync(path: Path, directory: bool = False) -> None:
+    fd = os.open(path, _DIR_FLAGS if directory else os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if not directory or exc.errno not in (errno.EINVAL, errno.EOPNOTSUPP):  # some filesystems cannot
+            raise
+    finally:
+        os.close(fd)
+
+
+def _inode(path: Path) -> tuple[int, int] | None:
+    try:
+        return os.lstat(path).st_dev, os.lstat(path).st_ino
+    except FileNotFoundError:
+        return None
+
+
+def _read(path: Path) -> tuple[bytes | None, dict | None]:
+    """(the file's bytes, None when absent; its content when that is a JSON object)."""
+    try:
+        data = path.read_bytes()
+    except (FileNotFoundError, NotADirectoryError):
+        return None, None
+    except IsADirectoryError:
+        return b"", None
+    with suppress(ValueError, UnicodeDecodeError):
+        value = json.loads(data)
+        return data, value if isinstance(value, dict) else None
+    return data, None
+
+
+def _marker_problems(step: int | None, marker: dict | None, manifest_bytes: bytes | None, manifest: dict | None
+                     ) -> tuple[str, ...]:
+    expected = (marker or {}).get("manifest_sha256")
+    actual = hashlib.sha256(manifest_bytes).hexdigest() if manifest_bytes is not None else None
+    if marker is None:
+        return (f"{MARKER} is not a JSON object (torn or garbage marker)",)
+    if not isinstance(expected, str) or not _SHA256_RE.fullmatch(expected):
+        return (f"{MARKER} has no valid manifest_sha256",)
+    if actual != expected:
+        return (f"{MARKER} names manifest {expected[:12]}… but {MANIFEST} is {(actual or 'missing')[:12]}…",)
+    if manifest is None or not isinstance(manifest.get("files"), dict):
+        return (f"{MANIFEST} is not a JSON object with a files table",)
+    if manifest.get("step") != step or isinstance(manifest.get("step"), bool):
+        return (f"{MANIFEST} says step {manifest.get('step')!r}, the directory says {step}",)
+    return ()
+
+
+def _tree(path: Path) -> tuple[int, float]:
+    """(bytes in the files under path, the newest mtime of path and anything under it)."""
+    size, newest = 0, float("-inf")
+    with suppress(FileNotFoundError):
+        newest = os.lstat(path).st_mtime
+    for dirpath, dirnames, filenames in os.walk(path):
+        for name in ["", *dirnames, *filenames]:
+            try:
+                st = os.lstat(os.path.join(dirpath, name))
+            except FileNotFoundError:
+                continue
+            size += st.st_size if stat.S_ISREG(st.st_mode) else 0
+            newest = max(newest, st.st_mtime)
+    return size, newest
+
+
+def _jsonable(value: Any, where: str) -> Any:
+    """`value` as plain JSON: numpy/torch scalars become numbers, non-finite floats strings ("nan")."""
+    if value is None or isinstance(value, (str, bool, int)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v, f"{where}[{k!r}]") for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    try:
+        return _jsonable(value.item(), where)  # numpy and torch scalars
+    except (AttributeError, TypeError, ValueError, RuntimeError):
+        raise CheckpointError(f"{where} is a {type(value).__name__}; a manifest holds JSON values only") from None

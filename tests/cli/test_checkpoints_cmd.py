@@ -45,7 +45,7 @@ def test_keep_last_below_two_is_refused(cli):
 
 
 def test_resume_continues_from_the_last_committed_checkpoint(cli):
-    failed = cli("submit", "--name", "flaky", "--", PY, SCRIPT, "40", "25")
+    failed = cli("submit", "--name", "flaky", "--", PY, SCRIPT, "40", "--fail-at", "25")
     assert failed.code == 1
     resumed = cli("resume", "flaky")
     assert resumed.code == 0, resumed.err

@@ -6,7 +6,16 @@ import sys
 
 import typer
 
-from trackway.cli import checkpoints_cmd, init_cmd, logs_cmd, metrics_cmd, runs_cmd, sql_cmd, submit_cmd
+from trackway.cli import (
+    checkpoints_cmd,
+    init_cmd,
+    logs_cmd,
+    metrics_cmd,
+    runs_cmd,
+    sql_cmd,
+    submit_cmd,
+    supervise_cmd,
+)
 from trackway.cli.context import AppContext
 from trackway.cli.errors import run_app
 
@@ -37,6 +46,7 @@ logs_cmd.register(app)
 sql_cmd.register(app)
 metrics_cmd.register(app)
 checkpoints_cmd.register(app)
+supervise_cmd.register(app)
 
 
 def main() -> None:

@@ -30,6 +30,7 @@ def submit(
     time_limit: float = typer.Option(None, "--time-limit", help="Hours before the attempt is ended (SIGTERM, grace, SIGKILL)."),
     repo: str = typer.Option(None, "--repo", help="Clone this git repository into the run's workspace and run there."),
     branch: str = typer.Option(None, "--branch", help="The branch of --repo to clone."),
+    retry_policy: str = typer.Option(None, "--retry-policy", help="A TOML retry policy for this run (over trackway.toml's [retry])."),
     detach: bool = typer.Option(False, "--detach", help="Print the run id and return; do not follow the attempt."),
 ) -> None:
     """Submit COMMAND as a run: capture its receipt, start an attempt and follow it (exit 0 iff it completed)."""
@@ -52,6 +53,7 @@ def submit(
         time_limit_hours=time_limit,
         repo_url=repo,
         branch=branch,
+        retry_policy_path=retry_policy,
     )
     supervisor = Supervisor(app.ledger, app.settings)
     run_id = submit_run(app.ledger, app.settings, spec, console=err_console)
@@ -60,7 +62,11 @@ def submit(
     attempt_id = start_attempt(app.ledger, app.settings, run_id, supervisor.executor(run["executor"]))
     console.print(run_id, highlight=False)
     if detach:
-        err_console.print(f"attempt {attempt_id} started; follow it with `trackway logs {attempt_id} -f`", highlight=False)
+        err_console.print(
+            f"attempt {attempt_id} started; follow it with `trackway logs {attempt_id} -f`; "
+            "retries need a supervisor: `trackway supervise` (or any trackway command) applies the policy",
+            highlight=False,
+        )
         return
     raise typer.Exit(follow(app, supervisor, run_id, attempt_id))
 

@@ -1,0 +1,100 @@
+"""The retry policy as a pure function: DESIGN.md's defaults, budgets, conditions, backoff, and policy files."""
+
+from __future__ import annotations
+
+import pytest
+
+from trackway.errors import InputError
+from trackway.supervisor.policy import AttemptOutcome, RetryPolicy, decide, load_policy, memory_fingerprint
+from trackway.taxonomy import TerminationReason as R
+
+DEFAULT = RetryPolicy()
+
+
+def outcome(reason: R, committed: bool = False, fingerprint: str | None = "fp") -> AttemptOutcome:
+    return AttemptOutcome(reason, committed_checkpoint=committed, memory_fingerprint=fingerprint)
+
+
+@pytest.mark.parametrize(
+    ("reason", "action"),
+    [
+        (R.COMPLETED, "none"), (R.USER_CANCELLED, "none"), (R.PREEMPTED, "resume"), (R.INFRA_TRANSIENT, "resume"),
+        (R.STALLED, "resume"), (R.NAN_LOSS, "stop"), (R.BAD_DATA, "stop"), (R.CONFIG_ERROR, "stop"),
+        (R.CODE_ERROR, "stop"), (R.UNKNOWN, "stop"), (R.EVALUATOR_CRASH, "resume"),
+    ],
+)
+def test_default_actions_follow_design(reason, action):
+    assert decide(DEFAULT, [outcome(reason)]).action == action
+
+
+def test_preemption_budget_is_ten():
+    history = [outcome(R.PREEMPTED)] * 10
+    assert decide(DEFAULT, history).action == "resume"
+    spent = decide(DEFAULT, history + [outcome(R.PREEMPTED)])
+    assert (spent.action, spent.rule) == ("stop", "preempted: budget 10 spent")
+
+
+def test_budgets_count_per_reason():
+    history = [outcome(R.INFRA_TRANSIENT)] * 3 + [outcome(R.PREEMPTED)]
+    assert decide(DEFAULT, history).action == "resume"
+
+
+def test_timeout_resumes_only_after_a_newer_checkpoint():
+    assert decide(DEFAULT, [outcome(R.TIMEOUT, committed=True)]).action == "resume"
+    stuck = decide(DEFAULT, [outcome(R.TIMEOUT, committed=False)])
+    assert (stuck.action, stuck.rule) == ("stop", "timeout: no newer checkpoint")
+
+
+def test_oom_retries_only_when_the_memory_footprint_changed():
+    same = decide(DEFAULT, [outcome(R.OOM, fingerprint="a")], next_memory_fingerprint="a")
+    assert same.action == "stop" and "batch" in same.message
+    changed = decide(DEFAULT, [outcome(R.OOM, fingerprint="a")], next_memory_fingerprint="b")
+    assert changed.action == "resume"
+
+
+def test_transient_failures_back_off_exponentially():
+    delays = [decide(DEFAULT, [outcome(R.INFRA_TRANSIENT)] * n).delay_s for n in (1, 2, 3)]
+    assert delays == [30.0, 60.0, 120.0]
+
+
+def test_gpu_hour_budget_stops_everything():
+    policy = RetryPolicy(gpu_hours_budget=2.0)
+    assert decide(policy, [outcome(R.PREEMPTED)], run_gpu_seconds=3600).action == "resume"
+    spent = decide(policy, [outcome(R.PREEMPTED)], run_gpu_seconds=2 * 3600)
+    assert spent.action == "stop" and spent.rule.startswith("gpu-hours budget")
+
+
+def test_policy_files_override_defaults(tmp_path):
+    path = tmp_path / "p.toml"
+    path.write_text("gpu_hours_budget = 5\n[reasons.code_error]\naction = 'resume'\nbudget = 1\n")
+    policy = load_policy(path, {"reasons": {"preempted": {"budget": 2}}})
+    assert policy.gpu_hours_budget == 5.0
+    assert decide(policy, [outcome(R.CODE_ERROR)]).action == "resume"
+    assert decide(policy, [outcome(R.PREEMPTED)] * 3).action == "stop"
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("[reasons.flaky]\nbudget = 1\n", "reasons.flaky"),
+        ("[reasons.oom]\nrequires = 'luck'\n", "requires 'luck'"),
+        ("[reasons.oom]\nbudget = -1\n", "budget"),
+        ("[reasons.oom]\nbudgie = 1\n", "budgie"),
+        ("gpu_hours_budget = 0\n", "gpu_hours_budget"),
+        ("[reasons\n", "not valid TOML"),
+    ],
+)
+def test_bad_policies_are_one_line_input_errors(tmp_path, text, fragment):
+    path = tmp_path / "p.toml"
+    path.write_text(text)
+    with pytest.raises(InputError, match=fragment.replace("(", r"\(")):
+        load_policy(path)
+
+
+def test_memory_fingerprint_sees_batch_precision_and_placement():
+    base = {"train": {"batch_size": 32, "lr": 1e-3}, "model": {"precision": "bf16"}}
+    fp = memory_fingerprint(base, "local", 1)
+    assert fp == memory_fingerprint({**base, "train": {"batch_size": 32, "lr": 3e-4}}, "local", 1)
+    assert fp != memory_fingerprint({**base, "train": {"batch_size": 16, "lr": 1e-3}}, "local", 1)
+    assert fp != memory_fingerprint({**base, "model": {"precision": "fp32"}}, "local", 1)
+    assert fp != memory_fingerprint(base, "h100-80gb", 1)

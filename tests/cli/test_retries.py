@@ -22,6 +22,11 @@ def test_a_run_preempted_three_times_completes_with_four_attempts(cli):
     assert [a["first_step"] for a in attempts] == [0, 13, 26, 34]
     points = cli("metrics", "spot", "--key", "loss", "--json").json()
     assert [p["step"] for p in points] == list(range(40))
+    for a in attempts:
+        assert abs(a["useful_gpu_seconds"] + a["wasted_gpu_seconds"] - a["gpu_seconds"]) < 1e-6
+    # Each notice allowed a final save: only the moments between that save and the exit are waste.
+    assert all(a["wasted_gpu_seconds"] < 0.5 * a["gpu_seconds"] + 1.0 for a in attempts[:3])
+    assert attempts[3]["wasted_gpu_seconds"] == 0
 
 
 def test_a_policy_file_sets_the_budget(cli, tmp_path):
@@ -49,3 +54,48 @@ def test_code_errors_are_not_retried(cli):
     (attempt,) = cli("attempts", "bug", "--json").json()
     assert attempt["termination_reason"] == "code_error"
     assert "stop" in attempt["retry_decision"]
+
+
+def test_report_waste_says_which_retries_did_real_work(cli):
+    assert cli("submit", "--name", "spot2", "--", PY, SCRIPT, "30", "--preempt-at", "12").code == 0
+    assert cli("submit", "--name", "bug2", "--", PY, SCRIPT, "30", "--fail-at", "5").code == 1
+    by_reason = {r["reason"]: r for r in cli("report", "waste", "--json").json()}
+    assert set(by_reason) == {"preempted", "completed", "code_error"}
+    assert by_reason["completed"]["wasted_gpu_seconds"] == 0
+    # The code error committed no checkpoint: everything it did is waste.
+    assert by_reason["code_error"]["wasted_gpu_seconds"] == by_reason["code_error"]["gpu_seconds"] > 0
+    by_run = cli("report", "waste", "--by", "run", "--json").json()
+    assert len(by_run) == 2
+    table = cli("report", "waste", "--by", "run")
+    assert table.code == 0 and "wasted gpu-h" in table.out
+    assert cli("report", "waste", "--by", "color").code == 2
+
+
+def test_explain_answers_from_the_ledger_alone(cli, tmp_path):
+    config = tmp_path / "cfg.toml"
+    config.write_text("[train]\nbatch_size = 32\n")
+    assert cli("submit", "--name", "ex", "--config", str(config), "--", PY, SCRIPT, "30", "--preempt-at", "12").code == 0
+    facts = cli("explain", "ex/1", "--json").json()
+    assert facts["ended_by"]["reason"] == "preempted" and facts["ended_by"]["rule"] == "sdk:note"
+    assert "SIGTERM" in facts["ended_by"]["evidence"][0]
+    assert facts["checkpoints"]["committed"][-1]["name"] == "step-00000012"
+    assert facts["history"][0]["decision"]["rule"] == "preempted: resume (1 of 10)"
+    second = cli("explain", "ex", "--json").json()
+    assert second["attempt"]["attempt_id"].endswith("/2") and second["compared_with"].endswith("/1")
+    assert second["checkpoints"]["resumed_from"] == "step-00000012"
+    assert second["changes"]["config"] == [] and second["next"].startswith("nothing: the run is completed")
+    markdown = cli("explain", "ex/1", "--markdown").out
+    assert "## Attempts and decisions" in markdown and "preempted" in markdown and "**Next:**" in markdown
+    assert cli("explain", "ex").code == 0
+
+
+def test_explain_shows_config_changes_between_attempts(cli, tmp_path):
+    from trackway.supervisor.explain import config_diff, data_diff
+
+    assert config_diff({"train": {"lr": 0.1, "bs": 8}}, {"train": {"lr": 0.2, "bs": 8}, "new": 1}) == [
+        'new: "<absent>" → 1',
+        "train.lr: 0.1 → 0.2",
+    ]
+    before = {"files": [{"path": "d/a", "sha256": "1" * 64}, {"path": "d/b", "sha256": "2" * 64}]}
+    after = {"files": [{"path": "d/a", "sha256": "3" * 64}, {"path": "d/c", "sha256": "4" * 64}]}
+    assert data_diff(before, after) == ["added d/c", "removed d/b", "changed d/a (111111111111 → 333333333333)"]

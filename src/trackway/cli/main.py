@@ -8,9 +8,11 @@ import typer
 
 from trackway.cli import (
     checkpoints_cmd,
+    explain_cmd,
     init_cmd,
     logs_cmd,
     metrics_cmd,
+    report_cmd,
     runs_cmd,
     sql_cmd,
     submit_cmd,
@@ -47,6 +49,8 @@ sql_cmd.register(app)
 metrics_cmd.register(app)
 checkpoints_cmd.register(app)
 supervise_cmd.register(app)
+report_cmd.register(app)
+explain_cmd.register(app)
 
 
 def main() -> None:

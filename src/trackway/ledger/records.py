@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import Connection, RowMapping, func, insert, select, update
 
 from trackway.errors import Ambiguous, InputError, NotFound
-from trackway.ledger.schema import attempts, runs
+from trackway.ledger.schema import attempts, checkpoints, runs
 from trackway.taxonomy import AttemptState, RunState, TerminationReason
 
 
@@ -161,7 +161,9 @@ def record_attempt_end(
     """Write an attempt's end and its run's state, once: returns gpu_seconds, or None if it was already ended."""
     started_at = attempt["started_at"] or ended_at
     wall = max(0.0, (ended_at - started_at).total_seconds())
-    gpu_seconds = wall * max(1, attempt["gpu_count"] or 0)
+    gpus = max(1, attempt["gpu_count"] or 0)
+    gpu_seconds = wall * gpus
+    useful = split_useful_seconds(conn, attempt["attempt_id"], reason, started_at, ended_at) * gpus
     changed = conn.execute(
         update(attempts)
         .where(attempts.c.attempt_id == attempt["attempt_id"], attempts.c.state != AttemptState.ENDED.value)
@@ -169,6 +171,8 @@ def record_attempt_end(
             state=AttemptState.ENDED.value,
             ended_at=ended_at,
             gpu_seconds=gpu_seconds,
+            useful_gpu_seconds=useful,
+            wasted_gpu_seconds=gpu_seconds - useful,
             cost_usd=gpu_seconds / 3600 * cost_per_gpu_hour,
             exit_code=exit_code,
             signal=signal,
@@ -186,3 +190,21 @@ def record_attempt_end(
         ended_at=ended_at,
     )
     return gpu_seconds
+
+
+def split_useful_seconds(conn: Connection, attempt_id: str, reason: TerminationReason, started_at, ended_at) -> float:
+    """Wall seconds of an attempt that were not wasted.
+
+    A completed attempt's time is all useful. Otherwise, work after the attempt's last committed
+    checkpoint is lost or redone by the next attempt, so only the time up to that commit counts;
+    an attempt that committed nothing was all waste.
+    """
+    wall = max(0.0, (ended_at - started_at).total_seconds())
+    if reason is TerminationReason.COMPLETED:
+        return wall
+    last_commit = conn.execute(
+        select(func.max(checkpoints.c.committed_at)).where(checkpoints.c.attempt_id == attempt_id)
+    ).scalar()
+    if last_commit is None:
+        return 0.0
+    return min(wall, max(0.0, (last_commit - started_at).total_seconds()))

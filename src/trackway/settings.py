@@ -41,6 +41,11 @@ keep_last = 2          # at least 2
 # best_metric = "loss"
 # best_mode = "min"
 
+[supervisor]
+# An attempt whose SDK heartbeat stops, or that logs no new step, for this long is stalled:
+# it is ended (SIGTERM, grace, SIGKILL) and retried once.
+stall_seconds = 600
+
 [retry]
 # What the supervisor does after an attempt ends, per termination reason (DESIGN.md's defaults).
 # gpu_hours_budget = 100
@@ -69,6 +74,7 @@ class Settings:
     resources: dict[str, Resource] = field(default_factory=dict)
     retention: dict[str, Any] = field(default_factory=dict)  # [checkpoints] in trackway.toml
     retry: dict[str, Any] = field(default_factory=dict)  # [retry] in trackway.toml (supervisor/policy.py)
+    stall_seconds: float = 600.0  # [supervisor] stall_seconds: no heartbeat or no new step for this long
 
     def resource(self, name: str = "local") -> Resource:
         return self.resources.get(name) or Resource(name=name)
@@ -119,6 +125,16 @@ def load_settings(home: str | Path | None = None, db: str | None = None, cwd: Pa
     retry = doc.get("retry") or {}
     if not isinstance(retry, dict):
         raise InputError(f"{toml_path}: [retry] must be a table")
+    supervisor = doc.get("supervisor") or {}
+    try:
+        stall_seconds = float(supervisor.get("stall_seconds", 600.0))
+    except (TypeError, ValueError):
+        raise InputError(f"{toml_path}: [supervisor] stall_seconds: expected a number of seconds") from None
     return Settings(
-        home=home_path, db_url=url, resources=_parse_resources(doc, toml_path), retention=retention, retry=retry
+        home=home_path,
+        db_url=url,
+        resources=_parse_resources(doc, toml_path),
+        retention=retention,
+        retry=retry,
+        stall_seconds=stall_seconds,
     )

@@ -82,3 +82,27 @@ def test_evidence_json_keeps_the_raw_facts():
     stored = json.loads(classify(e).evidence_json(e))
     assert stored["rule"] == "log:traceback" and stored["exit_code"] == 1 and stored["executor"] == ["exited 1"]
     assert any("ZeroDivisionError" in line for line in stored["lines"])
+
+
+@pytest.mark.parametrize(
+    ("flags", "reason"),
+    [({"cancelled": True}, R.USER_CANCELLED), ({"timed_out": True}, R.TIMEOUT), ({"stalled": "no new step"}, R.STALLED)],
+)
+def test_a_preempted_note_caused_by_trackways_own_sigterm_is_not_a_preemption(flags, reason):
+    note = {"reason": "preempted", "message": "preemption notice (SIGTERM) at step 9"}
+    assert classify(Evidence(exit_code=75, sdk_note=note, **flags)).reason is reason
+
+
+def test_other_notes_still_outrank_trackways_actions():
+    note = {"reason": "oom", "message": "CUDA out of memory"}
+    assert classify(Evidence(exit_code=1, sdk_note=note, cancelled=True)).reason is R.OOM
+
+
+def test_stall_check():
+    from trackway.supervisor.watchers import stall_evidence
+
+    assert stall_evidence(None, 0, 1000, 60) is None
+    assert "no heartbeat" in stall_evidence({"t": 100, "step": 5}, 0, 200, 60)
+    assert "no new step" in stall_evidence({"t": 195, "step": 5, "progress_t": 100}, 0, 200, 60)
+    assert stall_evidence({"t": 195, "step": 5, "progress_t": 190}, 0, 200, 60) is None
+    assert "no new step" in stall_evidence({"t": 195, "step": None, "progress_t": None}, 100, 200, 60)

@@ -22,9 +22,6 @@ is idempotent); an uncommitted holder (its writer died between rename and marker
 debris, a corrupt one set aside, and the rename retried. Writers hold an flock on the root from the
 rename to the marker, so nobody moves a live writer's directory; without a working flock the writer
 notices afterwards and raises rather than claim a commit.
-
-Fault injection: TRACKWAY_CHECKPOINT_CRASH_AT=<point>[@n] SIGKILLs the process the n-th time it
-passes that point (`CRASH_POINTS`); unset, a point costs one comparison.
 """
 
 from __future__ import annotations
@@ -68,11 +65,14 @@ _STAMP_FORMAT = "%Y%m%dT%H%M%S.%fZ"
 _SHA256_RE = re.compile(r"[0-9a-f]{64}", re.ASCII)
 _DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
 
-_SMALL_WRITE = 1 << 20  # smaller writes are hashed inline: a helper thread would cost more than it saves
-_WRITE_CHUNK = 4 << 20  # one os.write per chunk; small enough to be hashed from cache right after
+_WRITE_CHUNK = 4 << 20  # one os.write per chunk: small enough to be hashed or copied from cache after it
 _HINT_EVERY = 8 << 20
+_STAGES = 8  # how far (in chunks) hashing may trail writing
+_SPARE_STAGES: list[bytearray] = []  # kept between files: fresh buffers cost page faults
 _FADVISE = hasattr(os, "posix_fadvise")
 
+# Fault injection for the kill tests: TRACKWAY_CHECKPOINT_CRASH_AT=<point>[@n] SIGKILLs the process the
+# n-th time it passes that point; unset, a point costs one comparison.
 CRASH_POINTS = (
     "mid_write", "after_payload_fsync", "after_manifest", "before_rename", "after_rename",
     "after_COMMITTED_tmp_write", "before_COMMITTED_rename", "after_COMMITTED_rename", "after_commit",
@@ -145,23 +145,22 @@ def new_token() -> str:
 class _HashingWriter(io.RawIOBase):
     """A write-only file that hashes what it writes as it writes it, fsyncs on close and records its digest.
 
-    Each chunk is hashed just after it is written, while still in cache; a big buffer's chunks on a helper
-    thread while this one writes the next (both release the GIL). No fileno(): it would bypass the hash.
+    Where a CPU is idle, written bytes are also copied into a few staging buffers that a helper thread
+    hashes while the caller goes on serializing; elsewhere each chunk is hashed right after it is
+    written, while still in cache. No fileno(): bytes written through it would bypass the hash.
     """
 
     def __init__(self, pending: PendingCheckpoint, relpath: str, path: Path) -> None:
         super().__init__()
-        self.name = str(path)
         self._pending, self._relpath = pending, relpath
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
         self._sha = hashlib.sha256()
-        self._size = self._on_disk = self._hinted = 0
-        self._jobs, self._hashed = queue.SimpleQueue(), threading.Semaphore(0)
+        self._size = self._on_disk = self._hinted = self._staged = self._stages = 0
+        self._stage = bytearray()
+        self._full, self._free = queue.SimpleQueue(), queue.SimpleQueue()
         self._hasher: threading.Thread | None = None
         self._failed = False
-        # A helper thread only pays where a CPU is idle to run it; on a busy machine it is cheaper
-        # to hash each chunk right here, just after writing it, while it is still in cache.
-        self._spare_cpu = os.getloadavg()[0] + 1 <= len(os.sched_getaffinity(0))
+        self._spare_cpu = os.getloadavg()[0] + 1 <= len(os.sched_getaffinity(0))  # else a helper would wait
 
     def writable(self) -> bool:
         return True
@@ -172,8 +171,22 @@ class _HashingWriter(io.RawIOBase):
         view = memoryview(data)
         view = view if view.c_contiguous else memoryview(view.tobytes())
         view = view if view.format == "B" and view.ndim == 1 else view.cast("B")
-        self._failed = True  # until these bytes are both written and hashed
-        self._write_all(view, hash_beside=view.nbytes >= _SMALL_WRITE and self._spare_cpu)
+        self._failed = True  # until these bytes are written and hashed (or staged for hashing)
+        pos = 0
+        while pos < len(view):
+            written = os.write(self._fd, view[pos : pos + _WRITE_CHUNK])
+            chunk, pos = view[pos : pos + written], pos + written
+            if self._spare_cpu:
+                self._stage_copy(chunk)
+            else:
+                self._sha.update(chunk)
+            self._on_disk += written
+            _crash_point("mid_write")
+            if _FADVISE and self._on_disk - self._hinted >= _HINT_EVERY:
+                # DONTNEED starts writeback without waiting for it: the fsync at close has little left.
+                with suppress(OSError):
+                    os.posix_fadvise(self._fd, self._hinted, self._on_disk - self._hinted, os.POSIX_FADV_DONTNEED)
+                self._hinted = self._on_disk
         self._failed = False
         self._size += view.nbytes
         return view.nbytes
@@ -189,51 +202,48 @@ class _HashingWriter(io.RawIOBase):
                 _crash_point("after_payload_fsync")
         finally:
             if self._hasher is not None:
-                self._jobs.put(None)
+                if self._staged:
+                    self._full.put((self._stage, self._staged))
+                self._full.put(None)
                 self._hasher.join()
+                while not self._free.empty() and len(_SPARE_STAGES) < _STAGES:
+                    _SPARE_STAGES.append(self._free.get())
             os.close(self._fd)
             super().close()
             self._pending._closed(self._relpath, None if self._failed else (self._size, self._sha.hexdigest()))
 
-    def _hash_jobs(self) -> None:
-        while (view := self._jobs.get()) is not None:
-            try:
-                self._sha.update(view)
-            finally:
-                self._hashed.release()
+    def _stage_copy(self, view: memoryview) -> None:
+        while view:
+            if self._staged == 0:
+                self._stage = self._take_stage()
+            n = min(len(view), _WRITE_CHUNK - self._staged)
+            self._stage[self._staged : self._staged + n] = view[:n]
+            self._staged, view = self._staged + n, view[n:]
+            if self._staged == _WRITE_CHUNK:
+                self._full.put((self._stage, self._staged))
+                self._staged = 0
 
-    def _write_all(self, view: memoryview, hash_beside: bool) -> None:
-        # DONTNEED starts writeback without waiting for it, so the fsync at close has little left.
-        if hash_beside and self._hasher is None:
-            self._hasher = threading.Thread(target=self._hash_jobs, name=f"sha256 {self._relpath}", daemon=True)
+    def _take_stage(self) -> bytearray:
+        if self._hasher is None:
+            self._hasher = threading.Thread(target=self._hash_staged, name=f"sha256 {self._relpath}", daemon=True)
             self._hasher.start()
-        pos = queued = 0
-        try:
-            while pos < len(view):
-                written = os.write(self._fd, view[pos : pos + _WRITE_CHUNK])
-                if hash_beside:
-                    self._jobs.put(view[pos : pos + written])
-                    queued += 1
-                else:
-                    self._sha.update(view[pos : pos + written])
-                pos += written
-                self._on_disk += written
-                _crash_point("mid_write")
-                if _FADVISE and self._on_disk - self._hinted >= _HINT_EVERY:
-                    with suppress(OSError):
-                        os.posix_fadvise(self._fd, self._hinted, self._on_disk - self._hinted, os.POSIX_FADV_DONTNEED)
-                    self._hinted = self._on_disk
-        finally:
-            for _ in range(queued):  # the caller may reuse its buffer once write() returns
-                self._hashed.acquire()
+        if self._stages < _STAGES and self._free.empty():
+            self._stages += 1
+            return _SPARE_STAGES.pop() if _SPARE_STAGES else bytearray(_WRITE_CHUNK)
+        return self._free.get()  # waits while the helper is _STAGES chunks behind
+
+    def _hash_staged(self) -> None:
+        while (staged := self._full.get()) is not None:
+            self._sha.update(memoryview(staged[0])[: staged[1]])
+            self._free.put(staged[0])
 
 
 class PendingCheckpoint:
     """A checkpoint being written into a private temporary directory; nothing reads it until `commit()`.
 
-    Processes (ranks) given the same token by `begin()` share the directory: each writes its own
-    files, and one of them records the others' digests (`add_digest`) and commits. The others
-    neither commit nor abort (so they do not use `with`); `digests` is what they send.
+    Processes (ranks) given one token by `begin()` share the directory: each writes its own files and
+    sends its `digests` to one of them, which `add_digest`s them and commits; the others neither
+    commit nor abort (so they do not use `with`).
     """
 
     def __init__(self, store: CheckpointStore, step: int, path: Path, identity: dict[str, str | None]) -> None:
@@ -288,8 +298,6 @@ class PendingCheckpoint:
             if self._open:
                 raise CheckpointError(f"cannot commit step {self.step}: {', '.join(sorted(self._open))} still open")
             recorded = dict(self._digests)
-        if not self.path.is_dir():
-            raise CheckpointError(f"cannot commit step {self.step}: {self.path} is gone (aborted elsewhere?)")
         found, dirs = _walk(self.path)
         files: dict[str, dict[str, Any]] = {}
         for rel in found:
@@ -361,10 +369,7 @@ class CheckpointStore:
         self, step: int, *, run_id: str | None = None, attempt_id: str | None = None, parent: str | None = None,
         token: str | None = None,
     ) -> PendingCheckpoint:
-        """Start writing `step` in `.tmp-step-N-<token>`, shared by every process given the same token.
-
-        Make shared tokens with `new_token()`: a token without its UTC time is dated by mtimes alone.
-        """
+        """Start writing `step` in `.tmp-step-N-<token>`, shared by every process given the token (see new_token)."""
         name = step_dir_name(step)
         if token is not None and not _TOKEN_RE.fullmatch(token):
             raise CheckpointError(f"checkpoint token must match {_TOKEN_RE.pattern}, got {token!r}")
@@ -391,9 +396,9 @@ class CheckpointStore:
     def latest_committed(self, verify_files: bool = True) -> CheckpointInfo | None:
         """The resume target: the highest step that is committed (or superseded) and verifies.
 
-        Anything committed-looking above it that fails verification (a bad marker; a missing,
-        truncated or altered file) is set aside as `step-N.corrupt-<UTC time>`, never deleted. A file
-        that cannot be read for other reasons (EIO, permissions) raises: that is no proof of corruption.
+        Anything committed-looking above it that fails verification (bad marker; missing, truncated or
+        altered file) is set aside as `step-N.corrupt-<UTC time>`, never deleted. A file unreadable for
+        another reason (EIO, permissions) raises instead: that is no proof of corruption.
         """
         for listed in reversed(self.list()):
             inode = _inode(listed.path)  # taken before judging, so that what is set aside is what was judged
@@ -410,8 +415,7 @@ class CheckpointStore:
 
     def verify(self, info: CheckpointInfo) -> list[str]:
         """What is wrong with a checkpoint as it is on disk now (marker, manifest, every file); [] when good."""
-        problems, unreadable = self._check_files(info.path, info.step)
-        return problems + unreadable
+        return sum(self._check_files(info.path, info.step), [])
 
     def supersede(self, info: CheckpointInfo) -> CheckpointInfo:
         """Mark a committed checkpoint superseded (it stays readable until deleted)."""
@@ -425,8 +429,8 @@ class CheckpointStore:
     def delete(self, info: CheckpointInfo) -> None:
         """Remove a committed or superseded checkpoint: COMMITTED first, then the files, then the directory.
 
-        The SUPERSEDED mark is written first when missing and removed last, so a delete interrupted
-        anywhere leaves a `deleted` directory that nothing reads and `clean_debris` finishes.
+        SUPERSEDED is written first (when missing) and removed last: a delete interrupted anywhere leaves
+        a `deleted` directory, which nothing reads and `clean_debris` finishes.
         """
         path, current = info.path, self._inspect(info.path)
         if current is None:
@@ -463,11 +467,10 @@ class CheckpointStore:
 
         Age: an entry is as young as the youngest thing known about it — the UTC time in its name
         (tokens from `new_token()`, debris names), its manifest's created_at, and the mtimes of it and
-        of everything inside it. A time in the future therefore keeps it (it looks young), and an
-        mtime in the past never makes it older than the time we recorded; only an entry with no
-        recorded time (a token without one) is dated by mtimes alone. A `deleted` directory (an
-        interrupted delete) is finished whatever its age, since no writer ever makes one; and
-        min_age_s=0 removes all debris, for when no writer can be running.
+        everything in it. A time in the future keeps it (it looks young); an mtime in the past never
+        makes it older than the time we recorded (only a token without one is dated by mtimes alone).
+        A `deleted` directory (an interrupted delete) is finished at any age, since no writer makes
+        one; min_age_s=0 removes all debris, for when no writer can be running.
         """
         now, removed = time.time(), []
         for path in self.debris():
@@ -572,13 +575,11 @@ class CheckpointStore:
                     raise CheckpointError(f"could not rename {pending.path} to {final}: something keeps taking it")
                 _crash_point("after_rename")
                 _fsync(self.root, directory=True)
-                marker = {"manifest_sha256": hashlib.sha256(manifest_bytes).hexdigest(),
-                          "committed_at": datetime.now(timezone.utc).isoformat()}
-                _publish(dir_fd, MARKER, marker)
+                _publish(dir_fd, MARKER, {"manifest_sha256": hashlib.sha256(manifest_bytes).hexdigest(),
+                                          "committed_at": datetime.now(timezone.utc).isoformat()})
                 mine = os.fstat(dir_fd)
                 if _inode(final) != (mine.st_dev, mine.st_ino):
-                    raise CheckpointError(f"{final} was moved by a concurrent writer before its marker (no working "
-                                          f"flock here?); step {pending.step} was not committed by this writer")
+                    raise CheckpointError(f"{final} was moved by another writer before its marker: no working flock?")
         finally:
             os.close(dir_fd)
         _crash_point("after_commit")
@@ -617,8 +618,7 @@ class CheckpointStore:
             if inode is None or _inode(path) != inode:
                 return  # already moved, or replaced by a new commit since it was judged
             _crash_point("before_set_aside")
-            target = path.with_name(f"{path.name}.corrupt-{datetime.now(timezone.utc).strftime(_STAMP_FORMAT)}")
-            os.rename(path, target)
+            os.rename(path, path.with_name(f"{path.name}.corrupt-{datetime.now(timezone.utc).strftime(_STAMP_FORMAT)}"))
             _fsync(self.root, directory=True)
 
     @contextmanager

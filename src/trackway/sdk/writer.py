@@ -51,6 +51,7 @@ class SpoolWriter:
         self.heartbeat_interval_s = heartbeat_interval_s
         self.queue: deque[tuple[int, float, dict[str, Any]]] = deque()
         self.last_step: int | None = None
+        self.last_progress_t: float | None = None  # wall time of the newest logged step: stall detection reads it
         self.finite_keys = finite_keys
         # (key, value, step) of the first non-finite value of a `finite_keys` metric that was not a
         # plain float (those the training thread checks itself); `Run.log` raises it on its next call.
@@ -90,6 +91,8 @@ class SpoolWriter:
         if rows:
             self._check_finite(rows)
             append_lines(self.metrics_path, encode_metric_rows(rows))
+            if self.last_step is None or rows[-1][0] != self.last_step:
+                self.last_progress_t = rows[-1][1]
             self.last_step = rows[-1][0]
 
     def _check_finite(self, rows) -> None:
@@ -107,7 +110,9 @@ class SpoolWriter:
     def heartbeat(self) -> None:
         self._last_heartbeat = time.monotonic()
         write_json_atomic(
-            self.heartbeat_path, {"t": time.time(), "step": self.last_step, "pid": os.getpid()}, fsync=False
+            self.heartbeat_path,
+            {"t": time.time(), "step": self.last_step, "progress_t": self.last_progress_t, "pid": os.getpid()},
+            fsync=False,
         )
 
     def _loop(self) -> None:

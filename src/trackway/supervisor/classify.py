@@ -3,7 +3,7 @@
 Evidence is weighed most trusted first:
 
     1. the attempt's own note from the SDK     ("oom: CUDA out of memory at step 11")
-    2. what trackway itself did                 (cancelled, time limit hit)
+    2. what trackway itself did                 (ended a stalled attempt, cancelled, time limit hit)
     3. the executor's state                     (Slurm PREEMPTED / TIMEOUT / NODE_FAIL, pod evicted)
     4. a clean exit                             (exit 0)
     5. patterns in the log tail                 (CUDA out of memory, NCCL timeout, Traceback ...)
@@ -96,6 +96,7 @@ class Evidence:
     log_tail: Sequence[str] = ()
     made_progress: bool = False
     sdk_note: Mapping[str, Any] | None = None
+    stalled: str | None = None  # why the supervisor ended it as stalled
 
 
 @dataclass(frozen=True)
@@ -122,13 +123,18 @@ class Classification:
 def classify(evidence: Evidence) -> Classification:
     """The termination reason for one ended attempt, and the rule and lines that decided it."""
     e = evidence
-    if e.sdk_note and e.sdk_note.get("reason") in R._value2member_map_:
+    note_reason = e.sdk_note.get("reason") if e.sdk_note else None
+    # A "preempted" note only says a SIGTERM arrived; when trackway sent it, trackway knows why.
+    sent_by_trackway = bool(e.stalled or e.cancelled or e.timed_out)
+    if note_reason in R._value2member_map_ and not (note_reason == R.PREEMPTED.value and sent_by_trackway):
         message = str(e.sdk_note.get("message") or "")
-        return Classification(R(e.sdk_note["reason"]), "sdk:note", (message,) if message else ())
+        return Classification(R(note_reason), "sdk:note", (message,) if message else ())
+    if e.timed_out:  # the executor's own record: the limit was hit, whatever else was under way
+        return Classification(R.TIMEOUT, "trackway:time-limit", tuple(e.executor_lines[-MAX_EVIDENCE_LINES:]))
+    if e.stalled:
+        return Classification(R.STALLED, "supervisor:stalled", (e.stalled,) + tuple(e.executor_lines[-MAX_EVIDENCE_LINES:]))
     if e.cancelled:
         return Classification(R.USER_CANCELLED, "trackway:cancel", tuple(e.executor_lines[-MAX_EVIDENCE_LINES:]))
-    if e.timed_out:
-        return Classification(R.TIMEOUT, "trackway:time-limit", tuple(e.executor_lines[-MAX_EVIDENCE_LINES:]))
     if e.executor_state and e.executor_state.upper() in EXECUTOR_STATES:
         state = e.executor_state.upper()
         return Classification(EXECUTOR_STATES[state], f"executor:{state}", tuple(e.executor_lines[-MAX_EVIDENCE_LINES:]))

@@ -18,7 +18,7 @@ from sqlalchemy import RowMapping
 from trackway.errors import InputError, TrackwayError
 from trackway.executors.base import Executor, JobHandle, JobPhase, JobStatus, get_executor
 from trackway.ledger import Ledger
-from trackway.ledger.ingest import ingest_attempt
+from trackway.ledger.ingest import ingest_attempt, spool_dir_of
 from trackway.ledger.registration import register_all_pending
 from trackway.ledger.records import active_attempts, get_attempt, record_attempt_end, resolve_run, update_run
 from trackway.settings import Settings
@@ -26,6 +26,8 @@ from trackway.supervisor.classify import Classification, Evidence, classify
 from trackway.supervisor.launch import start_attempt
 from trackway.supervisor.policy import Decision
 from trackway.supervisor.retry import claim, decide_after_end, due_retries
+from trackway.supervisor.watchers import STALL_MARKER, stall_evidence
+from trackway.spool import HEARTBEAT_FILE, read_json, write_json_atomic
 from trackway.taxonomy import AttemptState, RunState, TerminationReason
 
 LOG_TAIL_BYTES = 64 * 1024
@@ -95,6 +97,7 @@ class Supervisor:
             # Ingest after polling: an attempt seen ended has written all it will write.
             report = ingest_attempt(self.ledger, attempt)
             if status.phase is JobPhase.RUNNING:
+                self._watch(attempt)
                 continue
             with self.ledger.read() as conn:
                 attempt = get_attempt(conn, attempt["attempt_id"])
@@ -150,6 +153,21 @@ class Supervisor:
                 )
         return [a["attempt_id"] for a in live]
 
+    def _watch(self, attempt: RowMapping) -> None:
+        """End an attempt that stalled: marked first, so its end is classified `stalled`, not cancelled."""
+        marker = Path(attempt["state_dir"]) / STALL_MARKER
+        if marker.exists() or attempt["started_at"] is None:
+            return
+        why = stall_evidence(
+            read_json(spool_dir_of(attempt) / HEARTBEAT_FILE),
+            attempt["started_at"].timestamp(),
+            time.time(),
+            self.settings.stall_seconds,
+        )
+        if why is not None:
+            write_json_atomic(marker, {"t": time.time(), "why": why})
+            self.executor(attempt["executor"]).cancel(handle_of(attempt))
+
     def _record_end(self, attempt: RowMapping, status: JobStatus, note: dict | None) -> AttemptEnd | None:
         evidence = Evidence(
             exit_code=status.exit_code,
@@ -161,6 +179,7 @@ class Supervisor:
             log_tail=read_log_tail(Path(attempt["log_path"])),
             made_progress=attempt["last_step"] is not None,
             sdk_note=note,
+            stalled=(read_json(Path(attempt["state_dir"]) / STALL_MARKER) or {}).get("why"),
         )
         verdict: Classification = classify(evidence)
         ended_at = status.ended_at or datetime.now(timezone.utc)

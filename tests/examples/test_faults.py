@@ -1,0 +1,57 @@
+"""Every fault scenario in examples/faults/ is classified to its reason and decided as DESIGN.md's default policy says."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from trackway.cli.errors import run_app
+from trackway.cli.main import app
+
+FAULTS = Path(__file__).resolve().parents[2] / "examples" / "faults"
+
+
+@pytest.fixture
+def cli(home, capsys, sqlite_url, monkeypatch):
+    monkeypatch.setenv("TRACKWAY_DB", sqlite_url)
+    # The stall window must be well above the heartbeat interval (5 s by default); shrink both.
+    monkeypatch.setenv("TRACKWAY_HEARTBEAT_S", "0.5")
+    Path("trackway.toml").write_text(
+        "[supervisor]\nstall_seconds = 3\n[resources.local]\ngrace_seconds = 1\n"
+        "[retry.reasons.infra_transient]\nbackoff_seconds = 0.1\n"
+    )
+
+    def invoke(*args: str):
+        capsys.readouterr()
+        code = run_app(app, list(args))
+        return code, capsys.readouterr()
+
+    return invoke
+
+
+@pytest.mark.parametrize(
+    ("script", "extra", "reasons", "first_action", "outcome"),
+    [
+        ("preempted.py", [], ["preempted", "completed"], "resume", 0),
+        ("oom.py", [], ["oom"], "stop", 1),
+        ("nan_loss.py", [], ["nan_loss"], "stop", 1),
+        ("bad_data.py", [], ["bad_data"], "stop", 1),
+        ("config_error.py", [], ["config_error"], "stop", 1),
+        ("code_error.py", [], ["code_error"], "stop", 1),
+        ("stall.py", [], ["stalled", "completed"], "resume", 0),
+        ("timeout.py", ["--time-limit", str(1.5 / 3600)], ["timeout"], "stop", 1),
+        ("infra_transient.py", [], ["infra_transient", "completed"], "resume", 0),
+    ],
+)
+def test_fault_scenario(cli, script, extra, reasons, first_action, outcome):
+    code, out = cli("submit", "--name", "fault", *extra, "--", sys.executable, str(FAULTS / script))
+    assert code == outcome, out.err
+    code, out = cli("attempts", "fault", "--json")
+    attempts = json.loads(out.out)
+    assert [a["termination_reason"] for a in attempts] == reasons
+    first = attempts[0]
+    assert json.loads(first["retry_decision"])["action"] == first_action
+    assert first["termination_evidence"]["rule"] and (first["termination_evidence"]["lines"] or first["termination_evidence"]["executor"])

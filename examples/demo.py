@@ -4,9 +4,10 @@ Run it with `make demo`. Every step is a real `trackway` command; what it prints
 
 1. a reference run trains the tiny model uninterrupted;
 2. the same run again, sent SIGTERM half-way (what a spot reclaim or a Slurm preemption sends):
-   it checkpoints, exits as `preempted`, and `trackway resume` continues it from its last
-   committed checkpoint to the same final loss as the reference;
-3. the receipts, checkpoints, metrics and the seed query over the ledger.
+   it checkpoints, exits as `preempted`, and the supervisor resumes it from its last committed
+   checkpoint to the same final loss as the reference;
+3. an OOM that the policy refuses to retry blindly, explained;
+4. the receipts, checkpoints, metrics, waste report and the seed query over the ledger.
 """
 
 from __future__ import annotations
@@ -97,8 +98,11 @@ def main() -> None:
                   "as a spot reclaim or a Slurm preemption would")
     os.kill(int(attempt["executor_job_id"]), signal.SIGTERM)
     wait_for("the attempt to end", lambda: as_json("attempts", interrupted)[0]["state"] == "ended")
-    trackway("attempts", interrupted)
-    trackway("resume", interrupted)
+    console.print("the supervisor decides by policy and resumes it (`trackway supervise` runs the same loop):")
+    wait_for(
+        "the resumed run to complete",
+        lambda: trackway("supervise", "--once", quiet=True) and as_json("runs", "--limit", "2")[0]["state"] == "completed",
+    )
     trackway("attempts", interrupted)
     trackway("checkpoints", interrupted)
     trackway("metrics", interrupted)
@@ -106,8 +110,15 @@ def main() -> None:
     same = "the same" if ref_loss == resumed_loss else "DIFFERENT"
     console.print(f"final loss: uninterrupted {ref_loss:.6f}, preempted and resumed {resumed_loss:.6f}: {same}")
 
-    console.print("\n[bold]3. Receipts and the ledger[/bold]")
-    trackway("show", interrupted)
+    console.print("\n[bold]3. An OOM is not retried blindly[/bold]")
+    oom = f"tiny-lm-{stamp}-oom"
+    trackway("submit", "--name", oom, "--project", "demo", "--model-family", "reasoning", "--kind", "test",
+             "--", sys.executable, "examples/faults/oom.py", check=False)
+    trackway("explain", oom)
+
+    console.print("\n[bold]4. Receipts and the ledger[/bold]")
+    trackway("explain", f"{interrupted}/1")
+    trackway("report", "waste")
     trackway("runs", "--limit", "5")
     trackway("sql", SEED_QUERY)
     console.print(Rule("[bold]done", align="left"))

@@ -67,7 +67,7 @@ STOP_ADVICE: dict[R, str] = {
     R.CONFIG_ERROR: "the command cannot start as configured: fix the import, path or argument",
     R.CODE_ERROR: "an uncaught exception in the training code: fix it, then `trackway resume`",
     R.UNKNOWN: "nothing explained the ending; read the evidence before spending more GPU time",
-    R.OOM: "out of memory again with the same memory footprint: lower the batch, enable activation "
+    R.OOM: "a retry would need the same memory and run out of it again: lower the batch, enable activation "
     "checkpointing, lower precision, or pick a resource with more GPU memory, then `trackway resume --set ...`",
 }
 

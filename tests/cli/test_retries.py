@@ -99,3 +99,18 @@ def test_explain_shows_config_changes_between_attempts(cli, tmp_path):
     before = {"files": [{"path": "d/a", "sha256": "1" * 64}, {"path": "d/b", "sha256": "2" * 64}]}
     after = {"files": [{"path": "d/a", "sha256": "3" * 64}, {"path": "d/c", "sha256": "4" * 64}]}
     assert data_diff(before, after) == ["added d/c", "removed d/b", "changed d/a (111111111111 → 333333333333)"]
+
+
+def test_oom_is_retried_only_with_a_smaller_footprint(cli):
+    script = str(Path(__file__).resolve().parents[2] / "examples" / "faults" / "oom_batch.py")
+    failed = cli("submit", "--name", "big", "--set", "train.batch_size=32", "--", PY, script)
+    assert failed.code == 1
+    (first,) = cli("attempts", "big", "--json").json()
+    decision = __import__("json").loads(first["retry_decision"])
+    assert first["termination_reason"] == "oom" and decision["rule"] == "oom: same memory footprint"
+    fixed = cli("resume", "big", "--set", "train.batch_size=8")
+    assert fixed.code == 0, fixed.err
+    first, second = cli("attempts", "big", "--json").json()
+    assert second["termination_reason"] == "completed" and second["config_sha256"] != first["config_sha256"]
+    facts = cli("explain", "big", "--json").json()
+    assert facts["changes"]["config"] == ["train.batch_size: 32 → 8"]

@@ -160,7 +160,7 @@ class _HashingWriter(io.RawIOBase):
         self._full, self._free = queue.SimpleQueue(), queue.SimpleQueue()
         self._hasher: threading.Thread | None = None
         self._failed = False
-        self._spare_cpu = os.getloadavg()[0] + 1 <= len(os.sched_getaffinity(0))  # else a helper would wait
+        self._spare_cpu = os.getloadavg()[0] < len(os.sched_getaffinity(0))  # else the helper would queue for one
 
     def writable(self) -> bool:
         return True

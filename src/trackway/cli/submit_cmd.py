@@ -74,6 +74,7 @@ def submit(
 def resume(
     ctx: typer.Context,
     run: str = typer.Argument(..., help="A run id or name that ended without completing."),
+    overrides: list[str] = typer.Option([], "--set", help="Change the config from this attempt on, e.g. --set train.batch_size=16."),
     detach: bool = typer.Option(False, "--detach", help="Print the attempt id and return; do not follow it."),
 ) -> None:
     """Start a new attempt of RUN, from its latest committed checkpoint (exit 0 iff it completes)."""
@@ -88,7 +89,9 @@ def resume(
         record = resolve_run(conn, run)
     if record["state"] in (RunState.RUNNING.value, RunState.QUEUED.value, RunState.COMPLETED.value):
         raise InputError(f"run {run!r}: is {record['state']}; only a run that ended without completing can be resumed")
-    attempt_id = start_attempt(app.ledger, app.settings, record["run_id"], supervisor.executor(record["executor"]))
+    attempt_id = start_attempt(
+        app.ledger, app.settings, record["run_id"], supervisor.executor(record["executor"]), overrides=list(overrides)
+    )
     with app.ledger.read() as conn:
         resumed_from = get_attempt(conn, attempt_id)["resumed_from_checkpoint"]
     console.print(attempt_id, highlight=False)

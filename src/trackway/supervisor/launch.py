@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -180,7 +181,13 @@ def resume_target(checkpoint_dir: Path) -> str | None:
 
 
 def attempt_environment(
-    settings: Settings, run_id: str, attempt_id: str, number: int, state_dir: Path, resume_from: str | None = None
+    settings: Settings,
+    run_id: str,
+    attempt_id: str,
+    number: int,
+    state_dir: Path,
+    resume_from: str | None = None,
+    config_path: Path | None = None,
 ) -> dict[str, str]:
     """The TRACKWAY_* variables an attempt's process sees."""
     run_dir = settings.runs_dir / run_id
@@ -193,24 +200,39 @@ def attempt_environment(
         "TRACKWAY_SPOOL_DIR": str(state_dir / "spool"),
         "TRACKWAY_CHECKPOINT_DIR": str(run_dir / "checkpoints"),
     }
-    if (run_dir / "config.json").is_file():
-        env["TRACKWAY_CONFIG"] = str(run_dir / "config.json")
+    if config_path is not None:
+        env["TRACKWAY_CONFIG"] = str(config_path)
     if resume_from:
         env["TRACKWAY_RESUME_FROM"] = resume_from
     return env
 
 
-def start_attempt(ledger: Ledger, settings: Settings, run_id: str, executor: Executor) -> str:
-    """Record a new attempt of `run_id` and hand it to `executor`; return the attempt id."""
-    from trackway.supervisor.retry import next_fingerprint
+def start_attempt(
+    ledger: Ledger, settings: Settings, run_id: str, executor: Executor, overrides: Sequence[str] = ()
+) -> str:
+    """Record a new attempt of `run_id` and hand it to `executor`; return the attempt id.
+
+    `overrides` (`KEY=VALUE`, as `--set`) change the config from this attempt on: the new config
+    is snapshotted for the attempt, and its memory footprint is what an OOM retry compares.
+    """
+    from trackway.supervisor.policy import memory_fingerprint
+    from trackway.supervisor.retry import effective_config_path
 
     environment = capture_environment()
     resume_from = resume_target(settings.runs_dir / run_id / "checkpoints")
+    config_path = effective_config_path(settings, run_id)
+    config = load_config(config_path, overrides) if overrides else None
     with ledger.write() as conn:
         run = resolve_run(conn, run_id)
         number = attempt_count(conn, run_id) + 1
         state_dir = settings.runs_dir / run_id / "attempts" / str(number)
         env_sha = put_blob(conn, environment.canonical, "environment")
+        config_sha = put_blob(conn, config.canonical, "config") if config else None
+        if config is not None:
+            state_dir.mkdir(parents=True, exist_ok=True)
+            config_path = state_dir / "config.json"
+            config_path.write_bytes(config.canonical)
+        values = json.loads(config_path.read_text()) if config_path is not None else None
         attempt_id = insert_attempt(
             conn,
             dict(
@@ -221,13 +243,13 @@ def start_attempt(ledger: Ledger, settings: Settings, run_id: str, executor: Exe
                 state_dir=str(state_dir),
                 log_path=str(state_dir / "output.log"),
                 gpu_count=run["gpus"],
-                config_sha256=run["config_sha256"],
+                config_sha256=config_sha or _previous_config_sha(conn, run),
                 data_manifest_sha256=run["data_manifest_sha256"],
                 environment_sha256=env_sha,
                 code_commit=run["code_commit"],
                 code_dirty_sha256=run["code_dirty_sha256"],
                 resumed_from_checkpoint=resume_from,
-                memory_fingerprint=next_fingerprint(settings, run),
+                memory_fingerprint=memory_fingerprint(values, run["resource"], run["gpus"]),
             ),
         )
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -235,7 +257,7 @@ def start_attempt(ledger: Ledger, settings: Settings, run_id: str, executor: Exe
         attempt_id=attempt_id,
         command=json.loads(run["command"]),
         cwd=Path(run["workdir"]),
-        env=attempt_environment(settings, run_id, attempt_id, number, state_dir, resume_from),
+        env=attempt_environment(settings, run_id, attempt_id, number, state_dir, resume_from, config_path),
         state_dir=state_dir,
         log_path=state_dir / "output.log",
         gpus=run["gpus"],
@@ -261,6 +283,14 @@ def start_attempt(ledger: Ledger, settings: Settings, run_id: str, executor: Exe
         )
         update_run(conn, run_id, state=RunState.RUNNING.value)
     return attempt_id
+
+
+def _previous_config_sha(conn, run) -> str | None:
+    """The config of the run's latest attempt (it may have been changed by `resume --set`), else the run's."""
+    from trackway.ledger.records import latest_attempt
+
+    latest = latest_attempt(conn, run["run_id"])
+    return latest["config_sha256"] if latest is not None else run["config_sha256"]
 
 
 def _record_launch_failure(ledger: Ledger, attempt_id: str, run_id: str, exc: TrackwayError) -> None:

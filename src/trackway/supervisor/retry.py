@@ -32,12 +32,21 @@ def _merge(base: dict, top: dict) -> dict:
     return {**base, **top, "reasons": reasons}
 
 
+def effective_config_path(settings: Settings, run_id: str) -> Path | None:
+    """The config the run's next attempt gets: the newest attempt's (after `resume --set`), else the run's."""
+    run_dir = settings.runs_dir / run_id
+    per_attempt = sorted(
+        (int(p.parent.name), p) for p in run_dir.glob("attempts/*/config.json") if p.parent.name.isdigit()
+    )
+    if per_attempt:
+        return per_attempt[-1][1]
+    path = run_dir / "config.json"
+    return path if path.is_file() else None
+
+
 def run_config(settings: Settings, run_id: str) -> dict | None:
-    path = settings.runs_dir / run_id / "config.json"
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
+    path = effective_config_path(settings, run_id)
+    return json.loads(path.read_text()) if path is not None else None
 
 
 def next_fingerprint(settings: Settings, run: RowMapping) -> str:

@@ -229,7 +229,9 @@ class _HashingWriter(io.RawIOBase):
             self._hasher.start()
         if self._stages < _STAGES and self._free.empty():
             self._stages += 1
-            return _SPARE_STAGES.pop() if _SPARE_STAGES else bytearray(_WRITE_CHUNK)
+            with suppress(IndexError):  # another file's writer may have taken the last spare one
+                return _SPARE_STAGES.pop()
+            return bytearray(_WRITE_CHUNK)
         return self._free.get()  # waits while the helper is _STAGES chunks behind
 
     def _hash_staged(self) -> None:

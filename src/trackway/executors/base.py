@@ -103,6 +103,10 @@ class Executor(ABC):
     def logs(self, handle: JobHandle) -> Path:
         """The file holding the job's timestamped stdout and stderr."""
 
+    def adopt(self, state_dir: Path) -> Submission | None:
+        """The job a launcher started in `state_dir` but died before recording, if this executor can find it."""
+        return None
+
 
 def _local(home: Path) -> Executor:
     from trackway.executors.local import LocalExecutor

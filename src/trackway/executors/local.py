@@ -102,14 +102,24 @@ class LocalExecutor(Executor):
             self._release_own(gpu_ids, state_dir)
             raise
         names = {gpu.index: gpu.name for gpu in inventory}
+        return self._submission(state_dir, job, names.get(gpu_ids[0]) if gpu_ids else None)
+
+    def _submission(self, state_dir: Path, job: dict, gpu_model: str | None) -> Submission:
         return Submission(
             handle=JobHandle(executor=self.name, job_id=str(job["shim_pid"]), state_dir=state_dir),
             host=job["host"],
             gpu_ids=list(job["gpu_ids"]),
-            gpu_model=names.get(gpu_ids[0]) if gpu_ids else None,
+            gpu_model=gpu_model,
             started_at=datetime.fromisoformat(job["started_at"]),
             pid=job["child_pid"],
         )
+
+    def adopt(self, state_dir: Path) -> Submission | None:
+        """The shim writes job.json once the command runs: a launch that died after that is found here."""
+        job = read_json(Path(state_dir) / "job.json")
+        if not job or "shim_pid" not in job:
+            return None
+        return self._submission(Path(state_dir), job, None)
 
     def poll(self, handle: JobHandle) -> JobStatus:
         state_dir = Path(handle.state_dir)

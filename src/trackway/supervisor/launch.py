@@ -16,11 +16,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from rich.console import Console
+from sqlalchemy import select, update
 
 from trackway.errors import ExecutorError, InputError, TrackwayError
 from trackway.executors.base import Executor, LaunchRequest
 from trackway.ledger import Ledger
 from trackway.ledger.blobs import put_blob
+from trackway.ledger.schema import attempts
 from trackway.ledger.records import (
     attempt_count,
     get_attempt,
@@ -208,12 +210,20 @@ def attempt_environment(
 
 
 def start_attempt(
-    ledger: Ledger, settings: Settings, run_id: str, executor: Executor, overrides: Sequence[str] = ()
-) -> str:
+    ledger: Ledger,
+    settings: Settings,
+    run_id: str,
+    executor: Executor,
+    overrides: Sequence[str] = (),
+    from_queue: bool = False,
+) -> str | None:
     """Record a new attempt of `run_id` and hand it to `executor`; return the attempt id.
 
     `overrides` (`KEY=VALUE`, as `--set`) change the config from this attempt on: the new config
     is snapshotted for the attempt, and its memory footprint is what an OOM retry compares.
+    With `from_queue`, the run is taken off the retry queue in the same transaction that records
+    the attempt, and only if it is still queued with every attempt ended (else None): two
+    supervisors, or a supervisor and a submit in flight, never launch the same retry twice.
     """
     from trackway.supervisor.policy import memory_fingerprint
     from trackway.supervisor.retry import effective_config_path
@@ -224,6 +234,8 @@ def start_attempt(
     config = load_config(config_path, overrides) if overrides else None
     with ledger.write() as conn:
         run = resolve_run(conn, run_id)
+        if from_queue and (run["state"] != RunState.QUEUED.value or _has_unfinished_attempt(conn, run_id)):
+            return None
         number = attempt_count(conn, run_id) + 1
         state_dir = settings.runs_dir / run_id / "attempts" / str(number)
         env_sha = put_blob(conn, environment.canonical, "environment")
@@ -250,8 +262,10 @@ def start_attempt(
                 code_dirty_sha256=run["code_dirty_sha256"],
                 resumed_from_checkpoint=resume_from,
                 memory_fingerprint=memory_fingerprint(values, run["resource"], run["gpus"]),
+                started_at=datetime.now(timezone.utc),  # the launch; replaced by when the command started
             ),
         )
+        update_run(conn, run_id, state=RunState.RUNNING.value, not_before=None, ended_at=None)
     state_dir.mkdir(parents=True, exist_ok=True)
     request = LaunchRequest(
         attempt_id=attempt_id,
@@ -270,19 +284,28 @@ def start_attempt(
         _record_launch_failure(ledger, attempt_id, run_id, exc)
         raise
     with ledger.write() as conn:
-        update_attempt(
-            conn,
-            attempt_id,
-            state=AttemptState.RUNNING.value,
-            executor_job_id=submission.handle.job_id,
-            host=submission.host,
-            gpu_ids=",".join(str(i) for i in submission.gpu_ids) or None,
-            gpu_model=submission.gpu_model,
-            gpu_count=len(submission.gpu_ids),
-            started_at=submission.started_at,
+        # Only a still-starting attempt: one whose launch a supervisor declared interrupted stays ended.
+        conn.execute(
+            update(attempts)
+            .where(attempts.c.attempt_id == attempt_id, attempts.c.state == AttemptState.STARTING.value)
+            .values(
+                state=AttemptState.RUNNING.value,
+                executor_job_id=submission.handle.job_id,
+                host=submission.host,
+                gpu_ids=",".join(str(i) for i in submission.gpu_ids) or None,
+                gpu_model=submission.gpu_model,
+                gpu_count=len(submission.gpu_ids),
+                started_at=submission.started_at,
+            )
         )
-        update_run(conn, run_id, state=RunState.RUNNING.value)
     return attempt_id
+
+
+def _has_unfinished_attempt(conn, run_id: str) -> bool:
+    query = select(attempts.c.attempt_id).where(
+        attempts.c.run_id == run_id, attempts.c.state != AttemptState.ENDED.value
+    )
+    return conn.execute(query).first() is not None
 
 
 def _previous_config_sha(conn, run) -> str | None:

@@ -10,28 +10,31 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from sqlalchemy import RowMapping
+from sqlalchemy import RowMapping, update
 
 from trackway.errors import InputError, TrackwayError
 from trackway.executors.base import Executor, JobHandle, JobPhase, JobStatus, get_executor
 from trackway.ledger import Ledger
 from trackway.ledger.ingest import ingest_attempt, spool_dir_of
 from trackway.ledger.registration import register_all_pending
+from trackway.ledger.schema import attempts
 from trackway.ledger.records import active_attempts, get_attempt, record_attempt_end, resolve_run, update_run
 from trackway.settings import Settings
 from trackway.supervisor.classify import Classification, Evidence, classify
 from trackway.supervisor.launch import start_attempt
 from trackway.supervisor.policy import Decision
-from trackway.supervisor.retry import claim, decide_after_end, due_retries
+from trackway.supervisor.retry import decide_after_end, due_retries
 from trackway.supervisor.watchers import STALL_MARKER, stall_evidence
 from trackway.spool import HEARTBEAT_FILE, read_json, write_json_atomic
 from trackway.taxonomy import AttemptState, RunState, TerminationReason
 
 LOG_TAIL_BYTES = 64 * 1024
 LOG_TAIL_LINES = 200
+# A launch this old that never reached its executor was interrupted (submit waits ~10 s at most).
+STALE_LAUNCH_S = 120
 
 
 @dataclass(frozen=True)
@@ -89,9 +92,9 @@ class Supervisor:
     def tick(self) -> list[AttemptEnd]:
         """One pass: poll every unfinished attempt and record those that ended."""
         register_all_pending(self.ledger, self.settings.home)
+        ends = self._recover_interrupted_launches()
         with self.ledger.read() as conn:
             pending = [a for a in active_attempts(conn) if a["executor_job_id"]]
-        ends = []
         for attempt in pending:
             status = self.executor(attempt["executor"]).poll(handle_of(attempt))
             # Ingest after polling: an attempt seen ended has written all it will write.
@@ -113,14 +116,14 @@ class Supervisor:
             due = due_retries(conn, datetime.now(timezone.utc))
         started = []
         for run_id in due:
-            with self.ledger.write() as conn:
-                if not claim(conn, run_id):
-                    continue
+            with self.ledger.read() as conn:
                 executor = resolve_run(conn, run_id)["executor"]
             try:
-                started.append(start_attempt(self.ledger, self.settings, run_id, self.executor(executor)))
+                attempt_id = start_attempt(self.ledger, self.settings, run_id, self.executor(executor), from_queue=True)
             except TrackwayError:
                 continue  # recorded on the attempt by start_attempt; the run stays failed
+            if attempt_id is not None:
+                started.append(attempt_id)
         return started
 
     def run(self, should_stop: Callable[[], bool], interval_s: float = 1.0) -> None:
@@ -152,6 +155,41 @@ class Supervisor:
                     ended_at=datetime.now(timezone.utc),
                 )
         return [a["attempt_id"] for a in live]
+
+    def _recover_interrupted_launches(self) -> list[AttemptEnd]:
+        """Attempts recorded but never handed over (the launching process died): adopt the job, or end them."""
+        cutoff = datetime.now(timezone.utc) - timedelta(seconds=STALE_LAUNCH_S)
+        with self.ledger.read() as conn:
+            stale = [
+                a
+                for a in active_attempts(conn)
+                if not a["executor_job_id"] and a["started_at"] is not None and a["started_at"] < cutoff
+            ]
+        ends = []
+        for attempt in stale:
+            adopted = self.executor(attempt["executor"]).adopt(Path(attempt["state_dir"]))
+            if adopted is not None:
+                with self.ledger.write() as conn:
+                    conn.execute(
+                        update(attempts)
+                        .where(attempts.c.attempt_id == attempt["attempt_id"], attempts.c.executor_job_id.is_(None))
+                        .values(
+                            state=AttemptState.RUNNING.value,
+                            executor_job_id=adopted.handle.job_id,
+                            host=adopted.host,
+                            started_at=adopted.started_at,
+                        )
+                    )
+                continue
+            status = JobStatus(
+                phase=JobPhase.VANISHED,
+                evidence=(f"the launch was interrupted: the process starting {attempt['attempt_id']} died "
+                          "before the executor took it",),
+            )
+            end = self._record_end(attempt, status, None)
+            if end is not None:
+                ends.append(end)
+        return ends
 
     def _watch(self, attempt: RowMapping) -> None:
         """End an attempt that stalled: marked first, so its end is classified `stalled`, not cancelled."""

@@ -1,7 +1,7 @@
 """Applying the retry policy to a run whose attempt just ended: the decision, written down, and the queue.
 
 A decision to resume leaves the run `queued` with `not_before` (the backoff); the control loop
-launches it when due, claiming it first so that two processes never launch the same retry.
+launches it when due (see `start_attempt(from_queue=True)` for why it is launched only once).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from sqlalchemy import Connection, RowMapping, func, select, update
 from trackway.ledger.schema import attempts, runs
 from trackway.settings import Settings
 from trackway.supervisor.policy import AttemptOutcome, Decision, RetryPolicy, decide, load_policy, memory_fingerprint
-from trackway.taxonomy import RunState, TerminationReason
+from trackway.taxonomy import AttemptState, RunState, TerminationReason
 
 
 def run_policy(settings: Settings, run: RowMapping) -> RetryPolicy:
@@ -95,26 +95,20 @@ def decide_after_end(conn: Connection, settings: Settings, run: RowMapping, atte
 
 
 def due_retries(conn: Connection, now: datetime) -> list[str]:
-    """Queued runs with at least one attempt (retries; first attempts are started by their submitter), due now."""
+    """Queued runs whose attempts all ended (retries; first attempts are started by their submitter), due now."""
     has_attempt = select(attempts.c.run_id).where(attempts.c.run_id == runs.c.run_id).exists()
+    unfinished = (
+        select(attempts.c.run_id)
+        .where(attempts.c.run_id == runs.c.run_id, attempts.c.state != AttemptState.ENDED.value)
+        .exists()
+    )
     query = (
         select(runs.c.run_id)
-        .where(runs.c.state == RunState.QUEUED.value, has_attempt)
+        .where(runs.c.state == RunState.QUEUED.value, has_attempt, ~unfinished)
         .where((runs.c.not_before.is_(None)) | (runs.c.not_before <= now))
         .order_by(runs.c.not_before)
     )
     return list(conn.execute(query).scalars())
-
-
-def claim(conn: Connection, run_id: str) -> bool:
-    """Take a queued run for launching; False if another process took it first."""
-    return bool(
-        conn.execute(
-            update(runs)
-            .where(runs.c.run_id == run_id, runs.c.state == RunState.QUEUED.value)
-            .values(state=RunState.RUNNING.value, not_before=None)
-        ).rowcount
-    )
 
 
 def read_policy_file(path: str | None) -> str | None:

@@ -6,7 +6,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-BENCHES = ["bench_submit.py", "bench_ledger.py", "bench_sdk.py"]
+BENCHES = [
+    "bench_submit.py",
+    "bench_ledger.py",
+    "bench_sdk.py",
+    "bench_checkpoint_speed.py",
+    "bench_checkpoint_kills.py",
+    "bench_supervisor.py",
+]
 
 
 def main() -> int:

@@ -35,6 +35,8 @@ LOG_TAIL_BYTES = 64 * 1024
 LOG_TAIL_LINES = 200
 # A launch this old that never reached its executor was interrupted (submit waits ~10 s at most).
 STALE_LAUNCH_S = 120
+# Past this, a tick leaves the remaining attempts to the next one (each end costs a write).
+TICK_BUDGET_S = 0.7
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,8 @@ class Supervisor:
         self.ledger = ledger
         self.settings = settings
         self._executors: dict[str, Executor] = {}
+        self.tick_budget_s = TICK_BUDGET_S
+        self._cursor = ""  # the attempt a time-bounded tick stopped at
         self._executor_for = executor_for or (lambda name: get_executor(name, settings.home))
 
     def executor(self, name: str) -> Executor:
@@ -95,7 +99,17 @@ class Supervisor:
         ends = self._recover_interrupted_launches()
         with self.ledger.read() as conn:
             pending = [a for a in active_attempts(conn) if a["executor_job_id"]]
+        # A tick is bounded in time: when many attempts end at once, the rest wait for the next
+        # tick, which starts where this one stopped so that every attempt gets its turn.
+        pending = [a for a in pending if a["attempt_id"] >= self._cursor] + [
+            a for a in pending if a["attempt_id"] < self._cursor
+        ]
+        deadline = time.monotonic() + self.tick_budget_s
+        self._cursor = ""
         for attempt in pending:
+            if time.monotonic() > deadline:
+                self._cursor = attempt["attempt_id"]
+                break
             status = self.executor(attempt["executor"]).poll(handle_of(attempt))
             # Ingest after polling: an attempt seen ended has written all it will write.
             report = ingest_attempt(self.ledger, attempt)
@@ -107,15 +121,17 @@ class Supervisor:
             end = self._record_end(attempt, status, report.note)
             if end is not None:
                 ends.append(end)
-        self.launch_due_retries()
+        self.launch_due_retries(deadline)
         return ends
 
-    def launch_due_retries(self) -> list[str]:
-        """Start the next attempt of every run whose retry is due; return the new attempt ids."""
+    def launch_due_retries(self, deadline: float | None = None) -> list[str]:
+        """Start the next attempt of runs whose retry is due (at least one, then until `deadline`)."""
         with self.ledger.read() as conn:
             due = due_retries(conn, datetime.now(timezone.utc))
-        started = []
+        started: list[str] = []
         for run_id in due:
+            if started and deadline is not None and time.monotonic() > deadline:
+                break
             with self.ledger.read() as conn:
                 executor = resolve_run(conn, run_id)["executor"]
             try:

@@ -1,0 +1,135 @@
+"""The supervisor at work: preemption notice → resumed attempt's first new step, and one supervisor over 500 runs.
+
+Targets (issue 4): notice → first new step of the resumed attempt ≤ 5 s plus model load (the
+script here loads no model), with the supervisor ticking at its default 1 s interval; one
+supervisor driving 500 concurrent short runs on the local executor with every tick ≤ 1 s.
+Baseline for the first figure, measured in the same run: starting the same script cold with
+`subprocess` and waiting for its first step (what a restart costs without any supervisor).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import human, report  # noqa: E402
+
+from trackway.ledger import open_ledger  # noqa: E402
+from trackway.ledger.records import latest_attempt  # noqa: E402
+from trackway.settings import load_settings  # noqa: E402
+from trackway.supervisor.launch import RunSpec, start_attempt, submit_run  # noqa: E402
+from trackway.supervisor.loop import Supervisor  # noqa: E402
+
+RUNS = int(os.environ.get("BENCH_RUNS", "500"))
+SCRIPT = textwrap.dedent(
+    """
+    import sys, time, trackway
+    run = trackway.init(checkpoint_every_steps=20)
+    latest = run.checkpoints.latest()
+    start = int((latest.path / "s").read_text()) + 1 if latest else 0
+    print("first-step", start, time.time(), flush=True)
+    for step in range(start, 100000):
+        run.log({"loss": 1.0 / (step + 1)}, step=step)
+        time.sleep(0.01)
+        if run.checkpoints.due(step) or run.should_stop:
+            with run.checkpoints.writing(step) as d:
+                (d / "s").write_text(str(step))
+        if run.should_stop:
+            run.exit_preempted()
+    """
+)
+
+
+def _first_step_time(log: Path) -> float | None:
+    if not log.exists():
+        return None
+    for line in log.read_text().splitlines():
+        if " first-step " in line:
+            return float(line.split()[-1])
+    return None
+
+
+def notice_to_resume(tmp: Path) -> tuple[float, float]:
+    os.environ["TRACKWAY_HOME"] = str(tmp / "home")
+    os.environ["TRACKWAY_DB"] = f"sqlite:///{tmp / 'ledger.db'}"
+    script = tmp / "loop.py"
+    script.write_text(SCRIPT)
+    settings = load_settings()
+    ledger = open_ledger(settings.db_url)
+    supervisor = Supervisor(ledger, settings)
+    run_id = submit_run(ledger, settings, RunSpec(command=[sys.executable, str(script)], cwd=tmp))
+    first = start_attempt(ledger, settings, run_id, supervisor.executor("local"))
+    state = settings.runs_dir / run_id / "attempts"
+    while _first_step_time(state / "1" / "output.log") is None:
+        time.sleep(0.05)
+    time.sleep(1.0)
+    job = json.loads((state / "1" / "job.json").read_text())
+    notice = time.time()
+    os.kill(job["shim_pid"], signal.SIGTERM)
+    while (resumed := _first_step_time(state / "2" / "output.log")) is None:
+        supervisor.tick()
+        time.sleep(1.0)  # `trackway supervise`'s default interval
+    with ledger.read() as conn:
+        second = latest_attempt(conn, run_id)
+    supervisor.cancel(run_id)
+    ledger.dispose()
+    assert first.endswith("/1") and second["attempt_number"] == 2
+    started = time.time()
+    cold = subprocess.Popen([sys.executable, "-c", "import time, trackway; print(time.time(), flush=True)"],
+                            stdout=subprocess.PIPE, text=True)
+    baseline = float(cold.stdout.readline()) - started
+    cold.wait()
+    return resumed - notice, baseline
+
+
+def many_runs(tmp: Path) -> list[float]:
+    os.environ["TRACKWAY_HOME"] = str(tmp / "home500")
+    os.environ["TRACKWAY_DB"] = f"sqlite:///{tmp / 'ledger500.db'}"
+    settings = load_settings()
+    ledger = open_ledger(settings.db_url)
+    supervisor = Supervisor(ledger, settings)
+    rng = random.Random(0)
+    print(f"starting {RUNS} runs of `sleep` (3-20 s) ...", flush=True)
+    for i in range(RUNS):
+        command = ["sleep", f"{rng.uniform(3, 20):.1f}"] if i % 10 else ["sh", "-c", "sleep 4; exit 3"]
+        run_id = submit_run(ledger, settings, RunSpec(command=command, cwd=tmp))
+        start_attempt(ledger, settings, run_id, supervisor.executor("local"))
+    ticks = []
+    while True:
+        started = time.perf_counter()
+        supervisor.tick()
+        ticks.append(time.perf_counter() - started)
+        with ledger.read() as conn:
+            from trackway.ledger.records import active_attempts
+
+            if not active_attempts(conn):
+                break
+        time.sleep(0.2)
+    ledger.dispose()
+    return ticks
+
+
+def main() -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        resume_s, baseline_s = notice_to_resume(Path(tmp))
+        ok = report("preemption notice → resumed attempt's first new step", resume_s, target=5.0, baseline=baseline_s)
+        ticks = many_runs(Path(tmp))
+    worst = max(ticks)
+    ok &= report(f"supervisor tick over {RUNS} runs: worst of {len(ticks)}", worst, target=1.0)
+    print(f"{'':<58} median {human(statistics.median(ticks))}, 95th {human(sorted(ticks)[int(0.95 * len(ticks))])}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -114,3 +114,12 @@ def test_oom_is_retried_only_with_a_smaller_footprint(cli):
     assert second["termination_reason"] == "completed" and second["config_sha256"] != first["config_sha256"]
     facts = cli("explain", "big", "--json").json()
     assert facts["changes"]["config"] == ["train.batch_size: 32 → 8"]
+
+
+def test_watchers_notice_a_rising_loss_while_it_runs(cli):
+    script = str(Path(__file__).parent / "scripts" / "rising.py")
+    result = cli("submit", "--name", "up", "--", PY, script)
+    assert result.code == 0, result.err
+    assert "watch: loss rising" in result.err
+    facts = cli("explain", "up", "--json").json()
+    assert any(line.startswith("loss rising") for line in facts["watchers"])

@@ -106,3 +106,17 @@ def test_stall_check():
     assert "no new step" in stall_evidence({"t": 195, "step": 5, "progress_t": 100}, 0, 200, 60)
     assert stall_evidence({"t": 195, "step": 5, "progress_t": 190}, 0, 200, 60) is None
     assert "no new step" in stall_evidence({"t": 195, "step": None, "progress_t": None}, 100, 200, 60)
+
+
+def test_trend_watchers():
+    from trackway.supervisor.watchers import gpu_underused, loss_rising, memory_growing, plateau, throughput_falling
+
+    falling = [1.0 / (i + 1) for i in range(200)]
+    assert loss_rising(falling) is None
+    assert "loss rising" in loss_rising([1.0] * 50 + [1.5] * 50)
+    assert plateau([0.5] * 400) is not None and plateau([1.0 / (i + 1) for i in range(400)]) is None
+    steady = [float(i) for i in range(101)]
+    assert throughput_falling(steady) is None
+    assert "throughput falling" in throughput_falling(steady[:51] + [50 + 3.0 * i for i in range(1, 51)])
+    assert memory_growing(1 << 30, 3 << 30) is not None and memory_growing(1 << 30, 1 << 30) is None
+    assert gpu_underused([5, 10]) is not None and gpu_underused([5, 90]) is None and gpu_underused([]) is None

@@ -112,7 +112,11 @@ def follow(app: AppContext, supervisor, run_id: str, attempt_id: str) -> int:
     try:
         with err_console.status("", spinner="dots") as status:
             while True:
-                for end in supervisor.tick():
+                ends = supervisor.tick()
+                for watched_attempt, finding in supervisor.findings:
+                    if watched_attempt.startswith(f"{run_id}/"):
+                        err_console.print(f"{watched_attempt} watch: {finding}", highlight=False)
+                for end in ends:
                     if end.run_id == run_id:
                         reported.add(end.attempt_id)
                         decision = end.decision

@@ -33,3 +33,15 @@ def metric_points_for_run(
     if limit:
         query = query.limit(limit)
     return list(conn.execute(query).mappings())
+
+
+def recent_points(conn: Connection, run_id: str, key: str, attempt_number: int, limit: int) -> list[RowMapping]:
+    """The newest `limit` points of one key that one attempt logged, oldest first (for the watchers)."""
+    query = (
+        select(metric_points.c.step, metric_points.c.value, metric_points.c.logged_at)
+        .join(metric_series, metric_points.c.series_id == metric_series.c.series_id)
+        .where(metric_series.c.run_id == run_id, metric_series.c.key == key, metric_points.c.attempt_number == attempt_number)
+        .order_by(metric_points.c.step.desc())
+        .limit(limit)
+    )
+    return list(reversed(list(conn.execute(query).mappings())))

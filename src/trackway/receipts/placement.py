@@ -32,6 +32,21 @@ def gpu_inventory() -> list[GpuInfo]:
             return []
 
 
+def gpu_utilization(gpu_ids: str) -> list[int]:
+    """Current utilization (%) of the GPUs in a comma-separated id list; [] where NVML cannot say. Never raises."""
+    with nvml_session() as lib:
+        if lib is None:
+            return []
+        try:
+            return [
+                int(lib.nvmlDeviceGetUtilizationRates(lib.nvmlDeviceGetHandleByIndex(int(i))).gpu)
+                for i in gpu_ids.split(",")
+                if i.strip()
+            ]
+        except (lib.NVMLError, ValueError):
+            return []
+
+
 def host_name() -> str:
     """This machine's host name."""
     return socket.gethostname()

@@ -111,7 +111,13 @@ class SpoolWriter:
         self._last_heartbeat = time.monotonic()
         write_json_atomic(
             self.heartbeat_path,
-            {"t": time.time(), "step": self.last_step, "progress_t": self.last_progress_t, "pid": os.getpid()},
+            {
+                "t": time.time(),
+                "step": self.last_step,
+                "progress_t": self.last_progress_t,
+                "pid": os.getpid(),
+                "rss_bytes": _rss_bytes(),
+            },
             fsync=False,
         )
 
@@ -140,3 +146,12 @@ class SpoolWriter:
                 os.fsync(fd)
             finally:
                 os.close(fd)
+
+
+def _rss_bytes() -> int | None:
+    """This process's resident memory, for the supervisor's memory-growth watcher (Linux /proc; None elsewhere)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None

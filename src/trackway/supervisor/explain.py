@@ -13,7 +13,8 @@ from sqlalchemy import Connection, RowMapping, select
 
 from trackway.ledger.blobs import get_blob
 from trackway.ledger.records import list_attempts, resolve_attempt, resolve_run
-from trackway.ledger.schema import checkpoints
+from trackway.ledger.ingest import SUPERVISOR_RANK
+from trackway.ledger.schema import attempt_events, checkpoints
 from trackway.taxonomy import RunState
 
 
@@ -79,6 +80,14 @@ def explain(conn: Connection, ref: str) -> dict[str, Any]:
             .order_by(checkpoints.c.step)
         ).mappings()
     ]
+    watched = [
+        json.loads(payload)["message"]
+        for payload in conn.execute(
+            select(attempt_events.c.payload)
+            .where(attempt_events.c.attempt_id == attempt["attempt_id"], attempt_events.c.rank == SUPERVISOR_RANK)
+            .order_by(attempt_events.c.seq)
+        ).scalars()
+    ]
     changes: dict[str, list[str]] = {}
     if previous is not None:
         changes = {
@@ -111,6 +120,7 @@ def explain(conn: Connection, ref: str) -> dict[str, Any]:
         "compared_with": previous["attempt_id"] if previous is not None else None,
         "changes": changes,
         "checkpoints": {"resumed_from": attempt["resumed_from_checkpoint"], "committed": committed},
+        "watchers": watched,
         "history": [
             {
                 "attempt_id": a["attempt_id"],
@@ -191,6 +201,8 @@ def to_markdown(facts: dict[str, Any]) -> str:
     ckpt = facts["checkpoints"]
     out += ["", "## Checkpoints", f"- resumed from: {ckpt['resumed_from'] or 'the start'}"]
     out += [f"- committed {c['name']} ({c['state']}) at {c['committed_at']}" for c in ckpt["committed"]] or ["- committed none"]
+    out += ["", "## What the watchers noticed"]
+    out += [f"- {line}" for line in facts["watchers"]] or ["- nothing"]
     out += ["", "## Attempts and decisions"]
     for h in facts["history"]:
         d = h["decision"]

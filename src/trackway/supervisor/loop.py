@@ -18,7 +18,8 @@ from sqlalchemy import RowMapping, update
 from trackway.errors import InputError, TrackwayError
 from trackway.executors.base import Executor, JobHandle, JobPhase, JobStatus, get_executor
 from trackway.ledger import Ledger
-from trackway.ledger.ingest import ingest_attempt, spool_dir_of
+from trackway.ledger.ingest import add_supervisor_event, ingest_attempt, spool_dir_of
+from trackway.ledger.metrics import recent_points
 from trackway.ledger.registration import register_all_pending
 from trackway.ledger.schema import attempts
 from trackway.ledger.records import active_attempts, get_attempt, record_attempt_end, resolve_run, update_run
@@ -27,7 +28,16 @@ from trackway.supervisor.classify import Classification, Evidence, classify
 from trackway.supervisor.launch import start_attempt
 from trackway.supervisor.policy import Decision
 from trackway.supervisor.retry import decide_after_end, due_retries
-from trackway.supervisor.watchers import STALL_MARKER, stall_evidence
+from trackway.supervisor.watchers import (
+    STALL_MARKER,
+    gpu_underused,
+    loss_rising,
+    memory_growing,
+    plateau,
+    stall_evidence,
+    throughput_falling,
+)
+from trackway.receipts.placement import gpu_utilization
 from trackway.spool import HEARTBEAT_FILE, read_json, write_json_atomic
 from trackway.taxonomy import AttemptState, RunState, TerminationReason
 
@@ -85,6 +95,8 @@ class Supervisor:
         self.settings = settings
         self._executors: dict[str, Executor] = {}
         self.tick_budget_s = TICK_BUDGET_S
+        self.findings: list[tuple[str, str]] = []  # (attempt, what a watcher noticed), for live status lines
+        self._first_rss: dict[str, int | None] = {}
         self._cursor = ""  # the attempt a time-bounded tick stopped at
         self._executor_for = executor_for or (lambda name: get_executor(name, settings.home))
 
@@ -95,6 +107,7 @@ class Supervisor:
 
     def tick(self) -> list[AttemptEnd]:
         """One pass: poll every unfinished attempt and record those that ended."""
+        self.findings = []
         register_all_pending(self.ledger, self.settings.home)
         ends = self._recover_interrupted_launches()
         with self.ledger.read() as conn:
@@ -114,7 +127,7 @@ class Supervisor:
             # Ingest after polling: an attempt seen ended has written all it will write.
             report = ingest_attempt(self.ledger, attempt)
             if status.phase is JobPhase.RUNNING:
-                self._watch(attempt)
+                self._watch(attempt, new_points=report.points > 0)
                 continue
             with self.ledger.read() as conn:
                 attempt = get_attempt(conn, attempt["attempt_id"])
@@ -207,20 +220,48 @@ class Supervisor:
                 ends.append(end)
         return ends
 
-    def _watch(self, attempt: RowMapping) -> None:
-        """End an attempt that stalled: marked first, so its end is classified `stalled`, not cancelled."""
+    def _watch(self, attempt: RowMapping, new_points: bool) -> None:
+        """Run the watchers over a live attempt; end it if it stalled (marked first, so it is classified
+        `stalled`, not cancelled); record the other findings as events, once per kind."""
+        heartbeat = read_json(spool_dir_of(attempt) / HEARTBEAT_FILE)
+        findings = self._trend_findings(attempt, heartbeat, new_points)
+        if findings:
+            with self.ledger.write() as conn:
+                for kind, message in findings:
+                    if add_supervisor_event(conn, attempt["attempt_id"], kind, {"message": message}):
+                        self.findings.append((attempt["attempt_id"], message))
         marker = Path(attempt["state_dir"]) / STALL_MARKER
         if marker.exists() or attempt["started_at"] is None:
             return
         why = stall_evidence(
-            read_json(spool_dir_of(attempt) / HEARTBEAT_FILE),
+            heartbeat,
             attempt["started_at"].timestamp(),
             time.time(),
             self.settings.stall_seconds,
         )
         if why is not None:
             write_json_atomic(marker, {"t": time.time(), "why": why})
+            self.findings.append((attempt["attempt_id"], f"stalled, ending it: {why}"))
             self.executor(attempt["executor"]).cancel(handle_of(attempt))
+
+    def _trend_findings(self, attempt: RowMapping, heartbeat: dict | None, new_points: bool) -> list[tuple[str, str]]:
+        found: list[tuple[str, str]] = []
+        rss = (heartbeat or {}).get("rss_bytes")
+        first_rss = self._first_rss.setdefault(attempt["attempt_id"], rss)
+        if (message := memory_growing(first_rss, rss)) is not None:
+            found.append(("memory_growing", message))
+        if attempt["gpu_ids"] and (message := gpu_underused(gpu_utilization(attempt["gpu_ids"]))) is not None:
+            found.append(("gpu_underused", message))
+        if new_points:
+            with self.ledger.read() as conn:
+                points = recent_points(conn, attempt["run_id"], "loss", attempt["attempt_number"], limit=400)
+            values = [p["value"] for p in points if p["value"] is not None]
+            times = [p["logged_at"] for p in points]
+            for kind, check in (("loss_rising", loss_rising(values)), ("plateau", plateau(values)),
+                                ("throughput_falling", throughput_falling(times))):
+                if check is not None:
+                    found.append((kind, check))
+        return found
 
     def _record_end(self, attempt: RowMapping, status: JobStatus, note: dict | None) -> AttemptEnd | None:
         evidence = Evidence(

@@ -25,3 +25,56 @@ def stall_evidence(heartbeat: dict[str, Any] | None, started_at: float, now: flo
             f"last step {heartbeat.get('step')}"
         )
     return None
+
+
+# -- trends over the metrics a run logged ------------------------------------------------------
+# Each returns a one-line finding or None. The control loop records a finding as an event on the
+# attempt, once per kind, and shows it in the live status; only stalls end an attempt today.
+
+def loss_rising(values: list[float], window: int = 50, tolerance: float = 0.10) -> str | None:
+    """The mean loss of the last `window` points is more than `tolerance` above the window before."""
+    if len(values) < 2 * window:
+        return None
+    before = sum(values[-2 * window : -window]) / window
+    after = sum(values[-window:]) / window
+    if before > 0 and after > before * (1 + tolerance):
+        return f"loss rising: mean {after:.4g} over the last {window} steps vs {before:.4g} before (+{100 * (after / before - 1):.0f}%)"
+    return None
+
+
+def plateau(values: list[float], window: int = 200, tolerance: float = 0.002) -> str | None:
+    """The loss moved less than `tolerance` (relative) between the last two windows."""
+    if len(values) < 2 * window:
+        return None
+    before = sum(values[-2 * window : -window]) / window
+    after = sum(values[-window:]) / window
+    if before and abs(after - before) / abs(before) < tolerance:
+        return f"plateau: mean loss {after:.4g} over the last {window} steps, within {100 * tolerance:.1f}% of the {window} before"
+    return None
+
+
+def throughput_falling(times: list[float], window: int = 50, ratio: float = 0.5) -> str | None:
+    """Steps per second over the last `window` steps fell below `ratio` of the window before."""
+    if len(times) < 2 * window + 1:
+        return None
+    before = window / max(1e-9, times[-window - 1] - times[-2 * window - 1])
+    after = window / max(1e-9, times[-1] - times[-window - 1])
+    if after < ratio * before:
+        return f"throughput falling: {after:.2f} steps/s over the last {window} steps vs {before:.2f} before"
+    return None
+
+
+def memory_growing(first_rss: int | None, rss: int | None, factor: float = 2.0, floor_bytes: int = 1 << 30) -> str | None:
+    """Host memory (RSS) grew by `factor` and by at least `floor_bytes` since the attempt's first heartbeat."""
+    if not first_rss or not rss:
+        return None
+    if rss > factor * first_rss and rss - first_rss >= floor_bytes:
+        return f"host memory growing: RSS {rss / 2**30:.1f} GiB, was {first_rss / 2**30:.1f} GiB at the first heartbeat"
+    return None
+
+
+def gpu_underused(utilizations: list[int], threshold: int = 20) -> str | None:
+    """Every GPU of the attempt is below `threshold` % utilization (from NVML) right now."""
+    if utilizations and max(utilizations) < threshold:
+        return f"GPU utilization low: {', '.join(f'{u}%' for u in utilizations)} (threshold {threshold}%)"
+    return None

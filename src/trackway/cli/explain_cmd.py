@@ -5,8 +5,6 @@ from __future__ import annotations
 import sys
 
 import typer
-from rich.markdown import Markdown
-
 from trackway.cli.context import app_context
 from trackway.cli.render import console, print_json
 
@@ -31,6 +29,8 @@ def explain(
     elif markdown:
         sys.stdout.write(to_markdown(facts))
     else:
+        from rich.markdown import Markdown  # 80 ms to import: only explain pays for it
+
         console.print(Markdown(to_markdown(facts)))
 
 

@@ -69,6 +69,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--config", help="TOML or JSON config (default: $TRACKWAY_CONFIG)")
     parser.add_argument("--data-file", help="the training corpus (default: the config's data.path)")
+    parser.add_argument("--step-delay", type=float, default=0.0,
+                        help="sleep this long after each step, standing in for a bigger model (demos, tests)")
     args = parser.parse_args()
     config = load_config(args.config)
     train, model_cfg = config["train"], config["model"]
@@ -108,6 +110,8 @@ def main() -> int:
         loss.backward()
         optimizer.step()
         loss_value = loss.item()
+        if args.step_delay:
+            time.sleep(args.step_delay)
         run.log({"loss": loss_value, "lr": optimizer.param_groups[0]["lr"]}, step=step)
         if step % train["log_every"] == 0 or step == train["steps"]:
             print(f"step {step} loss {loss_value:.4f} ({time.time() - started:.1f}s)", flush=True)

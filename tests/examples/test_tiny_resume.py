@@ -24,7 +24,8 @@ SETS = ["train.steps=90", "train.log_every=5", "train.checkpoint_every=20", "mod
 
 def _submit(ledger, settings, corpus: Path) -> str:
     spec = RunSpec(
-        command=[sys.executable, str(EXAMPLES / "train_tiny.py"), "--data-file", str(corpus)],
+        # The delay keeps each stretch between notices long enough to aim a SIGTERM at on a busy machine.
+        command=[sys.executable, str(EXAMPLES / "train_tiny.py"), "--data-file", str(corpus), "--step-delay", "0.1"],
         cwd=Path.cwd(), config_path=str(EXAMPLES / "tiny.toml"), overrides=SETS,
     )
     run_id = submit_run(ledger, settings, spec)
@@ -50,7 +51,7 @@ def test_three_preemptions_same_final_loss(home, sqlite_url, monkeypatch, tmp_pa
     preempted = _submit(ledger, settings, corpus)
     notices = {1: "step 25 ", 2: "step 50 ", 3: "step 75 "}  # SIGTERM once attempt N has logged this step
     sent: set[int] = set()
-    deadline = time.time() + 240
+    deadline = time.time() + 400
     while time.time() < deadline:
         supervisor.tick()
         with ledger.read() as conn:

@@ -45,6 +45,9 @@ keep_last = 2          # at least 2
 # An attempt whose SDK heartbeat stops, or that logs no new step, for this long is stalled:
 # it is ended (SIGTERM, grace, SIGKILL) and retried once.
 stall_seconds = 600
+# Other watchers only record what they notice; list the ones that should end the attempt too:
+# loss_rising (→ nan_loss), memory_growing (→ oom), plateau, throughput_falling, gpu_underused (→ stalled).
+stop_on = []
 
 [retry]
 # What the supervisor does after an attempt ends, per termination reason (DESIGN.md's defaults).
@@ -75,6 +78,7 @@ class Settings:
     retention: dict[str, Any] = field(default_factory=dict)  # [checkpoints] in trackway.toml
     retry: dict[str, Any] = field(default_factory=dict)  # [retry] in trackway.toml (supervisor/policy.py)
     stall_seconds: float = 600.0  # [supervisor] stall_seconds: no heartbeat or no new step for this long
+    stop_on: tuple[str, ...] = ()  # [supervisor] stop_on: watcher findings that end the attempt
 
     def resource(self, name: str = "local") -> Resource:
         return self.resources.get(name) or Resource(name=name)
@@ -130,6 +134,10 @@ def load_settings(home: str | Path | None = None, db: str | None = None, cwd: Pa
         stall_seconds = float(supervisor.get("stall_seconds", 600.0))
     except (TypeError, ValueError):
         raise InputError(f"{toml_path}: [supervisor] stall_seconds: expected a number of seconds") from None
+    stop_on = supervisor.get("stop_on", [])
+    known = ("loss_rising", "plateau", "throughput_falling", "memory_growing", "gpu_underused")
+    if not isinstance(stop_on, list) or any(kind not in known for kind in stop_on):
+        raise InputError(f"{toml_path}: [supervisor] stop_on: expected a list of {', '.join(known)}")
     return Settings(
         home=home_path,
         db_url=url,
@@ -137,4 +145,5 @@ def load_settings(home: str | Path | None = None, db: str | None = None, cwd: Pa
         retention=retention,
         retry=retry,
         stall_seconds=stall_seconds,
+        stop_on=tuple(stop_on),
     )

@@ -123,3 +123,21 @@ def test_watchers_notice_a_rising_loss_while_it_runs(cli):
     assert "watch: loss rising" in result.err
     facts = cli("explain", "up", "--json").json()
     assert any(line.startswith("loss rising") for line in facts["watchers"])
+
+
+def test_a_watcher_listed_in_stop_on_ends_the_attempt(cli):
+    Path("trackway.toml").write_text('[supervisor]\nstop_on = ["loss_rising"]\n')
+    script = str(Path(__file__).parent / "scripts" / "rising.py")
+    result = cli("submit", "--name", "diverging", "--", PY, script)
+    assert result.code == 1
+    (attempt,) = cli("attempts", "diverging", "--json").json()
+    assert attempt["termination_reason"] == "nan_loss"
+    assert attempt["termination_evidence"]["rule"] == "watcher:loss_rising"
+    assert __import__("json").loads(attempt["retry_decision"])["action"] == "stop"
+    assert attempt["last_step"] < 399  # ended while it ran, not after
+
+
+def test_stop_on_names_known_watchers_only(cli):
+    Path("trackway.toml").write_text('[supervisor]\nstop_on = ["vibes"]\n')
+    refused = cli("runs")
+    assert refused.code == 2 and "stop_on" in refused.err

@@ -86,7 +86,13 @@ def test_evidence_json_keeps_the_raw_facts():
 
 @pytest.mark.parametrize(
     ("flags", "reason"),
-    [({"cancelled": True}, R.USER_CANCELLED), ({"timed_out": True}, R.TIMEOUT), ({"stalled": "no new step"}, R.STALLED)],
+    [
+        ({"cancelled": True}, R.USER_CANCELLED),
+        ({"timed_out": True}, R.TIMEOUT),
+        ({"stopped_by": ("stalled", "no new step")}, R.STALLED),
+        ({"stopped_by": ("loss_rising", "loss rising")}, R.NAN_LOSS),
+        ({"stopped_by": ("memory_growing", "RSS 40 GiB")}, R.OOM),
+    ],
 )
 def test_a_preempted_note_caused_by_trackways_own_sigterm_is_not_a_preemption(flags, reason):
     note = {"reason": "preempted", "message": "preemption notice (SIGTERM) at step 9"}

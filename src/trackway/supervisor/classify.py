@@ -3,7 +3,7 @@
 Evidence is weighed most trusted first:
 
     1. the attempt's own note from the SDK     ("oom: CUDA out of memory at step 11")
-    2. what trackway itself did                 (ended a stalled attempt, cancelled, time limit hit)
+    2. what trackway itself did                 (time limit hit, a watcher's stop, cancelled)
     3. the executor's state                     (Slurm PREEMPTED / TIMEOUT / NODE_FAIL, pod evicted)
     4. a clean exit                             (exit 0)
     5. patterns in the log tail                 (CUDA out of memory, NCCL timeout, Traceback ...)
@@ -38,6 +38,19 @@ EXECUTOR_STATES: dict[str, R] = {
     "NODE_FAIL": R.INFRA_TRANSIENT,
     "BOOT_FAIL": R.INFRA_TRANSIENT,
     "LOST": R.INFRA_TRANSIENT,
+}
+
+
+# What an attempt the supervisor ended for a watcher's finding counts as. A rising loss is the
+# divergence nan_loss names (stop, point at the last good checkpoint); growing host memory ends
+# the way an OOM would; no progress of any other kind is a stall (retried once).
+WATCHER_REASONS: dict[str, R] = {
+    "stalled": R.STALLED,
+    "loss_rising": R.NAN_LOSS,
+    "memory_growing": R.OOM,
+    "plateau": R.STALLED,
+    "throughput_falling": R.STALLED,
+    "gpu_underused": R.STALLED,
 }
 
 
@@ -96,7 +109,7 @@ class Evidence:
     log_tail: Sequence[str] = ()
     made_progress: bool = False
     sdk_note: Mapping[str, Any] | None = None
-    stalled: str | None = None  # why the supervisor ended it as stalled
+    stopped_by: tuple[str, str] | None = None  # (watcher kind, why) when the supervisor ended it
 
 
 @dataclass(frozen=True)
@@ -125,14 +138,16 @@ def classify(evidence: Evidence) -> Classification:
     e = evidence
     note_reason = e.sdk_note.get("reason") if e.sdk_note else None
     # A "preempted" note only says a SIGTERM arrived; when trackway sent it, trackway knows why.
-    sent_by_trackway = bool(e.stalled or e.cancelled or e.timed_out)
+    sent_by_trackway = bool(e.stopped_by or e.cancelled or e.timed_out)
     if note_reason in R._value2member_map_ and not (note_reason == R.PREEMPTED.value and sent_by_trackway):
         message = str(e.sdk_note.get("message") or "")
         return Classification(R(note_reason), "sdk:note", (message,) if message else ())
     if e.timed_out:  # the executor's own record: the limit was hit, whatever else was under way
         return Classification(R.TIMEOUT, "trackway:time-limit", tuple(e.executor_lines[-MAX_EVIDENCE_LINES:]))
-    if e.stalled:
-        return Classification(R.STALLED, "supervisor:stalled", (e.stalled,) + tuple(e.executor_lines[-MAX_EVIDENCE_LINES:]))
+    if e.stopped_by:
+        kind, why = e.stopped_by
+        reason = WATCHER_REASONS.get(kind, R.STALLED)
+        return Classification(reason, f"watcher:{kind}", (why,) + tuple(e.executor_lines[-MAX_EVIDENCE_LINES:]))
     if e.cancelled:
         return Classification(R.USER_CANCELLED, "trackway:cancel", tuple(e.executor_lines[-MAX_EVIDENCE_LINES:]))
     if e.executor_state and e.executor_state.upper() in EXECUTOR_STATES:

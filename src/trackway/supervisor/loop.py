@@ -29,7 +29,7 @@ from trackway.supervisor.launch import start_attempt
 from trackway.supervisor.policy import Decision
 from trackway.supervisor.retry import decide_after_end, due_retries
 from trackway.supervisor.watchers import (
-    STALL_MARKER,
+    STOP_MARKER,
     gpu_underused,
     loss_rising,
     memory_growing,
@@ -221,27 +221,27 @@ class Supervisor:
         return ends
 
     def _watch(self, attempt: RowMapping, new_points: bool) -> None:
-        """Run the watchers over a live attempt; end it if it stalled (marked first, so it is classified
-        `stalled`, not cancelled); record the other findings as events, once per kind."""
+        """Run the watchers over a live attempt: record each finding once per kind as an event, and end
+        the attempt when it stalled or a finding's kind is in `[supervisor] stop_on` (marked first, so
+        its end is classified by what the watcher saw, not as a cancel)."""
         heartbeat = read_json(spool_dir_of(attempt) / HEARTBEAT_FILE)
         findings = self._trend_findings(attempt, heartbeat, new_points)
+        if attempt["started_at"] is not None:
+            why = stall_evidence(heartbeat, attempt["started_at"].timestamp(), time.time(), self.settings.stall_seconds)
+            if why is not None:
+                findings.append(("stalled", why))
+        stop = None
         if findings:
             with self.ledger.write() as conn:
                 for kind, message in findings:
                     if add_supervisor_event(conn, attempt["attempt_id"], kind, {"message": message}):
                         self.findings.append((attempt["attempt_id"], message))
-        marker = Path(attempt["state_dir"]) / STALL_MARKER
-        if marker.exists() or attempt["started_at"] is None:
-            return
-        why = stall_evidence(
-            heartbeat,
-            attempt["started_at"].timestamp(),
-            time.time(),
-            self.settings.stall_seconds,
-        )
-        if why is not None:
-            write_json_atomic(marker, {"t": time.time(), "why": why})
-            self.findings.append((attempt["attempt_id"], f"stalled, ending it: {why}"))
+                    if stop is None and (kind == "stalled" or kind in self.settings.stop_on):
+                        stop = (kind, message)
+        marker = Path(attempt["state_dir"]) / STOP_MARKER
+        if stop is not None and not marker.exists():
+            write_json_atomic(marker, {"t": time.time(), "kind": stop[0], "why": stop[1]})
+            self.findings.append((attempt["attempt_id"], f"ending it ({stop[0]}): {stop[1]}"))
             self.executor(attempt["executor"]).cancel(handle_of(attempt))
 
     def _trend_findings(self, attempt: RowMapping, heartbeat: dict | None, new_points: bool) -> list[tuple[str, str]]:
@@ -274,7 +274,7 @@ class Supervisor:
             log_tail=read_log_tail(Path(attempt["log_path"])),
             made_progress=attempt["last_step"] is not None,
             sdk_note=note,
-            stalled=(read_json(Path(attempt["state_dir"]) / STALL_MARKER) or {}).get("why"),
+            stopped_by=_stop_marker(Path(attempt["state_dir"])),
         )
         verdict: Classification = classify(evidence)
         ended_at = status.ended_at or datetime.now(timezone.utc)
@@ -305,3 +305,8 @@ class Supervisor:
             gpu_seconds=gpu_seconds,
             decision=decision,
         )
+
+
+def _stop_marker(state_dir: Path) -> tuple[str, str] | None:
+    marker = read_json(state_dir / STOP_MARKER)
+    return (str(marker.get("kind", "stalled")), str(marker.get("why", ""))) if marker else None

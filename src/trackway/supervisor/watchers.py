@@ -1,13 +1,15 @@
-"""Watchers over a running attempt's spool: today, the stall check (no heartbeat or no new step).
+"""Watchers over a running attempt: stalls (no heartbeat or no new step) and trends in what it logged.
 
-Pure functions of what the spool says and the time; the control loop acts on what they return.
+Pure functions of what the spool says and the time; the control loop acts on what they return:
+a stall always ends the attempt; any other kind does when `[supervisor] stop_on` lists it.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-STALL_MARKER = "stalled.json"
+STOP_MARKER = "supervisor-stop.json"  # written before the supervisor ends an attempt: {kind, why}
+WATCHER_KINDS = ("stalled", "loss_rising", "plateau", "throughput_falling", "memory_growing", "gpu_underused")
 
 
 def stall_evidence(heartbeat: dict[str, Any] | None, started_at: float, now: float, stall_seconds: float) -> str | None:
@@ -29,7 +31,7 @@ def stall_evidence(heartbeat: dict[str, Any] | None, started_at: float, now: flo
 
 # -- trends over the metrics a run logged ------------------------------------------------------
 # Each returns a one-line finding or None. The control loop records a finding as an event on the
-# attempt, once per kind, and shows it in the live status; only stalls end an attempt today.
+# attempt, once per kind, and shows it in the live status.
 
 def loss_rising(values: list[float], window: int = 50, tolerance: float = 0.10) -> str | None:
     """The mean loss of the last `window` points is more than `tolerance` above the window before."""

@@ -11,7 +11,7 @@ from rich.text import Text
 from trackway.cli.context import AppContext, app_context
 from trackway.cli.render import console, duration, err_console
 from trackway.ledger.records import get_attempt, resolve_run
-from trackway.taxonomy import AttemptState, RunState
+from trackway.taxonomy import RunState
 
 FOLLOW_INTERVAL_S = 0.25
 

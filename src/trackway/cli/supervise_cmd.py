@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import typer
 
 from trackway.cli.context import app_context
@@ -20,16 +18,19 @@ def supervise(
 
     app = app_context(ctx)
     supervisor = Supervisor(app.ledger, app.settings)
-    while True:
-        for end in supervisor.tick():
+
+    def say(ends) -> None:
+        for end in ends:
             console.print(
                 f"{end.attempt_id} ended: {end.reason.value} [{end.rule}]; {end.decision.action}: "
                 f"{end.decision.message} [{end.decision.rule}]",
                 highlight=False,
             )
-        if once:
-            return
-        time.sleep(interval)
+
+    if once:
+        say(supervisor.tick())
+    else:
+        supervisor.run(lambda: False, interval_s=interval, on_ends=say)
 
 
 def register(app: typer.Typer) -> None:

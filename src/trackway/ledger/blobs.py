@@ -11,9 +11,6 @@ from sqlalchemy import Connection, func, select
 from trackway.errors import NotFound
 from trackway.ledger.schema import blobs
 
-BLOB_KINDS = ("config", "data_manifest", "environment", "git_diff")
-
-
 def sha256_hex(content: bytes) -> str:
     return hashlib.sha256(content).hexdigest()
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from sqlalchemy import Connection, Engine, create_engine, event, text
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, OperationalError
 from sqlalchemy.pool import NullPool
@@ -120,7 +120,3 @@ def open_ledger(url: str, migrate: bool = True) -> Ledger:
         upgrade_to_head(ledger)
     return ledger
 
-
-def ping(ledger: Ledger) -> None:
-    with ledger.read() as conn:
-        conn.execute(text("SELECT 1"))

@@ -155,9 +155,17 @@ class Supervisor:
                 started.append(attempt_id)
         return started
 
-    def run(self, should_stop: Callable[[], bool], interval_s: float = 1.0) -> None:
+    def run(
+        self,
+        should_stop: Callable[[], bool],
+        interval_s: float = 1.0,
+        on_ends: Callable[[list[AttemptEnd]], None] | None = None,
+    ) -> None:
+        """Tick until `should_stop()`, handing each tick's ends to `on_ends`."""
         while not should_stop():
-            self.tick()
+            ends = self.tick()
+            if on_ends is not None:
+                on_ends(ends)
             time.sleep(interval_s)
 
     def cancel(self, run_ref: str) -> list[str]:

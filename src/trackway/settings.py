@@ -49,6 +49,10 @@ stall_seconds = 600
 # loss_rising (→ nan_loss), memory_growing (→ oom), plateau, throughput_falling, gpu_underused (→ stalled).
 stop_on = []
 
+[evals]
+# Evaluation attempts the supervisor runs at once (each seed of an evaluation is one run of kind eval).
+max_running = 2
+
 [retry]
 # What the supervisor does after an attempt ends, per termination reason (DESIGN.md's defaults).
 # gpu_hours_budget = 100
@@ -79,6 +83,7 @@ class Settings:
     retry: dict[str, Any] = field(default_factory=dict)  # [retry] in trackway.toml (supervisor/policy.py)
     stall_seconds: float = 600.0  # [supervisor] stall_seconds: no heartbeat or no new step for this long
     stop_on: tuple[str, ...] = ()  # [supervisor] stop_on: watcher findings that end the attempt
+    eval_max_running: int = 2  # [evals] max_running: evaluation attempts running at once
 
     def resource(self, name: str = "local") -> Resource:
         return self.resources.get(name) or Resource(name=name)
@@ -138,6 +143,10 @@ def load_settings(home: str | Path | None = None, db: str | None = None, cwd: Pa
     known = ("loss_rising", "plateau", "throughput_falling", "memory_growing", "gpu_underused")
     if not isinstance(stop_on, list) or any(kind not in known for kind in stop_on):
         raise InputError(f"{toml_path}: [supervisor] stop_on: expected a list of {', '.join(known)}")
+    evals = doc.get("evals") or {}
+    max_running = evals.get("max_running", 2) if isinstance(evals, dict) else None
+    if not isinstance(max_running, int) or isinstance(max_running, bool) or max_running < 1:
+        raise InputError(f"{toml_path}: [evals] max_running: expected a whole number ≥ 1")
     return Settings(
         home=home_path,
         db_url=url,
@@ -146,4 +155,5 @@ def load_settings(home: str | Path | None = None, db: str | None = None, cwd: Pa
         retry=retry,
         stall_seconds=stall_seconds,
         stop_on=tuple(stop_on),
+        eval_max_running=max_running,
     )

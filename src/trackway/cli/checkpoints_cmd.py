@@ -87,6 +87,7 @@ def gc(
     from trackway.checkpoints.mirror import reconcile_run_checkpoints
     from trackway.checkpoints.retention import RetentionPolicy, apply_retention, plan_retention
     from trackway.cli.runs_cmd import reconcile
+    from trackway.evals.records import pinned_checkpoints
 
     app = app_context(ctx)
     reconcile(app)
@@ -108,6 +109,9 @@ def gc(
             name = attempt["resumed_from_checkpoint"]
             if name and name.startswith("step-"):
                 protected_by_run.setdefault(attempt["run_id"], {})[int(name[5:])] = f"resumed from by {attempt['attempt_id']}"
+        for run_id, pins in pinned_checkpoints(conn).items():
+            for step, why in pins.items():
+                protected_by_run.setdefault(run_id, {}).setdefault(step, why)
     for run_id in run_ids:
         store = _store(app, run_id)
         if not store.root.is_dir():

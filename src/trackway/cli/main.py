@@ -8,6 +8,7 @@ import typer
 
 from trackway.cli import (
     checkpoints_cmd,
+    evals_cmd,
     explain_cmd,
     init_cmd,
     logs_cmd,
@@ -48,6 +49,7 @@ logs_cmd.register(app)
 sql_cmd.register(app)
 metrics_cmd.register(app)
 checkpoints_cmd.register(app)
+evals_cmd.register(app)
 supervise_cmd.register(app)
 report_cmd.register(app)
 explain_cmd.register(app)

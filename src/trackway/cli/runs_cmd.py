@@ -52,14 +52,21 @@ def _attempt_json(row) -> dict:
 def runs(
     ctx: typer.Context,
     project: str = typer.Option(None, "--project", help="Only runs of this project."),
+    kind: str = typer.Option(None, "--kind", help="Only runs of this kind: test, full, eval or all (default: test and full)."),
     limit: int = typer.Option(50, "--limit", help="At most this many runs, newest first (0: all)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
-    """List runs, newest first."""
+    """List runs, newest first (evaluation seeds, kind eval, only with --kind eval or all)."""
+    from trackway.errors import InputError
+    from trackway.taxonomy import RunKind
+
+    if kind not in (None, "all", *(k.value for k in RunKind)):
+        raise InputError(f"--kind {kind!r}: expected test, full, eval or all")
+    kinds = None if kind == "all" else [kind] if kind else [RunKind.TEST.value, RunKind.FULL.value]
     app = app_context(ctx)
     reconcile(app)
     with app.ledger.read() as conn:
-        rows = list_runs(conn, limit=limit or None, project=project)
+        rows = list_runs(conn, limit=limit or None, project=project, kinds=kinds)
     if as_json:
         print_json([_run_json(r) for r in rows])
         return

@@ -31,6 +31,7 @@ def submit(
     repo: str = typer.Option(None, "--repo", help="Clone this git repository into the run's workspace and run there."),
     branch: str = typer.Option(None, "--branch", help="The branch of --repo to clone."),
     retry_policy: str = typer.Option(None, "--retry-policy", help="A TOML retry policy for this run (over trackway.toml's [retry])."),
+    eval_specs: list[str] = typer.Option([], "--eval", help="An eval spec (TOML) run on committed checkpoints by its trigger (repeatable)."),
     detach: bool = typer.Option(False, "--detach", help="Print the run id and return; do not follow the attempt."),
 ) -> None:
     """Submit COMMAND as a run: capture its receipt, start an attempt and follow it (exit 0 iff it completed)."""
@@ -54,6 +55,7 @@ def submit(
         repo_url=repo,
         branch=branch,
         retry_policy_path=retry_policy,
+        eval_spec_paths=list(eval_specs),
     )
     supervisor = Supervisor(app.ledger, app.settings)
     run_id = submit_run(app.ledger, app.settings, spec, console=err_console)

@@ -6,7 +6,7 @@ A run is addressed by its id or its unique name; an attempt as `RUN/N` (N from 1
 from __future__ import annotations
 
 import secrets
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import Connection, RowMapping, func, insert, select, update
@@ -114,7 +114,9 @@ def active_attempts(conn: Connection) -> list[RowMapping]:
     return list(conn.execute(query).mappings())
 
 
-def list_runs(conn: Connection, limit: int | None = 50, project: str | None = None) -> list[RowMapping]:
+def list_runs(
+    conn: Connection, limit: int | None = 50, project: str | None = None, kinds: Sequence[str] | None = None
+) -> list[RowMapping]:
     """Newest runs first, each with its attempt count (counted for the listed runs only)."""
     attempt_total = (
         select(func.count()).where(attempts.c.run_id == runs.c.run_id).correlate(runs).scalar_subquery()
@@ -122,6 +124,8 @@ def list_runs(conn: Connection, limit: int | None = 50, project: str | None = No
     query = select(runs, attempt_total.label("attempt_count")).order_by(runs.c.created_at.desc(), runs.c.run_id.desc())
     if project:
         query = query.where(runs.c.project == project)
+    if kinds:
+        query = query.where(runs.c.kind.in_(list(kinds)))
     if limit:
         query = query.limit(limit)
     return list(conn.execute(query).mappings())

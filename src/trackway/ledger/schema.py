@@ -91,6 +91,7 @@ runs = Table(
     Column("ended_at", UTCDateTime),
     Column("retry_policy", Text),  # the run's own --retry-policy (TOML), over trackway.toml's [retry]
     Column("not_before", UTCDateTime),  # a queued retry waits until then (backoff)
+    Column("env", Text),  # JSON object: extra environment for every attempt (an evaluation's TRACKWAY_EVAL_*)
 )
 
 attempts = Table(
@@ -192,4 +193,91 @@ checkpoints = Table(
     Column("metrics", Text),
     Column("committed_at", UTCDateTime),
     Column("updated_at", UTCDateTime, nullable=False),
+)
+
+
+# -- evaluations: an evaluator run against one committed checkpoint, with pinned versions ------
+
+# The eval specs a training run was submitted with (`submit --eval`); the supervisor triggers them
+# on each committed checkpoint. `considered_step` is the newest step already looked at.
+run_eval_specs = Table(
+    "run_eval_specs",
+    metadata,
+    Column("run_id", String(32), ForeignKey("runs.run_id"), primary_key=True),
+    Column("name", String(64), primary_key=True),
+    Column("spec_sha256", String(64), ForeignKey("blobs.sha256"), nullable=False),
+    Column("trigger", String(32), nullable=False),
+    Column("considered_step", BigInteger),
+    Column("created_at", UTCDateTime, nullable=False),
+)
+
+evaluations = Table(
+    "evaluations",
+    metadata,
+    Column("eval_id", String(32), primary_key=True),
+    Column("run_id", String(32), ForeignKey("runs.run_id"), nullable=False, index=True),  # the training run
+    Column("checkpoint_step", BigInteger, nullable=False),
+    Column("checkpoint_name", String(64), nullable=False),
+    Column("checkpoint_path", Text, nullable=False),
+    Column("checkpoint_manifest_sha256", String(64), nullable=False),
+    Column("spec_name", String(64), nullable=False),
+    Column("spec_sha256", String(64), ForeignKey("blobs.sha256"), nullable=False),
+    Column("evaluator_version", String(200), nullable=False),
+    Column("task_set_sha256", String(80), nullable=False),
+    Column("decoding", Text, nullable=False),  # JSON
+    Column("primary_metric", String(32), nullable=False),  # the spec's first metric: what "best" ranks by
+    Column("eval_key", String(64), nullable=False, unique=True),  # same checkpoint + versions + decoding: a repeat
+    Column("trigger", String(32), nullable=False),
+    Column("state", String(16), nullable=False, index=True),
+    Column("escalation", Text),  # JSON: the condition, the value it was judged on, and what followed
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("ended_at", UTCDateTime),
+)
+
+evaluation_seeds = Table(
+    "evaluation_seeds",
+    metadata,
+    Column("eval_id", String(32), ForeignKey("evaluations.eval_id"), primary_key=True),
+    Column("seed", BigInteger, primary_key=True, autoincrement=False),
+    Column("eval_run_id", String(32), ForeignKey("runs.run_id"), nullable=False, unique=True),
+    Column("state", String(16), nullable=False),
+    Column("samples", Integer),
+    Column("tasks", Integer),
+    Column("outputs_sha256", String(64), ForeignKey("blobs.sha256")),  # the raw JSONL, compressed
+    Column("failures", Text),  # JSON: a few failed samples to read
+    Column("termination_reason", String(32)),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("ended_at", UTCDateTime),
+)
+
+eval_task_results = Table(
+    "eval_task_results",
+    metadata,
+    Column("eval_id", String(32), ForeignKey("evaluations.eval_id"), primary_key=True),
+    Column("seed", BigInteger, primary_key=True, autoincrement=False),
+    Column("task_id", String(200), primary_key=True),
+    Column("samples", Integer, nullable=False),
+    Column("correct", Integer, nullable=False),
+)
+
+eval_seed_metrics = Table(
+    "eval_seed_metrics",
+    metadata,
+    Column("eval_id", String(32), ForeignKey("evaluations.eval_id"), primary_key=True),
+    Column("seed", BigInteger, primary_key=True, autoincrement=False),
+    Column("metric", String(32), primary_key=True),
+    Column("value", Float, nullable=False),
+)
+
+# Seeds aggregated per metric; rewritten whenever a seed of the evaluation completes.
+eval_metrics = Table(
+    "eval_metrics",
+    metadata,
+    Column("eval_id", String(32), ForeignKey("evaluations.eval_id"), primary_key=True),
+    Column("metric", String(32), primary_key=True),
+    Column("mean", Float, nullable=False),
+    Column("std", Float, nullable=False),
+    Column("min", Float, nullable=False),
+    Column("max", Float, nullable=False),
+    Column("seeds", Integer, nullable=False),
 )

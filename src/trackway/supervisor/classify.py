@@ -10,6 +10,11 @@ Evidence is weighed most trusted first:
     6. signal and exit code alone               (SIGTERM from outside, exit 127, SIGKILL)
     7. nothing matched                          -> unknown, with the evidence kept
 
+An evaluation attempt that failed for a reason of its own (a crash, a broken output, an OOM, a
+stall) is an `evaluator_crash`, whatever rule saw it first; that rule is kept in the evidence
+(`evaluator:log:traceback`). Endings from outside the evaluator (preempted, time limit, cancel)
+and a command that cannot start at all (config_error) keep their own reasons.
+
 The supervisor issue grows rules here; nothing else in trackway decides a reason.
 """
 
@@ -110,6 +115,8 @@ class Evidence:
     made_progress: bool = False
     sdk_note: Mapping[str, Any] | None = None
     stopped_by: tuple[str, str] | None = None  # (watcher kind, why) when the supervisor ended it
+    evaluation: bool = False  # the attempt ran an evaluator (a run of kind eval)
+    output_problem: str | None = None  # how an evaluator's output broke the contract, if it did
 
 
 @dataclass(frozen=True)
@@ -133,8 +140,23 @@ class Classification:
         )
 
 
+# Reasons an evaluation attempt keeps: they say something about its surroundings, not the evaluator.
+EVALUATION_KEEPS = frozenset({R.COMPLETED, R.PREEMPTED, R.TIMEOUT, R.USER_CANCELLED, R.CONFIG_ERROR})
+
+
 def classify(evidence: Evidence) -> Classification:
     """The termination reason for one ended attempt, and the rule and lines that decided it."""
+    verdict = _classify(evidence)
+    if not evidence.evaluation:
+        return verdict
+    if verdict.reason is R.COMPLETED and evidence.output_problem:
+        return Classification(R.EVALUATOR_CRASH, "evaluator:bad-output", (evidence.output_problem,))
+    if verdict.reason in EVALUATION_KEEPS or verdict.reason is R.EVALUATOR_CRASH:
+        return verdict
+    return Classification(R.EVALUATOR_CRASH, f"evaluator:{verdict.rule}", verdict.lines)
+
+
+def _classify(evidence: Evidence) -> Classification:
     e = evidence
     note_reason = e.sdk_note.get("reason") if e.sdk_note else None
     # A "preempted" note only says a SIGTERM arrived; when trackway sent it, trackway knows why.

@@ -62,6 +62,7 @@ class RunSpec:
     branch: str | None = None
     resource: str = "local"
     retry_policy_path: str | None = None
+    eval_spec_paths: list[str] = field(default_factory=list)  # evaluate committed checkpoints with these
 
 
 def _validate(spec: RunSpec) -> None:
@@ -97,6 +98,7 @@ def submit_run(ledger: Ledger, settings: Settings, spec: RunSpec, console: Conso
 
     load_policy(None, settings.retry)  # a broken [retry] in trackway.toml is refused now, not after an attempt
     retry_policy = read_policy_file(spec.retry_policy_path)
+    eval_specs = _load_eval_specs(spec.eval_spec_paths)
     config = load_config(spec.config_path, spec.overrides)
     data = build_data_manifest(spec.data_paths, console=console)
     run_id = new_run_id()
@@ -133,6 +135,10 @@ def submit_run(ledger: Ledger, settings: Settings, spec: RunSpec, console: Conso
                     retry_policy=retry_policy,
                 ),
             )
+            if eval_specs:
+                from trackway.evals.records import attach_specs
+
+                attach_specs(conn, run_id, eval_specs)
     except BaseException:
         shutil.rmtree(run_dir, ignore_errors=True)
         raise
@@ -140,6 +146,18 @@ def submit_run(ledger: Ledger, settings: Settings, spec: RunSpec, console: Conso
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.json").write_bytes(config.canonical)
     return run_id
+
+
+def _load_eval_specs(paths: Sequence[str]):
+    if not paths:
+        return []
+    from trackway.evals.spec import load_spec
+
+    specs = [load_spec(p) for p in paths]
+    for spec in specs:
+        spec.evaluator_version()  # an evaluator or task set that cannot be hashed is refused now
+        spec.task_set_version()
+    return specs
 
 
 def _prepare_code(spec: RunSpec, run_dir: Path) -> tuple[Path, CodeRef]:
@@ -209,6 +227,16 @@ def attempt_environment(
     return env
 
 
+def run_environment(run, state_dir: Path) -> dict[str, str]:
+    """What a run adds to every attempt's environment: its own `env`, and for an evaluation, where to write."""
+    env = json.loads(run["env"]) if run["env"] else {}
+    if run["kind"] == RunKind.EVAL.value:
+        from trackway.evals.outputs import OUTPUT_FILE
+
+        env["TRACKWAY_EVAL_OUTPUT"] = str(state_dir / OUTPUT_FILE)
+    return env
+
+
 def start_attempt(
     ledger: Ledger,
     settings: Settings,
@@ -271,7 +299,10 @@ def start_attempt(
         attempt_id=attempt_id,
         command=json.loads(run["command"]),
         cwd=Path(run["workdir"]),
-        env=attempt_environment(settings, run_id, attempt_id, number, state_dir, resume_from, config_path),
+        env={
+            **run_environment(run, state_dir),
+            **attempt_environment(settings, run_id, attempt_id, number, state_dir, resume_from, config_path),
+        },
         state_dir=state_dir,
         log_path=state_dir / "output.log",
         gpus=run["gpus"],

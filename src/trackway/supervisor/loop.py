@@ -39,7 +39,7 @@ from trackway.supervisor.watchers import (
 )
 from trackway.receipts.placement import gpu_utilization
 from trackway.spool import HEARTBEAT_FILE, read_json, write_json_atomic
-from trackway.taxonomy import AttemptState, RunState, TerminationReason
+from trackway.taxonomy import AttemptState, RunKind, RunState, TerminationReason
 
 LOG_TAIL_BYTES = 64 * 1024
 LOG_TAIL_LINES = 200
@@ -135,7 +135,38 @@ class Supervisor:
             if end is not None:
                 ends.append(end)
         self.launch_due_retries(deadline)
+        self.start_evaluations(deadline)
         return ends
+
+    def start_evaluations(self, deadline: float | None = None) -> list[str]:
+        """Request the evaluations new checkpoints call for, then start queued evaluation seeds.
+
+        At most `[evals] max_running` evaluation attempts run at once, so evaluators queue
+        behind each other instead of crowding out the training they evaluate.
+        """
+        from trackway.evals.launch import evaluate_new_checkpoints
+        from trackway.evals.records import queued_eval_runs, running_eval_attempts
+
+        requests, problems = evaluate_new_checkpoints(self.ledger, self.settings)
+        if problems:
+            with self.ledger.write() as conn:
+                for attempt_id, message in problems:
+                    if "/" in attempt_id and add_supervisor_event(conn, attempt_id, "eval_not_started", {"message": message}):
+                        self.findings.append((attempt_id, message))
+        with self.ledger.read() as conn:
+            room = self.settings.eval_max_running - running_eval_attempts(conn)
+            queued = queued_eval_runs(conn, limit=max(room, 0))
+        started: list[str] = []
+        for run_id, executor in queued:
+            if started and deadline is not None and time.monotonic() > deadline:
+                break
+            try:
+                attempt_id = start_attempt(self.ledger, self.settings, run_id, self.executor(executor), from_queue=True)
+            except TrackwayError:
+                continue  # recorded on the attempt by start_attempt
+            if attempt_id is not None:
+                started.append(attempt_id)
+        return started
 
     def launch_due_retries(self, deadline: float | None = None) -> list[str]:
         """Start the next attempt of runs whose retry is due (at least one, then until `deadline`)."""
@@ -272,6 +303,13 @@ class Supervisor:
         return found
 
     def _record_end(self, attempt: RowMapping, status: JobStatus, note: dict | None) -> AttemptEnd | None:
+        with self.ledger.read() as conn:
+            is_eval = resolve_run(conn, attempt["run_id"])["kind"] == RunKind.EVAL.value
+        output = None
+        if is_eval and status.exit_code == 0:
+            from trackway.evals.outputs import OUTPUT_FILE, read_output
+
+            output = read_output(Path(attempt["state_dir"]) / OUTPUT_FILE)
         evidence = Evidence(
             exit_code=status.exit_code,
             signal=status.signal,
@@ -283,6 +321,8 @@ class Supervisor:
             made_progress=attempt["last_step"] is not None,
             sdk_note=note,
             stopped_by=_stop_marker(Path(attempt["state_dir"])),
+            evaluation=is_eval,
+            output_problem=output.problem if output is not None else None,
         )
         verdict: Classification = classify(evidence)
         ended_at = status.ended_at or datetime.now(timezone.utc)
@@ -303,6 +343,10 @@ class Supervisor:
             if gpu_seconds is None:
                 return None
             decision = decide_after_end(conn, self.settings, run, attempt["attempt_id"])
+            if is_eval:
+                from trackway.evals.progress import after_eval_attempt
+
+                after_eval_attempt(conn, self.settings, run["run_id"], verdict.reason, decision.action == "resume", output)
         return AttemptEnd(
             attempt_id=attempt["attempt_id"],
             run_id=attempt["run_id"],

@@ -140,7 +140,7 @@ def decide(
     return Decision(
         "resume",
         f"{name}: resume ({used + 1} of {rule.budget})",
-        f"resume from the latest committed checkpoint" + (f" after {delay:.0f} s" if delay else ""),
+        "resume from the latest committed checkpoint" + (f" after {delay:.0f} s" if delay else ""),
         delay_s=delay,
     )
 

@@ -1,0 +1,251 @@
+"""`trackway eval` (request, show, compare) and `trackway evals`: evaluations of a run's checkpoints."""
+
+from __future__ import annotations
+
+import time
+
+import typer
+from typer.core import TyperGroup
+
+from trackway.cli.context import AppContext, app_context
+from trackway.cli.render import console, duration, err_console, print_json, short_time, table
+
+FOLLOW_INTERVAL_S = 0.25
+
+
+class _DefaultToRun(TyperGroup):
+    """`trackway eval CHECKPOINT --spec F` is `trackway eval run CHECKPOINT --spec F`."""
+
+    def parse_args(self, ctx, args):
+        if args and args[0] not in self.commands and not args[0].startswith("-"):
+            args = ["run", *args]
+        return super().parse_args(ctx, args)
+
+
+eval_app = typer.Typer(
+    cls=_DefaultToRun,
+    help="Evaluate a checkpoint (`trackway eval RUN@STEP --spec FILE`), show an evaluation, compare two.",
+    no_args_is_help=True,
+)
+
+
+@eval_app.command("run")
+def eval_run(
+    ctx: typer.Context,
+    checkpoint: str = typer.Argument(..., help="RUN@STEP, RUN@step-00000050, or RUN for its newest committed checkpoint."),
+    spec: str = typer.Option(..., "--spec", help="The eval spec (TOML)."),
+    seeds: int = typer.Option(None, "--seeds", help="Run this many seeds now (the spec's first N), skipping escalation."),
+    detach: bool = typer.Option(False, "--detach", help="Print the evaluation id and return; the supervisor runs it."),
+) -> None:
+    """Evaluate a committed checkpoint with an eval spec; the same checkpoint and versions again is a repeat."""
+    from trackway.cli.runs_cmd import reconcile
+    from trackway.evals.launch import request_evaluation
+    from trackway.evals.records import parse_checkpoint_ref
+    from trackway.evals.spec import load_spec
+
+    app = app_context(ctx)
+    loaded = load_spec(spec)
+    run_ref, step = parse_checkpoint_ref(checkpoint)
+    supervisor = reconcile(app)
+    request = request_evaluation(app.ledger, app.settings, run_ref, step, loaded, seed_count=seeds)
+    console.print(request.eval_id, highlight=False)
+    if request.repeat:
+        err_console.print(
+            f"{request.eval_id} is a repeat: this checkpoint was evaluated with the same evaluator version, task set "
+            "and decoding; nothing new to run (`trackway eval show " + request.eval_id + "`)",
+            highlight=False,
+        )
+        return
+    held = f"; seeds {request.held_back_seeds} wait for escalation" if request.held_back_seeds else ""
+    err_console.print(f"evaluating with {loaded.name}: seeds {request.queued_seeds}{held}", highlight=False)
+    if detach:
+        err_console.print("the supervisor starts it: `trackway supervise` (or any trackway command)", highlight=False)
+        return
+    raise typer.Exit(_follow(app, supervisor, request.eval_id))
+
+
+def _follow(app: AppContext, supervisor, eval_id: str) -> int:
+    from trackway.evals.records import IN_FLIGHT, resolve_evaluation, seeds_of
+
+    started = time.monotonic()
+    try:
+        with err_console.status("", spinner="dots") as status:
+            while True:
+                for end in supervisor.tick():
+                    with app.ledger.read() as conn:
+                        mine = {s["eval_run_id"]: int(s["seed"]) for s in seeds_of(conn, eval_id)}
+                    if end.run_id in mine:
+                        err_console.print(
+                            f"seed {mine[end.run_id]} ({end.attempt_id}) ended: {end.reason.value}; "
+                            f"{end.decision.action}: {end.decision.message} [{end.decision.rule}]",
+                            highlight=False,
+                        )
+                with app.ledger.read() as conn:
+                    evaluation = resolve_evaluation(conn, eval_id)
+                    seeds = seeds_of(conn, eval_id)
+                if evaluation["state"] != IN_FLIGHT:
+                    break
+                done = sum(1 for s in seeds if s["state"] != "pending")
+                status.update(f"{eval_id} {done}/{len(seeds)} seeds done {duration(time.monotonic() - started)}")
+                time.sleep(FOLLOW_INTERVAL_S)
+    except KeyboardInterrupt:
+        err_console.print(f"stopped following; {eval_id} goes on under the supervisor", highlight=False)
+        return 130
+    _print_detail(app, eval_id)
+    return 0 if evaluation["state"] == "completed" else 1
+
+
+@eval_app.command("show")
+def eval_show(
+    ctx: typer.Context,
+    evaluation: str = typer.Argument(..., help="An evaluation id (ev…), or the run id of one of its seeds."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """One evaluation: checkpoint, pinned versions, decoding, per-seed metrics and attempts, sampled failures."""
+    from trackway.cli.runs_cmd import reconcile
+    from trackway.evals.tables import evaluation_detail
+
+    app = app_context(ctx)
+    reconcile(app)
+    if as_json:
+        with app.ledger.read() as conn:
+            print_json(evaluation_detail(conn, evaluation))
+        return
+    _print_detail(app, evaluation)
+
+
+def _print_detail(app: AppContext, ref: str) -> None:
+    from trackway.evals.tables import evaluation_detail
+
+    with app.ledger.read() as conn:
+        d = evaluation_detail(conn, ref)
+    label = d["run_name"] or d["run_id"]
+    console.print(f"[bold]evaluation {d['eval_id']}[/bold]: {d['state']}", highlight=False)
+    facts = [
+        ("checkpoint", f"{label}@{d['step']} ({d['checkpoint']}, manifest {d['checkpoint_manifest_sha256'][:12]})"),
+        ("spec", f"{d['spec']} ({d['spec_path']}), trigger {d['trigger']}"),
+        ("evaluator", f"{d['evaluator_version']}  {' '.join(d['command'])}"),
+        ("task set", f"{d['task_set_sha256']}  {d['task_set']}"),
+        ("decoding", ", ".join(f"{k}={v}" for k, v in sorted(d["decoding"].items())) or "-"),
+        ("time", f"{short_time(d['created_at'])} → {short_time(d['ended_at'])}"),
+    ]
+    if d["escalation"]:
+        e = d["escalation"]
+        if e.get("decided") is None:
+            what = f"waiting for seeds {e['first_seeds']} before deciding on {e['held_back']}"
+        else:
+            value = "no result" if e.get("value") is None else f"{e['condition'].split()[0]} = {e['value']:.4f}"
+            what = (f"{value}: {'cleared' if e['decided'] == 'escalated' else 'did not clear'} {e['condition']}; "
+                    + (f"ran seeds {e['held_back']}" if e["decided"] == "escalated" else f"seeds {e['held_back']} not run"))
+        facts.append(("escalation", what))
+    for key, value in facts:
+        console.print(f"  {key:<11}{value}", highlight=False)
+    metric_names = list(d["metrics"]) or sorted({m for s in d["seeds"] for m in s["metrics"]})
+    console.print(table(
+        None,
+        ["seed", "run", "state", "attempts", "samples", "tasks", *metric_names],
+        (
+            (s["seed"], s["eval_run_id"], s["state"] + (f" ({s['termination_reason']})" if s["state"] == "failed" else ""),
+             " → ".join(f"{a['termination_reason'] or 'running'}" for a in s["attempts"]) or "-",
+             s["samples"], s["tasks"], *(_pct(s["metrics"].get(m)) for m in metric_names))
+            for s in d["seeds"]
+        ),
+    ))
+    for metric, agg in d["metrics"].items():
+        console.print(f"  {metric}: mean {_pct(agg['mean'])} ± {_pct(agg['std'])} (min {_pct(agg['min'])}, "
+                      f"max {_pct(agg['max'])}, {agg['seeds']} seed(s))", highlight=False)
+    failures = [(s["seed"], f) for s in d["seeds"] for f in s["failures"]]
+    if failures:
+        console.print("  sampled failures:", highlight=False)
+        for seed, failure in failures[:10]:
+            extra = {k: v for k, v in failure.items() if k not in ("task_id", "sample", "correct", "output")}
+            console.print(f"    seed {seed} task {failure['task_id']} sample {failure['sample']}: output "
+                          f"{failure['output']!r} {extra if extra else ''}", highlight=False)
+
+
+@eval_app.command("compare")
+def eval_compare(
+    ctx: typer.Context,
+    a: str = typer.Argument(..., help="An evaluation id, or a checkpoint RUN@STEP."),
+    b: str = typer.Argument(..., help="An evaluation id, or a checkpoint RUN@STEP."),
+    spec: str = typer.Option(None, "--spec", help="The spec name, when a checkpoint was evaluated by several."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Which tasks flipped between two checkpoints' evaluations (same task set)."""
+    from trackway.cli.runs_cmd import reconcile
+    from trackway.evals.tables import PASS_SHARE, compare
+
+    app = app_context(ctx)
+    reconcile(app)
+    with app.ledger.read() as conn:
+        result = compare(conn, a, b, spec)
+    if as_json:
+        print_json(result)
+        return
+    for side, ref in (("a", a), ("b", b)):
+        s = result[side]
+        metrics = ", ".join(f"{m} {_pct(v['mean'])}" for m, v in s["metrics"].items())
+        console.print(f"{side.upper()}: {ref} → {s['eval_id']} step {s['step']}: {metrics}", highlight=False)
+    if not result["same_evaluator"]:
+        console.print("note: the two evaluator versions differ; a flip may be the evaluator's doing", highlight=False)
+    console.print(f"{result['tasks_compared']} tasks compared; a task passes when ≥ {PASS_SHARE:.0%} of its samples "
+                  f"are correct: {len(result['gained'])} gained, {len(result['lost'])} lost", highlight=False)
+    rows = [("gained", t["task_id"], _pct(t["before"]), _pct(t["after"])) for t in result["gained"]]
+    rows += [("lost", t["task_id"], _pct(t["before"]), _pct(t["after"])) for t in result["lost"]]
+    if rows:
+        console.print(table(None, ["flip", "task", "correct in A", "correct in B"], rows))
+
+
+def evals(
+    ctx: typer.Context,
+    run: str = typer.Argument(..., help="A training run id or name."),
+    spec: str = typer.Option(None, "--spec", help="Only evaluations by this spec name."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """The run's checkpoints with their evaluations: step, progress, each metric per seed and aggregated."""
+    from trackway.cli.runs_cmd import reconcile
+    from trackway.evals.tables import run_table
+    from trackway.ledger.records import resolve_run
+    from trackway.supervisor.retry import run_config
+
+    app = app_context(ctx)
+    reconcile(app)
+    with app.ledger.read() as conn:
+        run_id = resolve_run(conn, run)["run_id"]
+        result = run_table(conn, run_id, run_config(app.settings, run_id), spec)
+    if as_json:
+        print_json(result)
+        return
+    rows = result["evaluations"]
+    if not rows:
+        console.print(f"{run}: no evaluations yet (submit with --eval SPEC, or `trackway eval {run}@STEP --spec FILE`)",
+                      highlight=False)
+        return
+    shown = list(dict.fromkeys(m for r in rows for m in r["shown_metrics"]))
+    console.print(table(
+        f"{result['run_name'] or result['run_id']}: evaluations" + (f" ({result['total_steps']} steps)" if result["total_steps"] else ""),
+        ["checkpoint", "step", "progress", "spec", "state", *shown, "evaluator", "eval"],
+        (
+            (r["checkpoint"], r["step"], "-" if r["progress"] is None else f"{r['progress']:.0%}", r["spec"], r["state"],
+             *(_cell(r, m) for m in shown), r["evaluator_version"][:19], r["eval_id"])
+            for r in rows
+        ),
+    ))
+
+
+def _cell(row: dict, metric: str) -> str:
+    agg = row["metrics"].get(metric)
+    if agg is None:
+        return "-"
+    seeds = " ".join(_pct(values.get(metric)) for values in row["per_seed"].values())
+    spread = f" ± {_pct(agg['std'])}" if agg["seeds"] > 1 else ""
+    return f"{_pct(agg['mean'])}{spread} [{seeds}]"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.2f}%"
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(eval_app, name="eval")
+    app.command("evals")(evals)

@@ -1,0 +1,269 @@
+"""Requesting evaluations: pin a committed checkpoint, compute the versions, queue one run of kind eval per seed.
+
+An evaluation is identified by what decides its result: the checkpoint (run, step and manifest
+hash), the evaluator's version, the task set's version, the command and the decoding parameters.
+Asking again for the same identity and the same seeds is a repeat: nothing runs, and the existing
+evaluation is returned. More seeds for the same identity extend the existing evaluation.
+
+Each seed is its own run (kind `eval`) with its own attempts, retried by the supervisor's policy
+(`evaluator_crash`: budget 2) and never touching the training run.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from sqlalchemy import Connection, RowMapping, and_, func, insert, select, update
+from sqlalchemy.exc import IntegrityError
+
+from trackway.checkpoints.protocol import CheckpointStore
+from trackway.errors import InputError, NotFound
+from trackway.evals.records import IN_FLIGHT, new_eval_id, store_spec
+from trackway.evals.spec import EvalSpec, spec_from_record
+from trackway.ledger import Ledger
+from trackway.ledger.blobs import get_blob
+from trackway.ledger.records import insert_run, latest_attempt, new_run_id, resolve_run
+from trackway.ledger.schema import checkpoints, evaluation_seeds, evaluations, run_eval_specs
+from trackway.receipts.canonical import canonical_json, sha256_hex
+from trackway.settings import Settings
+from trackway.taxonomy import RunKind, RunState
+
+PARAMS_FILE = "eval-params.json"
+SEED_PENDING = "pending"
+
+
+@dataclass
+class EvalRequest:
+    """What a request for an evaluation led to."""
+
+    eval_id: str
+    queued_seeds: list[int] = field(default_factory=list)
+    repeat: bool = False  # the same checkpoint, versions, decoding and seeds were evaluated before
+    held_back_seeds: list[int] = field(default_factory=list)  # escalation: run only if the first seeds clear
+
+
+@dataclass(frozen=True)
+class PinnedCheckpoint:
+    run_id: str
+    step: int
+    name: str
+    path: Path
+    manifest_sha256: str
+
+
+def pin_checkpoint(settings: Settings, run: RowMapping, step: int | None) -> PinnedCheckpoint:
+    """The committed checkpoint `step` of `run` (its newest when None), as storage holds it now."""
+    store = CheckpointStore(settings.runs_dir / run["run_id"] / "checkpoints")
+    label = run["name"] or run["run_id"]
+    if step is None:
+        info = store.latest_committed(verify_files=False) if store.root.is_dir() else None
+        if info is None:
+            raise NotFound(f"CHECKPOINT {label}: the run has no committed checkpoint")
+    else:
+        info = store.get(step) if store.root.is_dir() else None
+        if info is None or not info.state.readable:
+            held = [c.step for c in store.list() if c.state.readable] if store.root.is_dir() else []
+            state = f"is {info.state.value}" if info is not None else "does not exist"
+            raise NotFound(f"CHECKPOINT {label}@{step}: {state}; committed steps: {held or 'none'}")
+    manifest = (info.path / "MANIFEST.json").read_bytes()
+    return PinnedCheckpoint(run["run_id"], info.step, info.name, info.path, sha256_hex(manifest))
+
+
+def eval_key(checkpoint: PinnedCheckpoint, spec: EvalSpec, evaluator_version: str, task_set_version: str) -> str:
+    identity = {
+        "run_id": checkpoint.run_id,
+        "step": checkpoint.step,
+        "checkpoint_manifest_sha256": checkpoint.manifest_sha256,
+        "evaluator_version": evaluator_version,
+        "task_set_sha256": task_set_version,
+        "command": spec.command,
+        "decoding": spec.decoding,
+        "gpus": spec.gpus,
+    }
+    return sha256_hex(canonical_json(identity))
+
+
+def seeds_for(spec: EvalSpec, count: int | None) -> list[int]:
+    """The spec's seeds, or its first `count` (continued past its list when more are asked for)."""
+    if count is None:
+        return list(spec.seeds)
+    if count < 1:
+        raise InputError(f"--seeds {count}: expected a whole number ≥ 1")
+    seeds = list(spec.seeds[:count])
+    while len(seeds) < count:
+        seeds.append(max(seeds) + 1)
+    return seeds
+
+
+def request_evaluation(
+    ledger: Ledger,
+    settings: Settings,
+    run_ref: str,
+    step: int | None,
+    spec: EvalSpec,
+    seed_count: int | None = None,
+    trigger: str = "on_demand",
+) -> EvalRequest:
+    """Evaluate a committed checkpoint with `spec`; see the module docstring for repeats and seeds.
+
+    With the spec's escalation and no `seed_count`, only the first seeds are queued; the rest
+    wait for the first ones' result (evals/progress.py).
+    """
+    with ledger.read() as conn:
+        run = resolve_run(conn, run_ref)
+    if run["kind"] == RunKind.EVAL.value:
+        raise InputError(f"CHECKPOINT {run_ref}: is an evaluation run; evaluate a training run's checkpoint")
+    checkpoint = pin_checkpoint(settings, run, step)
+    evaluator_version, task_set_version = spec.evaluator_version(), spec.task_set_version()
+    key = eval_key(checkpoint, spec, evaluator_version, task_set_version)
+    wanted = seeds_for(spec, seed_count)
+    escalate = spec.escalation is not None and seed_count is None
+    now = datetime.now(timezone.utc)
+    with ledger.write() as conn:
+        existing = conn.execute(select(evaluations).where(evaluations.c.eval_key == key)).mappings().first()
+        if existing is not None:
+            have = {int(s) for s in conn.execute(
+                select(evaluation_seeds.c.seed).where(evaluation_seeds.c.eval_id == existing["eval_id"])).scalars()}
+            escalation = json.loads(existing["escalation"]) if existing["escalation"] else None
+            if escalation is not None and seed_count is None:
+                # The escalation decided (or will decide) which of the spec's seeds run: not a new request.
+                wanted = [s for s in wanted if s in have]
+            missing = [s for s in wanted if s not in have]
+            if not missing:
+                return EvalRequest(existing["eval_id"], repeat=True)
+            queue_seeds(conn, settings, existing, run, missing, now)
+            conn.execute(update(evaluations).where(evaluations.c.eval_id == existing["eval_id"])
+                         .values(state=IN_FLIGHT, ended_at=None))
+            return EvalRequest(existing["eval_id"], queued_seeds=missing)
+        first = wanted[: spec.escalation.first_seeds] if escalate and spec.escalation else wanted
+        eval_id = new_eval_id()
+        values = dict(
+            eval_id=eval_id,
+            run_id=run["run_id"],
+            checkpoint_step=checkpoint.step,
+            checkpoint_name=checkpoint.name,
+            checkpoint_path=str(checkpoint.path),
+            checkpoint_manifest_sha256=checkpoint.manifest_sha256,
+            spec_name=spec.name,
+            spec_sha256=store_spec(conn, spec),
+            evaluator_version=evaluator_version,
+            task_set_sha256=task_set_version,
+            decoding=json.dumps(spec.decoding, sort_keys=True),
+            primary_metric=spec.metrics[0],
+            eval_key=key,
+            trigger=trigger,
+            state=IN_FLIGHT,
+            escalation=json.dumps({"condition": spec.escalation.condition, "first_seeds": first,
+                                   "held_back": wanted[len(first):], "decided": None}) if escalate and spec.escalation else None,
+            created_at=now,
+        )
+        conn.execute(insert(evaluations).values(**values))
+        queue_seeds(conn, settings, values, run, first, now)
+    return EvalRequest(eval_id, queued_seeds=first, held_back_seeds=wanted[len(first):])
+
+
+def queue_seeds(conn: Connection, settings: Settings, evaluation, run: RowMapping, seeds: list[int], now: datetime) -> None:
+    """One queued run of kind eval per seed; the supervisor starts them (`[evals] max_running` at once)."""
+    spec = spec_from_record(json.loads(get_blob(conn, evaluation["spec_sha256"])))
+    for seed in seeds:
+        eval_run_id = new_run_id()
+        params_path = settings.runs_dir / eval_run_id / PARAMS_FILE
+        params = {
+            "evaluation": evaluation["eval_id"],
+            "checkpoint": evaluation["checkpoint_path"],
+            "step": int(evaluation["checkpoint_step"]),
+            "seed": seed,
+            "task_set": str(spec.task_set),
+            "decoding": spec.decoding,
+            "evaluator_version": evaluation["evaluator_version"],
+            "task_set_sha256": evaluation["task_set_sha256"],
+        }
+        params_path.parent.mkdir(parents=True, exist_ok=True)
+        params_path.write_text(json.dumps(params, indent=2, sort_keys=True))
+        env = {
+            "TRACKWAY_EVAL_ID": evaluation["eval_id"],
+            "TRACKWAY_CHECKPOINT": evaluation["checkpoint_path"],
+            "TRACKWAY_EVAL_STEP": str(evaluation["checkpoint_step"]),
+            "TRACKWAY_EVAL_SEED": str(seed),
+            "TRACKWAY_EVAL_TASKS": str(spec.task_set),
+            "TRACKWAY_EVAL_DECODING": json.dumps(spec.decoding, sort_keys=True),
+            "TRACKWAY_EVAL_PARAMS": str(params_path),
+        }
+        for key, value in spec.decoding.items():
+            env[f"TRACKWAY_DECODING_{key.upper()}"] = json.dumps(value) if not isinstance(value, str) else value
+        insert_run(
+            conn,
+            dict(
+                run_id=eval_run_id,
+                name=None,
+                project=run["project"],
+                model_family=run["model_family"],
+                kind=RunKind.EVAL.value,
+                state=RunState.QUEUED.value,
+                command=json.dumps(spec.command),
+                workdir=str(spec.workdir),
+                resource=run["resource"],
+                executor=settings.resource(run["resource"]).executor,
+                gpus=spec.gpus,
+                time_limit_s=spec.time_limit_hours * 3600 if spec.time_limit_hours else None,
+                created_at=now,
+                env=json.dumps(env, sort_keys=True),
+            ),
+        )
+        conn.execute(
+            insert(evaluation_seeds).values(
+                eval_id=evaluation["eval_id"], seed=seed, eval_run_id=eval_run_id, state=SEED_PENDING, created_at=now
+            )
+        )
+
+
+def evaluate_new_checkpoints(ledger: Ledger, settings: Settings) -> tuple[list[EvalRequest], list[tuple[str, str]]]:
+    """Request the evaluations that runs' attached specs call for on checkpoints committed since the last look.
+
+    Returns the requests and, for each that could not be made, (training attempt, why): a missing
+    evaluator file or a checkpoint already gone is said, not swallowed.
+    """
+    newest = (
+        select(func.max(checkpoints.c.step))
+        .where(checkpoints.c.run_id == run_eval_specs.c.run_id, checkpoints.c.committed_at.is_not(None))
+        .scalar_subquery()
+    )
+    with ledger.read() as conn:
+        attached = list(conn.execute(
+            select(run_eval_specs).where(
+                run_eval_specs.c.trigger != "on_demand",
+                and_(newest.is_not(None), func.coalesce(run_eval_specs.c.considered_step, -1) < newest),
+            )
+        ).mappings())
+    requests: list[EvalRequest] = []
+    problems: list[tuple[str, str]] = []
+    for row in attached:
+        with ledger.read() as conn:
+            spec = spec_from_record(json.loads(get_blob(conn, row["spec_sha256"])))
+            steps = list(conn.execute(
+                select(checkpoints.c.step)
+                .where(checkpoints.c.run_id == row["run_id"], checkpoints.c.committed_at.is_not(None))
+                .order_by(checkpoints.c.step)
+            ).scalars())
+            last = latest_attempt(conn, row["run_id"])
+        considered = row["considered_step"] if row["considered_step"] is not None else -1
+        for ordinal, step in enumerate(steps, start=1):
+            if step <= considered or not spec.due_for_commit(ordinal):
+                continue
+            try:
+                requests.append(request_evaluation(ledger, settings, row["run_id"], int(step), spec, trigger=spec.trigger))
+            except IntegrityError:
+                continue  # another supervisor requested the same evaluation a moment earlier
+            except InputError as exc:
+                problems.append((last["attempt_id"] if last is not None else row["run_id"],
+                                 f"evaluation {spec.name} of step {step} not started: {exc}"))
+        with ledger.write() as conn:
+            conn.execute(
+                update(run_eval_specs)
+                .where(run_eval_specs.c.run_id == row["run_id"], run_eval_specs.c.name == row["name"])
+                .values(considered_step=max(steps))
+            )
+    return requests, problems

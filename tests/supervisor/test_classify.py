@@ -126,3 +126,25 @@ def test_trend_watchers():
     assert "throughput falling" in throughput_falling(steady[:51] + [50 + 3.0 * i for i in range(1, 51)])
     assert memory_growing(1 << 30, 3 << 30) is not None and memory_growing(1 << 30, 1 << 30) is None
     assert gpu_underused([5, 10]) is not None and gpu_underused([5, 90]) is None and gpu_underused([]) is None
+
+
+@pytest.mark.parametrize(
+    ("evidence", "reason", "rule"),
+    [
+        (Evidence(exit_code=1, log_tail=[TS + "Traceback (most recent call last):", TS + "RuntimeError: gather"]),
+         R.EVALUATOR_CRASH, "evaluator:log:traceback"),
+        (Evidence(exit_code=1, log_tail=[TS + "torch.OutOfMemoryError: CUDA out of memory"]), R.EVALUATOR_CRASH, "evaluator:log:cuda-oom"),
+        (Evidence(exit_code=None, signal=9), R.EVALUATOR_CRASH, "evaluator:signal:SIGKILL"),
+        (Evidence(exit_code=0, output_problem="output line 3: missing 'correct'"), R.EVALUATOR_CRASH, "evaluator:bad-output"),
+        (Evidence(exit_code=0), R.COMPLETED, "exit:0"),
+        (Evidence(exit_code=None, signal=15), R.PREEMPTED, "signal:SIGTERM"),
+        (Evidence(exit_code=None, signal=9, timed_out=True), R.TIMEOUT, "trackway:time-limit"),
+        (Evidence(exit_code=None, signal=15, cancelled=True), R.USER_CANCELLED, "trackway:cancel"),
+        (Evidence(exit_code=127), R.CONFIG_ERROR, "exit:127"),
+    ],
+)
+def test_an_evaluation_attempt_that_fails_on_its_own_is_an_evaluator_crash(evidence, reason, rule):
+    from dataclasses import replace
+
+    verdict = classify(replace(evidence, evaluation=True))
+    assert (verdict.reason, verdict.rule) == (reason, rule)

@@ -136,3 +136,14 @@ def test_an_evaluator_that_breaks_the_output_contract_is_an_evaluator_crash(cli,
     evidence = cli("attempts", seed["eval_run_id"], "--json").json()[0]["termination_evidence"]
     assert "missing 'correct'" in evidence["lines"][0]
     assert detail["state"] == "failed" and detail["metrics"] == {}
+
+
+def test_explain_connects_a_run_to_its_evaluations_and_a_seed_to_its_checkpoint(cli, write_spec):
+    trained(cli)
+    result = cli("eval", "train@30", "--spec", str(write_spec()))
+    eval_id = result.out.split()[0]
+    text = cli("explain", "train", "--markdown").out
+    assert "## Evaluations" in text and "step-00000030 by toy: completed, pass@1" in text and eval_id in text
+    seed_run = eval_runs(cli)[0]["run_id"]
+    seed_text = cli("explain", seed_run, "--markdown").out
+    assert f"of evaluation {eval_id} (toy, completed): checkpoint step-00000030" in seed_text

@@ -134,8 +134,30 @@ def explain(conn: Connection, ref: str) -> dict[str, Any]:
             for a in history
         ],
         "next": _next(run, history),
-        "evaluations": "none: evaluations are not recorded by this version of trackway yet",
+        "evaluations": _evaluations(conn, run),
     }
+
+
+def _evaluations(conn: Connection, run: RowMapping) -> list[str]:
+    """For a training run: its checkpoints' evaluations; for an evaluation seed: what it evaluates."""
+    from trackway.evals.records import evaluations_of_run, metrics_of, resolve_evaluation
+    from trackway.errors import NotFound
+
+    if run["kind"] == "eval":
+        try:
+            evaluation = resolve_evaluation(conn, run["run_id"])
+        except NotFound:
+            return []
+        env = json.loads(run["env"]) if run["env"] else {}
+        return [f"seed {env.get('TRACKWAY_EVAL_SEED')} of evaluation {evaluation['eval_id']} ({evaluation['spec_name']}, "
+                f"{evaluation['state']}): checkpoint {evaluation['checkpoint_name']} of run {evaluation['run_id']}, "
+                f"evaluator {evaluation['evaluator_version']}, task set {evaluation['task_set_sha256']}"]
+    lines = []
+    for evaluation in evaluations_of_run(conn, run["run_id"]):
+        metrics = ", ".join(f"{m} {v['mean']:.4f}" for m, v in metrics_of(conn, evaluation["eval_id"]).items())
+        lines.append(f"{evaluation['checkpoint_name']} by {evaluation['spec_name']}: {evaluation['state']}"
+                     + (f", {metrics}" if metrics else "") + f" ({evaluation['eval_id']})")
+    return lines
 
 
 def _config_of(conn: Connection, attempt: RowMapping) -> Any:
@@ -210,5 +232,6 @@ def to_markdown(facts: dict[str, Any]) -> str:
             f"- {h['attempt_id']}: {h['reason'] or 'running'}, {hours(h['gpu_seconds'])} GPU-h "
             f"(wasted {hours(h['wasted_gpu_seconds'])})" + (f" → {d['action']} [{d['rule']}]: {d['message']}" if d else "")
         )
-    out += ["", f"- **Next:** {facts['next']}", f"- **Evaluations:** {facts['evaluations']}"]
+    out += ["", f"- **Next:** {facts['next']}", "", "## Evaluations"]
+    out += [f"- {line}" for line in facts["evaluations"]] or ["- none"]
     return "\n".join(out) + "\n"

@@ -58,3 +58,10 @@ def test_an_evaluator_that_always_crashes_stops_after_its_budget_while_training_
     assert seed["state"] == "failed" and seed["termination_reason"] == "evaluator_crash"
     assert [a["termination_reason"] for a in cli("attempts", "train2", "--json").json()] == ["completed"]
     assert cli("runs", "--json").json()[0]["state"] == "completed"
+
+
+def test_every_n_commits_evaluates_only_those(cli, write_spec):
+    spec = write_spec("sparse", body='seeds = [0]\nevery_n_commits = 2\n[decoding]\nsamples = 2\n')
+    assert cli("submit", "--name", "train3", "--eval", str(spec), "--", PY, NEUTRAL, "50").code == 0
+    rows = settle(cli, "train3")
+    assert [r["step"] for r in rows] == [20, 40]  # commits 10, 20, 30, 40: the 2nd and the 4th

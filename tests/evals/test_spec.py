@@ -85,3 +85,12 @@ def test_missing_file_and_bad_toml(tmp_path):
 def test_python_placeholder_is_the_running_interpreter(eval_dir):
     (eval_dir / "p.toml").write_text('name = "p"\ncommand = ["{python}", "evaluator.py"]\ntask_set = "tasks.jsonl"\n')
     assert load_spec(eval_dir / "p.toml").command == [sys.executable, "evaluator.py"]
+
+
+def test_triggers_pick_which_commits_are_evaluated(write_spec):
+    every = load_spec(write_spec("a", body='trigger = "every_commit"\n'))
+    third = load_spec(write_spec("b", body="every_n_commits = 3\n"))
+    manual = load_spec(write_spec("c", body='trigger = "on_demand"\n'))
+    assert [every.due_for_commit(i) for i in range(1, 5)] == [True] * 4
+    assert [third.due_for_commit(i) for i in range(1, 7)] == [False, False, True, False, False, True]
+    assert not any(manual.due_for_commit(i) for i in range(1, 5))

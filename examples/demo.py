@@ -2,12 +2,16 @@
 
 Run it with `make demo`. Every step is a real `trackway` command; what it prints is what a user sees:
 
-1. a reference run trains the tiny model uninterrupted;
+1. a reference run trains the tiny model uninterrupted, with an eval spec attached: every
+   committed checkpoint is evaluated on 80 additions (examples/evals/arith.toml);
 2. the same run again, sent SIGTERM half-way (what a spot reclaim or a Slurm preemption sends):
    it checkpoints, exits as `preempted`, and the supervisor resumes it from its last committed
    checkpoint to the same final loss as the reference;
 3. an OOM that the policy refuses to retry blindly, explained;
-4. the receipts, checkpoints, metrics, waste report and the seed query over the ledger.
+4. the reference run's evaluations: pass@1 and pass@2 rising across checkpoints, escalation to
+   three seeds once pass@1 clears 10%, and one injected evaluator crash retried while training
+   was never touched;
+5. the receipts, checkpoints, metrics, waste report and the seed query over the ledger.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from rich.rule import Rule
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 STEPS = 300
+CRASH_STEP = 150  # the demo injects one evaluator crash at this checkpoint (first attempt only)
 console = Console()
 
 SEED_QUERY = (
@@ -55,6 +60,26 @@ def as_json(*args: str):
     return json.loads(trackway(*args, "--json", quiet=True).stdout)
 
 
+def demo_eval_spec() -> Path:
+    """examples/evals/arith.toml with the demo's injected crash, written beside the demo's data.
+
+    `workdir` keeps the spec's relative paths (evaluator code, task set) where they were.
+    """
+    text = (EXAMPLES / "evals" / "arith.toml").read_text()
+    command = 'command = ["{python}", "../eval_arith.py"]'
+    assert command in text, "examples/evals/arith.toml changed its command; update the demo"
+    text = text.replace(command, f'command = ["{{python}}", "../eval_arith.py", "--crash-at-step", "{CRASH_STEP}"]')
+    spec = ROOT / ".trackway" / "demo" / "arith-with-a-crash.toml"
+    spec.write_text(f'workdir = "{EXAMPLES / "evals"}"\n' + text)
+    return spec
+
+
+BEST_QUERY = (
+    "select checkpoint, step, mean as pass_at_1, seeds, evaluator_version from checkpoint_evals "
+    "where run_name = '{run}' and metric = 'pass@1' order by mean desc limit 1;"
+)
+
+
 def submit_args(name: str, corpus: Path) -> list[str]:
     return [
         "--name", name, "--project", "demo", "--model-family", "reasoning", "--kind", "test",
@@ -80,12 +105,16 @@ def final_loss(name: str) -> float:
 def main() -> None:
     corpus = ROOT / ".trackway" / "demo" / "corpus.txt"
     subprocess.run([sys.executable, str(EXAMPLES / "make_corpus.py"), str(corpus)], check=True)
+    subprocess.run([sys.executable, str(EXAMPLES / "make_arith_tasks.py"), str(corpus.parent / "arith_tasks.jsonl")],
+                   check=True)
+    spec = demo_eval_spec()
     trackway("init")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     reference, interrupted = f"tiny-lm-{stamp}", f"tiny-lm-{stamp}-preempted"
 
-    console.print("\n[bold]1. A reference run, uninterrupted[/bold]")
-    trackway("submit", *submit_args(reference, corpus))
+    console.print("\n[bold]1. A reference run, uninterrupted, each committed checkpoint evaluated[/bold]")
+    args = submit_args(reference, corpus)
+    trackway("submit", *args[: args.index("--")], "--eval", str(spec), *args[args.index("--"):])
 
     console.print("\n[bold]2. The same run, preempted half-way and resumed[/bold]")
     trackway("submit", "--detach", *submit_args(interrupted, corpus))
@@ -116,7 +145,22 @@ def main() -> None:
              "--", sys.executable, "examples/faults/oom.py", check=False)
     trackway("explain", oom)
 
-    console.print("\n[bold]4. Receipts and the ledger[/bold]")
+    console.print("\n[bold]4. Evaluations of the reference run[/bold]")
+    wait_for(
+        "the reference run's evaluations to finish",
+        lambda: trackway("supervise", "--once", quiet=True) and (rows := as_json("evals", reference)["evaluations"])
+        and len(rows) == STEPS // 50 and all(r["state"] != "running" for r in rows),
+        timeout=300,
+    )
+    trackway("evals", reference)
+    rows = as_json("evals", reference)["evaluations"]
+    crashed = next(r for r in rows if r["step"] == CRASH_STEP)
+    trackway("eval", "show", crashed["eval_id"])
+    trackway("eval", "compare", f"{reference}@{rows[0]['step']}", f"{reference}@{rows[-1]['step']}")
+    trackway("sql", BEST_QUERY.format(run=reference))
+    trackway("attempts", reference)
+
+    console.print("\n[bold]5. Receipts and the ledger[/bold]")
     trackway("explain", f"{interrupted}/1")
     trackway("report", "waste")
     trackway("runs", "--limit", "5")
@@ -125,6 +169,11 @@ def main() -> None:
     console.print(f"the ledger is at .trackway/ledger.db; try `trackway attempts {interrupted} --json`.")
     if ref_loss != resumed_loss:
         raise SystemExit("demo: the resumed run did not reproduce the uninterrupted final loss")
+    pass1 = [r["metrics"]["pass@1"]["mean"] for r in rows]
+    if not pass1[-1] > pass1[0] or any(r["state"] != "completed" for r in rows):
+        raise SystemExit(f"demo: evaluations did not complete with pass@1 rising: {pass1}")
+    if [a["termination_reason"] for a in as_json("attempts", reference)] != ["completed"]:
+        raise SystemExit("demo: evaluations touched the training run's attempts")
 
 
 if __name__ == "__main__":

@@ -33,8 +33,10 @@ from pathlib import Path
 
 import torch
 
+# The script's own directory is on sys.path: the evaluator builds the very model it trained, not a copy.
+from train_tiny import CharLM
+
 from trackway.checkpoints.torch_state import load_state
-from train_tiny import CharLM  # the script's own directory is on sys.path: same model, not a copy
 
 # train_tiny.py's vocabulary is sorted(set(corpus text)) and is not stored in the checkpoint. Every
 # make_corpus.py corpus ("a+b=c" lines) has exactly this alphabet; the embedding's row count is
@@ -44,7 +46,7 @@ VOCAB = sorted(set("0123456789+=\n"))
 STOI = {c: i for i, c in enumerate(VOCAB)}
 NEWLINE = STOI["\n"]
 
-DEFAULT_DECODING = {"samples": 4, "temperature": 0.5, "max_new_tokens": 4}
+DEFAULT_DECODING = {"samples": 4, "temperature": 0.3, "max_new_tokens": 4}
 CRASH_MESSAGE = "simulated crash during a distributed gather (demo fault injection)"
 
 

@@ -156,7 +156,22 @@ def follow(app: AppContext, supervisor, run_id: str, attempt_id: str) -> int:
             highlight=False,
         )
     err_console.print(f"run {run_id} {run['state']} after {duration(time.monotonic() - started)}", highlight=False)
+    _say_pending_evaluations(app, run_id)
     return 0 if run["state"] == RunState.COMPLETED.value else 1
+
+
+def _say_pending_evaluations(app: AppContext, run_id: str) -> None:
+    """Training is done; its evaluations may not be. Say where they go on, rather than wait for them."""
+    from trackway.evals.records import IN_FLIGHT, evaluations_of_run
+
+    with app.ledger.read() as conn:
+        pending = [e for e in evaluations_of_run(conn, run_id) if e["state"] == IN_FLIGHT]
+    if pending:
+        err_console.print(
+            f"{len(pending)} evaluation(s) of {run_id} still running: `trackway supervise` finishes them, "
+            f"`trackway evals {run_id}` shows them",
+            highlight=False,
+        )
 
 
 def register(app: typer.Typer) -> None:

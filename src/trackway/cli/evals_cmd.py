@@ -8,7 +8,14 @@ import typer
 from typer.core import TyperGroup
 
 from trackway.cli.context import AppContext, app_context
-from trackway.cli.render import console, duration, err_console, print_json, short_time, table
+from trackway.cli.render import (
+    console,
+    duration,
+    err_console,
+    print_json,
+    short_time,
+    table,
+)
 
 FOLLOW_INTERVAL_S = 0.25
 

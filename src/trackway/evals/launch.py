@@ -26,7 +26,12 @@ from trackway.evals.spec import EvalSpec, spec_from_record
 from trackway.ledger import Ledger
 from trackway.ledger.blobs import get_blob
 from trackway.ledger.records import insert_run, latest_attempt, new_run_id, resolve_run
-from trackway.ledger.schema import checkpoints, evaluation_seeds, evaluations, run_eval_specs
+from trackway.ledger.schema import (
+    checkpoints,
+    evaluation_seeds,
+    evaluations,
+    run_eval_specs,
+)
 from trackway.receipts.canonical import canonical_json, sha256_hex
 from trackway.settings import Settings
 from trackway.taxonomy import RunKind, RunState

@@ -24,7 +24,13 @@ from trackway.evals.passk import summarize, task_set_pass_at_k
 from trackway.evals.records import COMPLETED, FAILED, seed_metrics_of
 from trackway.ledger.blobs import put_blob
 from trackway.ledger.records import resolve_run
-from trackway.ledger.schema import eval_metrics, eval_seed_metrics, eval_task_results, evaluation_seeds, evaluations
+from trackway.ledger.schema import (
+    eval_metrics,
+    eval_seed_metrics,
+    eval_task_results,
+    evaluation_seeds,
+    evaluations,
+)
 from trackway.settings import Settings
 from trackway.taxonomy import TerminationReason
 

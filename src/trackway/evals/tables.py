@@ -12,7 +12,14 @@ from typing import Any
 from sqlalchemy import Connection, RowMapping, select
 
 from trackway.errors import Ambiguous, InputError, NotFound
-from trackway.evals.records import evaluations_of_run, metrics_of, resolve_evaluation, seed_metrics_of, seeds_of, spec_record
+from trackway.evals.records import (
+    evaluations_of_run,
+    metrics_of,
+    resolve_evaluation,
+    seed_metrics_of,
+    seeds_of,
+    spec_record,
+)
 from trackway.ledger.records import list_attempts, resolve_run
 from trackway.ledger.schema import eval_task_results, evaluations
 

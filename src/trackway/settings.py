@@ -34,8 +34,10 @@ grace_seconds = 30
 
 [checkpoints]
 # Retention, applied by `trackway gc`. The newest committed checkpoint, the one a running
-# attempt resumed from, and any an evaluation references are always kept.
+# attempt resumed from, one an evaluation in flight reads, and the best evaluated checkpoint of
+# each run and eval spec are always kept.
 keep_last = 2          # at least 2
+# keep_evaluated = "all"   # keep every checkpoint an evaluation references (default "best")
 # keep_every = 1000    # also keep every checkpoint whose step is a multiple of this
 # keep_best = 1        # also keep the best N by a metric recorded at save time
 # best_metric = "loss"

@@ -79,6 +79,13 @@ def test_evaluations_pin_checkpoints_against_retention(cli, write_spec):
     assert "keep step 20: best pass@1 by evaluation spec toy" in plan.out
     states = {c["step"]: c["state"] for c in cli("checkpoints", "train", "--json").json()}
     assert states[20] == "committed" and states[10] == "superseded"
+    # keep_evaluated = "all": every evaluated checkpoint stays, whatever its result.
+    Path("trackway.toml").write_text('[checkpoints]\nkeep_evaluated = "all"\n')
+    plan = cli("gc", "train", "--dry-run")
+    assert "keep step 10: pinned by evaluation" in plan.out and "(completed)" in plan.out
+    Path("trackway.toml").write_text('[checkpoints]\nkeep_evaluated = "some"\n')
+    bad = cli("gc", "train")
+    assert bad.code == 2 and "keep_evaluated 'some'" in bad.err
 
 
 def test_compare_lists_the_tasks_that_flipped(cli, write_spec):

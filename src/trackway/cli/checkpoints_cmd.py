@@ -92,6 +92,9 @@ def gc(
     app = app_context(ctx)
     reconcile(app)
     settings = {**app.settings.retention}
+    keep_evaluated = settings.pop("keep_evaluated", "best")
+    if keep_evaluated not in ("best", "all"):
+        raise InputError(f"[checkpoints] keep_evaluated {keep_evaluated!r}: expected \"best\" or \"all\"")
     for key, value in (("keep_last", keep_last), ("keep_every", keep_every), ("keep_best", keep_best),
                        ("best_metric", metric), ("best_mode", mode)):
         if value is not None:
@@ -109,7 +112,7 @@ def gc(
             name = attempt["resumed_from_checkpoint"]
             if name and name.startswith("step-"):
                 protected_by_run.setdefault(attempt["run_id"], {})[int(name[5:])] = f"resumed from by {attempt['attempt_id']}"
-        for run_id, pins in pinned_checkpoints(conn).items():
+        for run_id, pins in pinned_checkpoints(conn, keep_all_evaluated=keep_evaluated == "all").items():
             for step, why in pins.items():
                 protected_by_run.setdefault(run_id, {}).setdefault(step, why)
     for run_id in run_ids:

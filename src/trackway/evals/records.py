@@ -124,38 +124,36 @@ def spec_record(conn: Connection, evaluation: RowMapping) -> dict:
     return json.loads(get_blob(conn, evaluation["spec_sha256"]))
 
 
-def pinned_checkpoints(conn: Connection) -> dict[str, dict[int, str]]:
+def pinned_checkpoints(conn: Connection, keep_all_evaluated: bool = False) -> dict[str, dict[int, str]]:
     """Checkpoints retention must keep for evaluations: run → step → why.
 
     An evaluation in flight pins the checkpoint it reads. Once evaluations have finished, the
     best checkpoint of each (run, spec) by the spec's first metric stays pinned, so "the real
     one" is never deleted; other evaluated checkpoints follow the retention policy (their
-    results, raw outputs included, stay in the ledger).
+    results, raw outputs included, stay in the ledger), unless `keep_all_evaluated`
+    (`[checkpoints] keep_evaluated = "all"`) pins every checkpoint an evaluation references.
     """
     pins: dict[str, dict[int, str]] = {}
-    for row in conn.execute(
-        select(evaluations.c.run_id, evaluations.c.checkpoint_step, evaluations.c.eval_id).where(
-            evaluations.c.state == IN_FLIGHT
-        )
-    ):
-        pins.setdefault(row.run_id, {})[int(row.checkpoint_step)] = f"pinned by evaluation {row.eval_id} (in flight)"
+    held = select(evaluations.c.run_id, evaluations.c.checkpoint_step, evaluations.c.eval_id, evaluations.c.state)
+    if not keep_all_evaluated:
+        held = held.where(evaluations.c.state == IN_FLIGHT)
+    for row in conn.execute(held):
+        why = "in flight" if row.state == IN_FLIGHT else row.state
+        pins.setdefault(row.run_id, {}).setdefault(int(row.checkpoint_step), f"pinned by evaluation {row.eval_id} ({why})")
     finished = conn.execute(
         select(evaluations, eval_metrics.c.metric, eval_metrics.c.mean)
         .join(eval_metrics, eval_metrics.c.eval_id == evaluations.c.eval_id)
-        .where(evaluations.c.state == COMPLETED)
+        .where(evaluations.c.state == COMPLETED, eval_metrics.c.metric == evaluations.c.primary_metric)
     ).mappings()
     best: dict[tuple[str, str], tuple[float, int, str]] = {}
     for row in finished:
         key = (row["run_id"], row["spec_name"])
-        if row["metric"] != row["primary_metric"]:
-            continue
         candidate = (row["mean"], int(row["checkpoint_step"]), row["metric"])
         if key not in best or candidate[:2] > best[key][:2]:
             best[key] = candidate
     for (run_id, spec_name), (mean, step, metric) in best.items():
         pins.setdefault(run_id, {}).setdefault(step, f"best {metric} by evaluation spec {spec_name} ({mean:.4f})")
     return pins
-
 
 def count_evaluations(conn: Connection) -> int:
     return int(conn.execute(select(func.count()).select_from(evaluations)).scalar_one())

@@ -21,7 +21,7 @@ from sqlalchemy.exc import IntegrityError
 
 from trackway.checkpoints.protocol import CheckpointStore
 from trackway.errors import InputError, NotFound
-from trackway.evals.records import IN_FLIGHT, new_eval_id, store_spec
+from trackway.evals.records import FAILED, IN_FLIGHT, new_eval_id, store_spec
 from trackway.evals.spec import EvalSpec, spec_from_record
 from trackway.ledger import Ledger
 from trackway.ledger.blobs import get_blob
@@ -31,6 +31,7 @@ from trackway.ledger.schema import (
     evaluation_seeds,
     evaluations,
     run_eval_specs,
+    runs,
 )
 from trackway.receipts.canonical import canonical_json, sha256_hex
 from trackway.settings import Settings
@@ -137,6 +138,15 @@ def request_evaluation(
                 # The escalation decided (or will decide) which of the spec's seeds run: not a new request.
                 wanted = [s for s in wanted if s in have]
             missing = [s for s in wanted if s not in have]
+            if existing["state"] == FAILED:
+                # Asked again after its seeds failed (say, a dataset mount was fixed): each failed seed's
+                # run gets one more attempt; what completed stays.
+                retried = requeue_failed_seeds(conn, existing["eval_id"])
+                conn.execute(update(evaluations).where(evaluations.c.eval_id == existing["eval_id"])
+                             .values(state=IN_FLIGHT, ended_at=None))
+                if missing:
+                    queue_seeds(conn, settings, existing, run, missing, now)
+                return EvalRequest(existing["eval_id"], queued_seeds=sorted(retried + missing))
             if not missing:
                 return EvalRequest(existing["eval_id"], repeat=True)
             queue_seeds(conn, settings, existing, run, missing, now)
@@ -168,6 +178,20 @@ def request_evaluation(
         conn.execute(insert(evaluations).values(**values))
         queue_seeds(conn, settings, values, run, first, now)
     return EvalRequest(eval_id, queued_seeds=first, held_back_seeds=wanted[len(first):])
+
+
+def requeue_failed_seeds(conn: Connection, eval_id: str) -> list[int]:
+    """Put the runs of an evaluation's failed seeds back on the retry queue; return those seeds."""
+    failed = list(conn.execute(
+        select(evaluation_seeds).where(evaluation_seeds.c.eval_id == eval_id, evaluation_seeds.c.state == "failed")
+    ).mappings())
+    for row in failed:
+        conn.execute(update(runs).where(runs.c.run_id == row["eval_run_id"])
+                     .values(state=RunState.QUEUED.value, not_before=None, ended_at=None))
+        conn.execute(update(evaluation_seeds)
+                     .where(evaluation_seeds.c.eval_id == eval_id, evaluation_seeds.c.seed == row["seed"])
+                     .values(state=SEED_PENDING, termination_reason=None, ended_at=None))
+    return [int(row["seed"]) for row in failed]
 
 
 def queue_seeds(conn: Connection, settings: Settings, evaluation, run: RowMapping, seeds: list[int], now: datetime) -> None:

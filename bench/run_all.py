@@ -13,6 +13,7 @@ BENCHES = [
     "bench_checkpoint_speed.py",
     "bench_checkpoint_kills.py",
     "bench_supervisor.py",
+    "bench_evals.py",
 ]
 
 

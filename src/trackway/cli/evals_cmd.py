@@ -72,7 +72,7 @@ def eval_run(
 
 
 def _follow(app: AppContext, supervisor, eval_id: str) -> int:
-    from trackway.evals.records import IN_FLIGHT, resolve_evaluation, seeds_of
+    from trackway.evals.records import COMPLETED, IN_FLIGHT, SEED_PENDING, resolve_evaluation, seeds_of
 
     started = time.monotonic()
     try:
@@ -92,14 +92,14 @@ def _follow(app: AppContext, supervisor, eval_id: str) -> int:
                     seeds = seeds_of(conn, eval_id)
                 if evaluation["state"] != IN_FLIGHT:
                     break
-                done = sum(1 for s in seeds if s["state"] != "pending")
+                done = sum(1 for s in seeds if s["state"] != SEED_PENDING)
                 status.update(f"{eval_id} {done}/{len(seeds)} seeds done {duration(time.monotonic() - started)}")
                 time.sleep(FOLLOW_INTERVAL_S)
     except KeyboardInterrupt:
         err_console.print(f"stopped following; {eval_id} goes on under the supervisor", highlight=False)
         return 130
     _print_detail(app, eval_id)
-    return 0 if evaluation["state"] == "completed" else 1
+    return 0 if evaluation["state"] == COMPLETED else 1
 
 
 @eval_app.command("show")

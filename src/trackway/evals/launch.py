@@ -21,7 +21,14 @@ from sqlalchemy.exc import IntegrityError
 
 from trackway.checkpoints.protocol import CheckpointStore
 from trackway.errors import InputError, NotFound
-from trackway.evals.records import FAILED, IN_FLIGHT, new_eval_id, store_spec
+from trackway.evals.records import (
+    FAILED,
+    IN_FLIGHT,
+    SEED_FAILED,
+    SEED_PENDING,
+    new_eval_id,
+    store_spec,
+)
 from trackway.evals.spec import EvalSpec, spec_from_record
 from trackway.ledger import Ledger
 from trackway.ledger.blobs import get_blob
@@ -38,7 +45,6 @@ from trackway.settings import Settings
 from trackway.taxonomy import RunKind, RunState
 
 PARAMS_FILE = "eval-params.json"
-SEED_PENDING = "pending"
 
 
 @dataclass
@@ -142,8 +148,11 @@ def request_evaluation(
                 # Asked again after its seeds failed (say, a dataset mount was fixed): each failed seed's
                 # run gets one more attempt; what completed stays.
                 retried = requeue_failed_seeds(conn, existing["eval_id"])
+                if escalation is not None and escalation.get("value") is None:
+                    escalation["decided"] = None  # it was held for want of a result: judge the retried seeds
                 conn.execute(update(evaluations).where(evaluations.c.eval_id == existing["eval_id"])
-                             .values(state=IN_FLIGHT, ended_at=None))
+                             .values(state=IN_FLIGHT, ended_at=None,
+                                     escalation=json.dumps(escalation) if escalation is not None else None))
                 if missing:
                     queue_seeds(conn, settings, existing, run, missing, now)
                 return EvalRequest(existing["eval_id"], queued_seeds=sorted(retried + missing))
@@ -183,7 +192,7 @@ def request_evaluation(
 def requeue_failed_seeds(conn: Connection, eval_id: str) -> list[int]:
     """Put the runs of an evaluation's failed seeds back on the retry queue; return those seeds."""
     failed = list(conn.execute(
-        select(evaluation_seeds).where(evaluation_seeds.c.eval_id == eval_id, evaluation_seeds.c.state == "failed")
+        select(evaluation_seeds).where(evaluation_seeds.c.eval_id == eval_id, evaluation_seeds.c.state == SEED_FAILED)
     ).mappings())
     for row in failed:
         conn.execute(update(runs).where(runs.c.run_id == row["eval_run_id"])

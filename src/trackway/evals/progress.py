@@ -21,7 +21,13 @@ from sqlalchemy import Connection, RowMapping, delete, insert, select, update
 from trackway.evals.launch import queue_seeds
 from trackway.evals.outputs import EvaluatorOutput
 from trackway.evals.passk import summarize, task_set_pass_at_k
-from trackway.evals.records import COMPLETED, FAILED, seed_metrics_of
+from trackway.evals.records import (
+    COMPLETED,
+    FAILED,
+    SEED_COMPLETED,
+    SEED_FAILED,
+    seed_metrics_of,
+)
 from trackway.ledger.blobs import put_blob
 from trackway.ledger.records import resolve_run
 from trackway.ledger.schema import (
@@ -33,9 +39,6 @@ from trackway.ledger.schema import (
 )
 from trackway.settings import Settings
 from trackway.taxonomy import TerminationReason
-
-SEED_COMPLETED = "completed"
-SEED_FAILED = "failed"
 
 
 def after_eval_attempt(

@@ -32,6 +32,10 @@ from trackway.taxonomy import AttemptState, RunKind, RunState
 IN_FLIGHT = "running"
 COMPLETED = "completed"
 FAILED = "failed"
+# A seed is pending until its run's last attempt ended; then it completed or failed.
+SEED_PENDING = "pending"
+SEED_COMPLETED = "completed"
+SEED_FAILED = "failed"
 
 
 def new_eval_id() -> str:

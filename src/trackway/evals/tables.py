@@ -13,6 +13,8 @@ from sqlalchemy import Connection, RowMapping, select
 
 from trackway.errors import Ambiguous, InputError, NotFound
 from trackway.evals.records import (
+    COMPLETED,
+    SEED_PENDING,
     evaluations_of_run,
     metrics_of,
     resolve_evaluation,
@@ -77,7 +79,7 @@ def evaluation_detail(conn: Connection, ref: str) -> dict:
         seeds.append({
             "seed": int(row["seed"]),
             "eval_run_id": row["eval_run_id"],
-            "state": row["state"] if row["state"] != "pending" else row["run_state"],
+            "state": row["state"] if row["state"] != SEED_PENDING else row["run_state"],
             "termination_reason": row["termination_reason"],
             "attempts": [{"attempt_id": a["attempt_id"], "termination_reason": a["termination_reason"],
                           "rule": json.loads(a["termination_evidence"])["rule"] if a["termination_evidence"] else None,
@@ -126,7 +128,7 @@ def find_evaluation(conn: Connection, ref: str, spec_name: str | None) -> RowMap
             pass
     run_ref, step = parse_checkpoint_ref(ref)
     run = resolve_run(conn, run_ref)
-    query = select(evaluations).where(evaluations.c.run_id == run["run_id"], evaluations.c.state == "completed")
+    query = select(evaluations).where(evaluations.c.run_id == run["run_id"], evaluations.c.state == COMPLETED)
     if spec_name:
         query = query.where(evaluations.c.spec_name == spec_name)
     candidates = list(conn.execute(query.order_by(evaluations.c.checkpoint_step, evaluations.c.created_at)).mappings())

@@ -159,10 +159,6 @@ def pinned_checkpoints(conn: Connection, keep_all_evaluated: bool = False) -> di
         pins.setdefault(run_id, {}).setdefault(step, f"best {metric} by evaluation spec {spec_name} ({mean:.4f})")
     return pins
 
-def count_evaluations(conn: Connection) -> int:
-    return int(conn.execute(select(func.count()).select_from(evaluations)).scalar_one())
-
-
 def running_eval_attempts(conn: Connection) -> int:
     query = (
         select(func.count())

@@ -35,7 +35,6 @@ from typing import Any
 from trackway.errors import InputError
 from trackway.evals.passk import metric_k
 from trackway.evals.versions import content_version
-from trackway.receipts.canonical import canonical_json, sha256_hex
 
 TRIGGERS = ("every_commit", "every_n_commits", "on_demand")
 KNOWN_KEYS = frozenset(
@@ -218,10 +217,6 @@ def spec_from_mapping(doc: Mapping[str, Any], path: Path, placeholders: bool = T
         seeds=seeds, metrics=metrics, trigger=trigger, every_n_commits=every_n, decoding=dict(decoding),
         escalation=escalation, time_limit_hours=float(time_limit) if time_limit is not None else None, gpus=gpus,
     )
-
-
-def spec_sha256(spec: EvalSpec) -> str:
-    return sha256_hex(canonical_json(spec.record()))
 
 
 def _trigger(doc: Mapping[str, Any], bad) -> tuple[str, int]:

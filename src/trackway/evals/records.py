@@ -159,6 +159,7 @@ def pinned_checkpoints(conn: Connection, keep_all_evaluated: bool = False) -> di
         pins.setdefault(run_id, {}).setdefault(step, f"best {metric} by evaluation spec {spec_name} ({mean:.4f})")
     return pins
 
+
 def running_eval_attempts(conn: Connection) -> int:
     query = (
         select(func.count())

@@ -5,7 +5,8 @@
     │   ├── NotFound              exit 2, 404   a run, attempt or file that does not exist
     │   ├── Ambiguous             exit 2, 409   a name that matches more than one run
     │   └── ReadOnlyViolation     exit 2, 403   `trackway sql` was asked to change something
-    ├── LedgerUnavailable         exit 3, 503   the ledger cannot be reached or opened
+    ├── LedgerError               exit 3, 503   the ledger failed: locked, disk full, unreachable, damaged
+    │   └── LedgerUnavailable     exit 3, 503   the ledger cannot be reached or opened
     └── ExecutorError             exit 1, 502   an executor refused or failed to start an attempt
 
 Messages are one line and say what to do; the CLI prints them as they are.
@@ -46,11 +47,20 @@ class ReadOnlyViolation(InputError):
     http_status = 403
 
 
-class LedgerUnavailable(TrackwayError):
-    """The ledger cannot be opened or reached."""
+class LedgerError(TrackwayError):
+    """The ledger failed for reasons outside the input: locked past the busy timeout, disk full, unreachable.
+
+    The message names the ledger (its URL, password redacted) and what happened, in one line.
+    Every database error that is not about the input becomes one of these (see
+    `trackway.ledger.store.ledger_error`), on SQLite and PostgreSQL alike.
+    """
 
     exit_code = 3
     http_status = 503
+
+
+class LedgerUnavailable(LedgerError):
+    """The ledger cannot be opened or reached."""
 
 
 class ExecutorError(TrackwayError):

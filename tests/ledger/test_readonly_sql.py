@@ -10,7 +10,7 @@ from sqlalchemy import inspect, text
 
 from trackway.errors import InputError, ReadOnlyViolation
 from trackway.ledger import Ledger, open_ledger
-from trackway.ledger.readonly_sql import QueryResult, _execute, run_readonly_query
+from trackway.ledger.readonly_sql import QueryResult, _execute, check_timeout, run_readonly_query
 from trackway.ledger.records import insert_attempt, insert_run
 
 ALLOWED = "(only SELECT, WITH … SELECT, VALUES, EXPLAIN and read-only PRAGMA)"
@@ -26,7 +26,7 @@ VIEW_COLUMNS = [
     "executor_job_id", "host", "gpu_model", "gpu_count", "started_at", "ended_at", "gpu_seconds", "cost_usd",
     "exit_code", "signal", "termination_reason", "termination_evidence", "config_sha256", "data_manifest_sha256",
     "environment_sha256", "code_commit", "code_dirty_sha256", "resumed_from_checkpoint", "first_step", "last_step",
-    "checkpoints_committed", "useful_gpu_seconds", "wasted_gpu_seconds", "retry_decision",
+    "checkpoints_committed", "useful_gpu_seconds", "wasted_gpu_seconds", "retry_decision", "environ_sha256", "started_by",
 ]  # fmt: skip
 
 # (run, started this long ago, gpu_seconds, termination_reason)
@@ -381,3 +381,95 @@ def test_untranslatable_queries_say_so_on_sqlite(sqlite_url, query, mentions):
         assert _one_line(str(info.value))
     finally:
         ledger.dispose()
+
+
+# --- the server's configuration and credentials; time limits ------------------------------------
+
+SERVER_SECRETS = [  # (what the refusal names, a query that reads it)
+    ("pg_file_settings", "select * from pg_file_settings"),
+    ("pg_hba_file_rules", "select * from pg_hba_file_rules"),
+    ("pg_ident_file_mappings", "select * from pg_ident_file_mappings"),
+    ("pg_settings", "select name, setting from pg_settings where name = 'hba_file'"),
+    ("pg_settings", "with s as (select setting from pg_catalog.pg_settings) select * from s"),
+    ("current_setting('primary_conninfo')", "select current_setting('primary_conninfo')"),
+    ("current_setting('hba_file', TRUE)", "select pg_catalog.current_setting('hba_file', true)"),
+    ("current_setting(name)", "select current_setting(name) from runs"),
+    ("pg_show_all_settings()", "select * from pg_show_all_settings()"),
+    ("pg_config", "select * from pg_config"),
+    ("pg_authid", "select rolname, rolpassword from pg_authid"),
+    ("pg_shadow", "select passwd from pg_shadow"),
+    ("pg_user_mappings", "select umoptions from pg_user_mappings"),
+    ("pg_subscription", "select subconninfo from pg_subscription"),
+    ("pg_read_file('postgresql.conf')", "select pg_read_file('postgresql.conf')"),
+    ("pg_read_binary_file('pg_hba.conf')", "select pg_read_binary_file('pg_hba.conf')"),
+    ("pg_ls_dir('.')", "select * from pg_ls_dir('.')"),
+    ("pg_ls_logdir()", "select * from pg_ls_logdir()"),
+    ("pg_stat_file('pg_hba.conf')", "select (pg_stat_file('pg_hba.conf')).size"),
+    ("pg_current_logfile()", "select pg_current_logfile()"),
+]
+
+
+@pytest.mark.parametrize(("named", "query"), SERVER_SECRETS, ids=[f"{n}-{i}" for i, (n, _) in enumerate(SERVER_SECRETS)])
+def test_the_servers_configuration_and_credentials_are_refused_before_running(filled, named, query):
+    before = _snapshot(filled)
+    with pytest.raises(ReadOnlyViolation) as info:
+        run_readonly_query(filled, query)
+    message = str(info.value)
+    assert _one_line(message)
+    assert message.startswith(f"trackway sql: {named} is not allowed: ")
+    assert "configuration, files or credentials" in message
+    assert _snapshot(filled) == before
+
+
+def test_harmless_settings_are_still_readable(pg_url):
+    ledger = open_ledger(pg_url)
+    try:
+        result = run_readonly_query(ledger, "select current_setting('TimeZone') is not null as known")
+        assert result.rows == [(True,)]
+    finally:
+        ledger.dispose()
+
+
+def test_postgresql_runs_the_query_read_only_and_under_the_time_limit(pg_url):
+    ledger = open_ledger(pg_url)
+    try:
+        assert _execute(ledger, "show transaction_read_only").rows == [("on",)]
+        assert _execute(ledger, "show statement_timeout", timeout_s=2.5).rows == [("2500ms",)]
+        assert run_readonly_query(ledger, "select current_setting('statement_timeout')").rows == [("30s",)]
+        # The limit is the transaction's own: the pooled connection goes back without it.
+        with ledger.read() as conn:
+            assert conn.exec_driver_sql("show statement_timeout").scalar() == "0"
+            assert conn.exec_driver_sql("show transaction_read_only").scalar() == "off"
+    finally:
+        ledger.dispose()
+
+
+def test_a_write_that_slips_past_the_parser_fails_in_the_read_only_transaction(pg_url):
+    ledger = open_ledger(pg_url)
+    try:
+        before = _snapshot(ledger)
+        with pytest.raises(ReadOnlyViolation, match="read-only transaction"):
+            _execute(ledger, "create table evil as select 1 as a")
+        assert _snapshot(ledger) == before
+    finally:
+        ledger.dispose()
+
+
+def test_a_query_past_the_time_limit_is_stopped_and_the_ledger_answers_next(ledger):
+    if ledger.dialect == "sqlite":
+        slow = "with recursive c(x) as (select 1 union all select x + 1 from c where x < 1000000000) select count(*) from c"
+    else:
+        slow = "select pg_sleep(5)"
+    with pytest.raises(InputError) as info:
+        run_readonly_query(ledger, slow, timeout_s=1)
+    message = str(info.value)
+    assert message.startswith("trackway sql: the query ran longer than --timeout 1s") and _one_line(message)
+    assert not isinstance(info.value, ReadOnlyViolation)
+    assert run_readonly_query(ledger, "select count(*) from runs").rows == [(0,)]
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1.0, 0.0, 1e308, 86_401.0, "soon"])
+def test_the_time_limit_must_be_finite_and_in_range(bad):
+    with pytest.raises(InputError, match=r"^--timeout: expected a number of seconds above 0 and at most 86400"):
+        check_timeout(bad)
+    assert check_timeout(0.25) == 0.25 and check_timeout(86_400) == 86_400.0

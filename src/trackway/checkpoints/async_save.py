@@ -12,16 +12,20 @@ overwrites buffers that a write is still reading, and at most one save is ever i
 
 A failure on the writer thread aborts the pending checkpoint (`commit_to` does; its temp
 directory is removed and no marker is ever written) and is raised as CheckpointError from the
-next `save()`, `wait()` or `close()`.
+next `save()`, `wait()` or `close()`. A full disk keeps its errno on the way: the protocol
+raises CheckpointDiskFull (a CheckpointError and an OSError with errno ENOSPC), which is raised
+as it is, and any other OSError with ENOSPC is raised unwrapped rather than hidden in a message.
 """
 
 from __future__ import annotations
 
+import errno
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from trackway.checkpoints.protocol import CheckpointError, CheckpointInfo, PendingCheckpoint
+from trackway.checkpoints.protocol import CheckpointError, CheckpointInfo, PendingCheckpoint, disk_full_named
 from trackway.checkpoints.torch_state import STATE_FILE, HostBuffers, Snapshot, capture
 
 Persist = Callable[[Snapshot], "CheckpointInfo | None"]
@@ -33,14 +37,16 @@ def commit_to(
 ) -> Persist:
     """The single-process persist: open the pending checkpoint, serialize the snapshot, commit.
 
-    Any failure aborts the pending checkpoint, so no marker is ever written for it.
+    Any failure aborts the pending checkpoint, so no marker is ever written for it. A full disk
+    is raised as CheckpointDiskFull, whichever layer met it.
     """
 
     def persist(snapshot: Snapshot) -> CheckpointInfo:
         pending = begin()
         try:
-            snapshot.write(pending, filename)
-            return pending.commit(metrics=metrics)
+            with disk_full_named(Path(pending.path).parent, pending.step):
+                snapshot.write(pending, filename)
+                return pending.commit(metrics=metrics)
         except BaseException:
             abort_quietly(pending)
             raise
@@ -109,9 +115,9 @@ class AsyncSaver:
         if blocking:
             try:
                 job.run()
-            except CheckpointError:
-                raise
             except Exception as exc:
+                if _keeps_its_type(exc):
+                    raise
                 raise CheckpointError(f"checkpoint save failed: {type(exc).__name__}: {exc}") from exc
             finally:
                 self._idle.set()
@@ -130,7 +136,7 @@ class AsyncSaver:
             self._thread = None
         with self._lock:
             failure, self._failure = self._failure, None
-        if isinstance(failure, CheckpointError):
+        if failure is not None and _keeps_its_type(failure):
             raise failure
         if failure is not None:
             raise CheckpointError(
@@ -150,6 +156,11 @@ class AsyncSaver:
                 self._failure = exc
         finally:
             self._idle.set()
+
+
+def _keeps_its_type(exc: BaseException) -> bool:
+    """Whether a save's failure reaches the script as it is: ours, or a full disk (whose errno must survive)."""
+    return isinstance(exc, CheckpointError) or isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 class _Job:

@@ -3,6 +3,18 @@
 Lineage: each checkpoint's parent is, by name, the checkpoint this attempt resumed from or the
 previous one it committed, so `trackway checkpoints RUN` can draw the chain across attempts.
 
+Resuming: `restore_latest()` (or, for framework-neutral scripts, the first `latest()` before any
+save) picks the newest committed checkpoint that verifies and loads. What is skipped on the way
+is set aside, never deleted: a checkpoint that fails verification as `step-N.corrupt-<time>`,
+one whose content the safe loader refuses (a pickle that would run code) as `step-N.refused-<time>`.
+`on_restore` then hears what was really restored and what was set aside, and why:
+
+    {"name": "step-00000020" | None, "step": 20 | None,
+     "fallback_from": [{"name": "step-00000030", "reason": "...",
+                        "set_aside_as": "step-00000030.corrupt-...", "path": "/.../step-00000030.corrupt-..."}]}
+
+(the SDK writes it as the `checkpoint_restored` event: the receipt's resumed-from comes from it).
+
 Multi-process (torch.distributed initialized, world size > 1), one save:
 
     rank 0                                   rank r > 0
@@ -23,6 +35,7 @@ checkpoint with `writing()` without it.
 
 from __future__ import annotations
 
+import errno
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -31,10 +44,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trackway.checkpoints.protocol import (
+    CheckpointDiskFull,
     CheckpointError,
     CheckpointInfo,
+    CheckpointRefused,
     CheckpointStore,
     PendingCheckpoint,
+    SetAside,
+    disk_full_named,
     new_token,
 )
 from trackway.errors import InputError
@@ -65,6 +82,7 @@ class CheckpointManager:
         every_minutes: float | None = None,
         async_save: bool = True,
         on_commit: Callable[[CheckpointInfo], None] | None = None,
+        on_restore: Callable[[dict[str, Any]], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if every_steps is not None and (not isinstance(every_steps, int) or every_steps < 1):
@@ -79,7 +97,9 @@ class CheckpointManager:
         self.every_minutes = every_minutes
         self.async_save = async_save
         self.on_commit = on_commit
+        self.on_restore = on_restore
         self._clock = clock
+        self._resume_reported = False
         self._parent = resume_from
         self._last_step: int | None = None
         self._last_save_at = clock()
@@ -182,7 +202,9 @@ class CheckpointManager:
                     self._finish_shared(pending, ranks, f"rank {ranks.rank}: {type(exc).__name__}: {exc}", metrics)
                 except CheckpointError:
                     pass  # the exception from the caller's block says more
-            raise
+            # The caller's own write met a full disk: raised as CheckpointDiskFull, naming the root.
+            with disk_full_named(self.store.root, step):
+                raise
         if ranks is None:
             try:
                 info = pending.commit(metrics=metrics)
@@ -204,55 +226,115 @@ class CheckpointManager:
         scaler: Any = None,
         restore_rng: bool = True,
     ) -> Restored | None:
-        """Load the newest committed checkpoint whose files verify; None on a fresh start.
+        """Load the newest committed checkpoint whose files verify and whose content loads; None on a fresh start.
 
-        Waits for any save in flight first. Each rank reads its own shard.
+        Waits for any save in flight first. Each rank reads its own shard. A checkpoint that fails
+        verification or whose content is refused is set aside and the previous one tried; what
+        was restored and what was set aside goes to `on_restore` (see the module docstring).
         """
         self.wait()
-        info = self.latest()
+        ranks = self._distributed()
+        objects = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler}
+        skipped: list[SetAside] = []
+        restored = None
+        while (info := self._pick(ranks, skipped)) is not None:
+            restored = self._load(info, ranks, skipped, objects, restore_rng)
+            if restored is not None:
+                break
+        self._resumed(info, skipped)
         if info is None:
             if self.resume_from is not None:
+                aside = f" (set aside: {', '.join(s.name for s in skipped)})" if skipped else ""
                 raise CheckpointError(
                     f"asked to resume from {self.resume_from}, but no committed checkpoint under "
-                    f"{self.store.root} verifies; refusing to start from scratch silently"
+                    f"{self.store.root} verifies{aside}; refusing to start from scratch silently"
                 )
             return None
-        from trackway.checkpoints.torch_state import restore
-
-        ranks = self._distributed()
-        filename = shard_name(ranks.rank if ranks is not None else 0)
-        if not (Path(info.path) / filename).is_file():
-            files = sorted(p.name for p in Path(info.path).glob("*.pt"))
-            raise CheckpointError(
-                f"checkpoint {info.name} has no {filename} (it holds {', '.join(files) or 'no .pt files'}); "
-                "was it saved with a different number of ranks?"
-            )
-        restored = restore(
-            info,
-            model=model,
-            optimizer=optimizer,
-            scheduler=scheduler,
-            scaler=scaler,
-            restore_rng=restore_rng,
-            filename=filename,
-        )
-        self._parent = info.name
         self._last_step = info.step
         self._last_save_at = self._clock()
         return restored
 
     def latest(self) -> CheckpointInfo | None:
-        """The resume target: the newest committed checkpoint whose files verify (rank 0 decides)."""
-        ranks = self._distributed()
+        """The resume target: the newest committed checkpoint whose files verify (rank 0 decides).
+
+        The first call before this manager saved or restored anything is taken as this attempt's
+        resume (framework-neutral scripts read the files themselves): it is reported to
+        `on_restore` and becomes the next checkpoint's parent.
+        """
+        skipped: list[SetAside] = []
+        info = self._pick(self._distributed(), skipped)
+        if not self._resume_reported and self._last_step is None:
+            self._resumed(info, skipped)
+        return info
+
+    def _pick(self, ranks: _Ranks | None, skipped: list[SetAside]) -> CheckpointInfo | None:
+        """The newest committed checkpoint that verifies; what rank 0 set aside on the way goes to `skipped`."""
+
+        def choose() -> CheckpointInfo | None:
+            info, set_aside = self.store.pick_latest()
+            stuck = info is not None and any(
+                s.kind == "refused" and s.set_aside_as is None and s.name == info.name for s in skipped
+            )
+            skipped.extend(set_aside)
+            if stuck:  # refused, yet still in the resume path: loading on would loop (raised on every rank)
+                raise CheckpointError(
+                    f"checkpoint {info.path} was refused by the loader and could not be set aside; "
+                    f"move it out of {self.store.root} to resume from the one before it"
+                )
+            return info
+
         if ranks is None:
-            return self.store.latest_committed()
-        step = ranks.from_rank0(lambda: _step_of(self.store.latest_committed()))
+            return choose()
+        step = ranks.from_rank0(lambda: _step_of(choose()))
         if step is None:
             return None
         info = self.store.get(step)
         if info is None:
             raise CheckpointError(f"rank {ranks.rank} cannot see checkpoint step {step} under {self.store.root}")
         return info
+
+    def _load(
+        self, info: CheckpointInfo, ranks: _Ranks | None, skipped: list[SetAside], objects: dict, restore_rng: bool
+    ) -> Restored | None:
+        """Load this rank's shard of `info` into `objects`; None when some rank's loader refused it (now set aside)."""
+        from trackway.checkpoints.torch_state import restore
+
+        filename = shard_name(ranks.rank if ranks is not None else 0)
+        restored, refusal, failure = None, None, None
+        try:
+            if not (Path(info.path) / filename).is_file():
+                files = sorted(p.name for p in Path(info.path).glob("*.pt"))
+                raise CheckpointError(
+                    f"checkpoint {info.name} has no {filename} (it holds {', '.join(files) or 'no .pt files'}); "
+                    "was it saved with a different number of ranks?"
+                )
+            restored = restore(info, **objects, restore_rng=restore_rng, filename=filename)
+        except CheckpointRefused as exc:
+            refusal = str(exc)
+        except Exception as exc:
+            if ranks is None:
+                raise
+            failure = exc  # the other ranks must hear of it, not wait for this one forever
+        if ranks is not None:
+            refusal = _agree_on_load(ranks, refusal, failure)
+        if refusal is None:
+            return restored
+        if ranks is None or ranks.rank == 0:
+            # The other ranks wait for rank 0's next pick, which comes after this.
+            skipped.append(self.store.set_aside(info, refusal, kind="refused"))
+        return None
+
+    def _resumed(self, info: CheckpointInfo | None, skipped: list[SetAside]) -> None:
+        """Record what this attempt really resumed from: the next checkpoint's parent, and `on_restore` (rank 0)."""
+        self._parent = info.name if info is not None else None
+        self._resume_reported = True
+        ranks = self._distributed()
+        if self.on_restore is not None and (ranks is None or ranks.rank == 0):
+            self.on_restore({
+                "name": info.name if info is not None else None,
+                "step": info.step if info is not None else None,
+                "fallback_from": [s.as_event() for s in skipped],
+            })
 
     def list(self) -> list[CheckpointInfo]:
         """Every checkpoint under the root, by step."""
@@ -263,7 +345,7 @@ class CheckpointManager:
         if self._saver is not None:
             try:
                 self._saver.wait()
-            except CheckpointError:
+            except Exception:
                 # The step it was saving is not saved: saving it again must not be skipped.
                 self._last_step = None
                 raise
@@ -274,7 +356,7 @@ class CheckpointManager:
         if saver is not None:
             try:
                 saver.close()
-            except CheckpointError:
+            except Exception:
                 self._last_step = None
                 raise
 
@@ -318,6 +400,7 @@ class CheckpointManager:
             token = ranks.token(writer=True)
             pending = None
             report: tuple | str
+            own = None
             try:
                 pending = self._begin(step, token)
                 filename = shard_name(ranks.rank)
@@ -326,7 +409,8 @@ class CheckpointManager:
                 report = (filename, digest["size"], digest["sha256"])
             except Exception as exc:  # noqa: BLE001 - every rank must reach the gather, failed or not
                 report = f"rank {ranks.rank}: {type(exc).__name__}: {exc}"
-            info = _commit_gathered(pending, ranks, report, metrics, writer=True)
+                own = exc
+            info = _commit_gathered(pending, ranks, report, metrics, writer=True, own=own, root=self.store.root)
             if info is not None:
                 self._parent = info.name
             return info
@@ -337,7 +421,7 @@ class CheckpointManager:
         self, pending: PendingCheckpoint, ranks: _Ranks, error: str | None, metrics: dict | None
     ) -> CheckpointInfo | None:
         report: tuple | str = error if error is not None else ("", 0, "")
-        return _commit_gathered(pending, ranks, report, metrics, writer=False)
+        return _commit_gathered(pending, ranks, report, metrics, writer=False, root=self.store.root)
 
 
 def _commit_gathered(
@@ -347,8 +431,14 @@ def _commit_gathered(
     metrics: dict | None,
     *,
     writer: bool,
+    root: Path,
+    own: BaseException | None = None,
 ) -> CheckpointInfo | None:
-    """Gather every rank's report to rank 0, which commits or aborts; all ranks learn the outcome."""
+    """Gather every rank's report to rank 0, which commits or aborts; all ranks learn the outcome.
+
+    `own` is this rank's failure, if any: a full disk is raised as CheckpointDiskFull on every
+    rank (the errno must survive the trip through the gathered text).
+    """
     try:
         reports = ranks.gather(report, writer=writer)
     except BaseException:
@@ -374,11 +464,37 @@ def _commit_gathered(
                 info = pending.commit(metrics=metrics)
             except Exception as exc:  # noqa: BLE001 - the other ranks must hear about it
                 outcome = f"rank 0 could not commit: {type(exc).__name__}: {exc}"
+                own = exc
                 _abort(pending)
     outcome = ranks.broadcast(outcome, writer=writer)
     if outcome != "ok":
-        raise CheckpointError(f"checkpoint step {pending.step if pending else '?'} was not committed: {outcome}")
+        message = f"checkpoint step {pending.step if pending else '?'} was not committed: {outcome}"
+        if isinstance(own, CheckpointDiskFull):
+            raise own
+        if "[Errno 28]" in outcome:
+            raise CheckpointDiskFull(errno.ENOSPC, message, str(root))
+        raise CheckpointError(message)
     return info
+
+
+def _agree_on_load(ranks: _Ranks, refusal: str | None, failure: BaseException | None) -> str | None:
+    """Every rank's load outcome, agreed: the refusal to act on (None: all loaded); raises if any rank failed."""
+    if failure is not None:
+        mine = ("error", f"rank {ranks.rank}: {type(failure).__name__}: {failure}")
+    elif refusal is not None:
+        mine = ("refused", refusal)
+    else:
+        mine = ("ok", None)
+    outcomes = ranks.gather(mine)  # rank 0 gets them all; the others, nothing
+    errors = [text for kind, text in outcomes if kind == "error"]
+    refusals = [text for kind, text in outcomes if kind == "refused"]
+    verdict = ("error", "; ".join(errors)) if errors else ("refused", refusals[0]) if refusals else ("ok", None)
+    kind, text = ranks.broadcast(verdict)  # rank 0's verdict
+    if kind == "error":
+        if failure is not None:
+            raise failure
+        raise CheckpointError(f"restoring the checkpoint failed on another rank: {text}")
+    return text if kind == "refused" else None
 
 
 def _step_of(info: CheckpointInfo | None) -> int | None:

@@ -2,19 +2,34 @@
 
 Storage decides every state: what storage holds is written as it is; a row whose directory
 is gone becomes `deleted`. The attempt that wrote a checkpoint comes from its manifest.
+
+A checkpoint set aside on the way to a restore (`step-N.corrupt-<time>`, `step-N.refused-<time>`)
+is `set_aside`, not `deleted`: it is still there for whoever investigates, and its row keeps the
+attempt that wrote it. Why it was set aside is what the restoring attempt recorded in its
+`checkpoint_restored` event (storage keeps the directory untouched, as evidence). The ledger keeps
+one row per step, so once the step is committed again the new checkpoint's row wins; storage
+(and `trackway checkpoints`) still show both.
 """
 
 from __future__ import annotations
 
+import json
+import math
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import Connection, select, update
 
-from trackway.checkpoints.protocol import CheckpointInfo, CheckpointState, CheckpointStore
+from trackway.checkpoints.protocol import CheckpointInfo, CheckpointState, CheckpointStore, parse_step
 from trackway.ledger import Ledger
 from trackway.ledger.ingest import mirror_checkpoint
-from trackway.ledger.schema import checkpoints
+from trackway.ledger.schema import attempt_events, attempts, checkpoints
+
+SET_ASIDE = CheckpointState.SET_ASIDE.value
+# Why a checkpoint was set aside goes in this column where the schema has it (see _with_reason).
+REASON_COLUMN = "problem"
 
 
 def checkpoint_root(runs_dir: Path, run_id: str) -> Path:
@@ -22,31 +37,26 @@ def checkpoint_root(runs_dir: Path, run_id: str) -> Path:
 
 
 def reconcile_run_checkpoints(ledger: Ledger, run_id: str, store: CheckpointStore) -> list[CheckpointInfo]:
-    """Mirror `store` into the ledger for `run_id`; return what storage holds, oldest first."""
+    """Mirror `store` into the ledger for `run_id`; return what storage holds, set-aside ones included, by step.
+
+    A set-aside checkpoint's one problem is the reason recorded when it was set aside, where one was.
+    """
     held = store.list() if store.root.is_dir() else []
+    aside = store.set_aside_list() if store.root.is_dir() else []
+    steps = {info.step for info in held}
     with ledger.write() as conn:
+        recorded = recorded_set_aside_reasons(conn, run_id)
+        aside = [replace(info, problems=(recorded[info.name],)) if info.name in recorded else info for info in aside]
         for info in held:
-            manifest = info.manifest or {}
-            mirror_checkpoint(
-                conn,
-                run_id,
-                manifest.get("attempt_id"),
-                {
-                    "step": info.step,
-                    "name": info.name,
-                    "state": info.state.value,
-                    "path": str(info.path),
-                    "size_bytes": info.size_bytes,
-                    "parent": manifest.get("parent"),
-                    "metrics": manifest.get("metrics"),
-                    "committed_at": info.committed_at,
-                },
-            )
-        steps = {info.step for info in held}
+            mirror_checkpoint(conn, run_id, (info.manifest or {}).get("attempt_id"), _record(info))
+        newest_aside = {info.step: info for info in aside if info.step not in steps}  # sorted: the last one wins
+        for info in newest_aside.values():
+            _upsert_set_aside(conn, run_id, info.step, _record(info), info.problems[0])
+        present = steps | set(newest_aside)
         gone = [
             step
             for step in conn.execute(select(checkpoints.c.step).where(checkpoints.c.run_id == run_id)).scalars()
-            if step not in steps
+            if step not in present
         ]
         if gone:
             conn.execute(
@@ -54,4 +64,97 @@ def reconcile_run_checkpoints(ledger: Ledger, run_id: str, store: CheckpointStor
                 .where(checkpoints.c.run_id == run_id, checkpoints.c.step.in_(gone))
                 .values(state=CheckpointState.DELETED.value, updated_at=datetime.now(timezone.utc))
             )
-    return held
+    return sorted([*held, *aside], key=lambda i: (i.step, i.name))
+
+
+def recorded_set_aside_reasons(conn: Connection, run_id: str) -> dict[str, str]:
+    """{set-aside directory name: why}, from the run's `checkpoint_restored` events."""
+    payloads = conn.execute(
+        select(attempt_events.c.payload)
+        .join(attempts, attempts.c.attempt_id == attempt_events.c.attempt_id)
+        .where(attempts.c.run_id == run_id, attempt_events.c.kind == "checkpoint_restored")
+    ).scalars()
+    reasons = {}
+    for payload in payloads:
+        for item in json.loads(payload).get("fallback_from") or []:
+            if isinstance(item, dict) and isinstance(item.get("set_aside_as"), str) and item.get("reason"):
+                reasons[item["set_aside_as"]] = str(item["reason"])
+    return reasons
+
+
+def mirror_restored(conn: Connection, run_id: str, attempt_id: str, record: dict[str, Any]) -> None:
+    """Ingest a `checkpoint_restored` event: the receipt's resumed-from, and each checkpoint set aside on the way.
+
+    What the SDK really restored overrides what the launch expected (None: it started from the
+    beginning). A set-aside checkpoint's row becomes `set_aside` with the reason, unless the step
+    was committed again after the event (a later commit is newer news).
+    """
+    conn.execute(
+        update(attempts).where(attempts.c.attempt_id == attempt_id).values(resumed_from_checkpoint=record.get("name"))
+    )
+    at = _event_time(record)
+    for item in record.get("fallback_from") or []:
+        step = parse_step(str(item.get("name")))
+        if step is None:
+            continue
+        row = conn.execute(
+            select(checkpoints).where(checkpoints.c.run_id == run_id, checkpoints.c.step == step)
+        ).mappings().first()
+        recommitted = row is not None and row["committed_at"] is not None and row["state"] != SET_ASIDE
+        if recommitted and at is not None and row["committed_at"] > at:
+            continue
+        name = item.get("set_aside_as") or item["name"]
+        path = item.get("path") or (str(Path(row["path"]).with_name(name)) if row is not None else name)
+        _upsert_set_aside(conn, run_id, step, {"step": step, "name": name, "path": path}, str(item.get("reason") or ""))
+
+
+def _upsert_set_aside(conn: Connection, run_id: str, step: int, record: dict[str, Any], reason: str) -> None:
+    """Make the row for `step` say set aside (name, path, reason), keeping who wrote it when the row exists."""
+    values = _with_reason(
+        {"name": record["name"], "state": SET_ASIDE, "path": record["path"], "committed_at": None,
+         "updated_at": datetime.now(timezone.utc)},
+        reason,
+    )
+    exists = conn.execute(
+        select(checkpoints.c.step).where(checkpoints.c.run_id == run_id, checkpoints.c.step == step)
+    ).first()
+    if exists is None:
+        manifest_attempt = record.get("attempt_id")
+        mirror_checkpoint(conn, run_id, manifest_attempt, {**record, "state": SET_ASIDE, "committed_at": None})
+    conn.execute(update(checkpoints).where(checkpoints.c.run_id == run_id, checkpoints.c.step == step).values(**values))
+
+
+def _with_reason(values: dict[str, Any], reason: str) -> dict[str, Any]:
+    # The reason always reaches storage (the SET_ASIDE note) and the attempt's checkpoint_restored
+    # event; the checkpoints table holds it too once the schema has the column.
+    if REASON_COLUMN in checkpoints.c:
+        values[REASON_COLUMN] = reason
+    return values
+
+
+def _record(info: CheckpointInfo) -> dict[str, Any]:
+    """The row for one checkpoint; from a corrupt or set-aside one's manifest, only values that fit the columns."""
+    manifest = info.manifest or {}
+    metrics = manifest.get("metrics")
+    return {
+        "step": info.step,
+        "name": info.name,
+        "state": info.state.value,
+        "path": str(info.path),
+        "size_bytes": info.size_bytes,
+        "attempt_id": _text(manifest.get("attempt_id"), 48),
+        "parent": _text(manifest.get("parent"), 64),
+        "metrics": metrics if isinstance(metrics, dict) else None,
+        "committed_at": info.committed_at,
+    }
+
+
+def _text(value: Any, longest: int) -> str | None:
+    return value if isinstance(value, str) and len(value) <= longest else None
+
+
+def _event_time(record: dict[str, Any]) -> datetime | None:
+    t = record.get("t")
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
+        return None
+    return datetime.fromtimestamp(float(t), timezone.utc)

@@ -5,10 +5,16 @@ Storage is the truth; the ledger only mirrors it. Under a run's checkpoint root:
     .tmp-step-00001234-<token>/        being written (PendingCheckpoint); never read
     step-00001234/                     payload files, MANIFEST.json, COMMITTED [, SUPERSEDED]
     step-00001234.corrupt-<UTC time>/  committed-looking, failed verification: set aside, never deleted
+    step-00001234.refused-<UTC time>/  verified, but its loader refused the content (a pickle that runs code)
     .debris-step-00001234-<token>/     an uncommitted step directory moved out of a new writer's way
 
     writing ──commit──► committed ──supersede──► superseded ──delete──► deleted ──► (gone)
-       └─ abandoned: debris     └── fails verification ──┴──► corrupt: set aside
+       └─ abandoned: debris     └── fails verification ──┴──► corrupt ──► set aside
+                                └── refused by the loader ──────────────────► set aside
+
+A set-aside directory is left exactly as it was found (it is evidence). Why it was set aside is
+told to whoever set it aside (`pick_latest`, `set_aside`), which records it (the SDK's
+`checkpoint_restored` event); `set_aside_list()` can only say what a cheap look shows.
 
 Committed iff COMMITTED parses, its manifest_sha256 is sha256(MANIFEST.json) and the manifest's
 step is the directory's. `commit()` makes that true last: payload written (hashed as it is written)
@@ -22,6 +28,11 @@ is idempotent); an uncommitted holder (its writer died between rename and marker
 debris, a corrupt one set aside, and the rename retried. Writers hold an flock on the root from the
 rename to the marker, so nobody moves a live writer's directory; without a working flock the writer
 notices afterwards and raises rather than claim a commit.
+
+A full disk anywhere in a save (payload, manifest, marker) raises `CheckpointDiskFull`: an
+OSError that keeps the errno (ENOSPC) and names the root and the bytes free. The temporary
+directory is removed, and a step directory renamed into place before the marker failed is moved
+back so that it is removed too: a failed save leaves no bytes behind on a disk that has none.
 """
 
 from __future__ import annotations
@@ -59,11 +70,13 @@ _RESERVED = frozenset({MANIFEST, MARKER, SUPERSEDED_MARK, MARKER + ".tmp", SUPER
 _STEP_RE = re.compile(r"step-(\d+)", re.ASCII)
 _TMP_RE = re.compile(r"\.tmp-step-(\d+)-(.+)", re.ASCII)
 _DEBRIS_RE = re.compile(r"\.debris-step-(\d+)-(.+)", re.ASCII)
+_SET_ASIDE_RE = re.compile(r"(step-(\d+))\.(corrupt|refused)-(\d{8}T\d{6}\.\d{6}Z)", re.ASCII)
 _TOKEN_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", re.ASCII)
 _STAMP_RE = re.compile(r"\d{8}T\d{6}\.\d{6}Z", re.ASCII)  # what new_token() starts with
 _STAMP_FORMAT = "%Y%m%dT%H%M%S.%fZ"
 _SHA256_RE = re.compile(r"[0-9a-f]{64}", re.ASCII)
 _DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
+_DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
 _WRITE_CHUNK = 4 << 20  # one os.write per chunk: small enough to be hashed or copied from cache after it
 _HINT_EVERY = 8 << 20
@@ -93,6 +106,57 @@ class CheckpointError(TrackwayError):
     """A checkpoint could not be written, committed, verified or removed; the message says which and why."""
 
 
+class CheckpointRefused(CheckpointError):
+    """A committed checkpoint whose content the safe loader refused (it would run code): set it aside, never load it."""
+
+
+class CheckpointDiskFull(CheckpointError, OSError):
+    """A save that ran out of disk: an OSError keeping the errno, naming the checkpoint root and the bytes free.
+
+    Both a CheckpointError (what the SDK's callers catch) and an OSError with errno ENOSPC (what
+    classifies an ending as disk full, however deep in an exception chain it sits).
+    """
+
+    @classmethod
+    def saving(cls, exc: OSError, root: Path, step: int) -> CheckpointDiskFull:
+        """The error for `exc` (ENOSPC or EDQUOT) met while saving `step` under `root`."""
+        what = "disk full" if exc.errno == errno.ENOSPC else "disk quota exceeded"
+        free = _free_bytes(root)
+        room = f"{free} bytes free" if free is not None else "free space unknown"
+        cause = f" ({exc.strerror})" if exc.strerror else ""
+        message = f"{what} while saving checkpoint {step_dir_name(step)} under {root}: {room}{cause}"
+        return cls(exc.errno, message, str(root))
+
+
+class disk_full_named:  # noqa: N801 - used as a context manager, like contextlib's
+    """Re-raises a full disk met inside the block as CheckpointDiskFull (from the original); other errors pass.
+
+    A class, not a generator: it wraps every write of a checkpoint's payload.
+    """
+
+    __slots__ = ("root", "step")
+
+    def __init__(self, root: Path, step: int) -> None:
+        self.root, self.step = root, step
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if isinstance(exc, OSError) and not isinstance(exc, CheckpointDiskFull) and exc.errno in _DISK_FULL_ERRNOS:
+            raise CheckpointDiskFull.saving(exc, self.root, self.step) from exc
+
+
+def _free_bytes(path: Path) -> int | None:
+    """Bytes free on the file system holding `path` (or its nearest existing ancestor)."""
+    for candidate in (path, *path.parents):
+        try:
+            return shutil.disk_usage(candidate).free
+        except OSError:
+            continue
+    return None
+
+
 class CheckpointState(str, Enum):
     """Where a step directory stands; only committed and superseded ones may be read."""
 
@@ -101,6 +165,7 @@ class CheckpointState(str, Enum):
     SUPERSEDED = "superseded"
     DELETED = "deleted"
     CORRUPT = "corrupt"
+    SET_ASIDE = "set_aside"  # step-N.corrupt-<time> or step-N.refused-<time>: kept, never read
 
     @property
     def readable(self) -> bool:
@@ -124,6 +189,21 @@ class CheckpointInfo:
         return self.path.name
 
 
+@dataclass(frozen=True)
+class SetAside:
+    """One checkpoint moved out of the resume path on the way to a restore: which, why, and its new name."""
+
+    name: str
+    reason: str
+    set_aside_as: str | None  # None when another process had already moved it
+    path: str | None = None
+    kind: str = "corrupt"  # or "refused"
+
+    def as_event(self) -> dict[str, str | None]:
+        """The entry of a `checkpoint_restored` event's fallback_from."""
+        return {"name": self.name, "reason": self.reason, "set_aside_as": self.set_aside_as, "path": self.path}
+
+
 def step_dir_name(step: int) -> str:
     """`step-00001234`: at least 8 digits, more when the step needs them."""
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
@@ -135,6 +215,12 @@ def parse_step(name: str) -> int | None:
     """The step of a `step-N` directory name; None for anything else (temp, debris, set-aside names)."""
     match = _STEP_RE.fullmatch(name)
     return int(match.group(1)) if match else None
+
+
+def parse_set_aside(name: str) -> tuple[str, int] | None:
+    """(`step-N`, N) of a set-aside directory name (`step-N.corrupt-<time>`, `step-N.refused-<time>`); else None."""
+    match = _SET_ASIDE_RE.fullmatch(name)
+    return (match.group(1), int(match.group(2))) if match else None
 
 
 def new_token() -> str:
@@ -172,6 +258,13 @@ class _HashingWriter(io.RawIOBase):
         view = view if view.c_contiguous else memoryview(view.tobytes())
         view = view if view.format == "B" and view.ndim == 1 else view.cast("B")
         self._failed = True  # until these bytes are written and hashed (or staged for hashing)
+        with self._pending._disk_full_named():
+            self._write_all(view)
+        self._failed = False
+        self._size += view.nbytes
+        return view.nbytes
+
+    def _write_all(self, view: memoryview) -> None:
         pos = 0
         while pos < len(view):
             written = os.write(self._fd, view[pos : pos + _WRITE_CHUNK])
@@ -187,9 +280,6 @@ class _HashingWriter(io.RawIOBase):
                 with suppress(OSError):
                     os.posix_fadvise(self._fd, self._hinted, self._on_disk - self._hinted, os.POSIX_FADV_DONTNEED)
                 self._hinted = self._on_disk
-        self._failed = False
-        self._size += view.nbytes
-        return view.nbytes
 
     def close(self) -> None:
         if self.closed:
@@ -197,7 +287,8 @@ class _HashingWriter(io.RawIOBase):
         try:
             if not self._failed:
                 self._failed = True  # until the fsync succeeds
-                os.fsync(self._fd)
+                with self._pending._disk_full_named():  # delayed allocation can run out of room here
+                    os.fsync(self._fd)
                 self._failed = False
                 _crash_point("after_payload_fsync")
         finally:
@@ -296,6 +387,10 @@ class PendingCheckpoint:
         if self._state == "committed" and self.info is not None:
             return self.info
         self._check_open("commit")
+        with self._disk_full_named():
+            return self._commit(metrics, extra)
+
+    def _commit(self, metrics: dict | None, extra: dict | None) -> CheckpointInfo:
         with self._lock:
             if self._open:
                 raise CheckpointError(f"cannot commit step {self.step}: {', '.join(sorted(self._open))} still open")
@@ -347,6 +442,9 @@ class PendingCheckpoint:
         elif self._state == "open":
             self.commit()
 
+    def _disk_full_named(self) -> disk_full_named:
+        return disk_full_named(self._store.root, self.step)
+
     def _check_open(self, action: str) -> None:
         if self._state != "open":
             raise CheckpointError(f"cannot {action} checkpoint step {self.step}: it was already {self._state}")
@@ -376,8 +474,9 @@ class CheckpointStore:
         if token is not None and not _TOKEN_RE.fullmatch(token):
             raise CheckpointError(f"checkpoint token must match {_TOKEN_RE.pattern}, got {token!r}")
         path = self.root / f".tmp-{name}-{token or new_token()}"
-        self.root.mkdir(parents=True, exist_ok=True)
-        path.mkdir(exist_ok=token is not None)
+        with disk_full_named(self.root, step):
+            self.root.mkdir(parents=True, exist_ok=True)
+            path.mkdir(exist_ok=token is not None)
         return PendingCheckpoint(self, step, path, {"run_id": run_id, "attempt_id": attempt_id, "parent": parent})
 
     def list(self, verify_files: bool = False) -> list[CheckpointInfo]:
@@ -396,12 +495,17 @@ class CheckpointStore:
         )
 
     def latest_committed(self, verify_files: bool = True) -> CheckpointInfo | None:
-        """The resume target: the highest step that is committed (or superseded) and verifies.
+        """The resume target: the highest step that is committed (or superseded) and verifies (see pick_latest)."""
+        return self.pick_latest(verify_files)[0]
 
-        Anything committed-looking above it that fails verification (bad marker; missing, truncated or
-        altered file) is set aside as `step-N.corrupt-<UTC time>`, never deleted. A file unreadable for
-        another reason (EIO, permissions) raises instead: that is no proof of corruption.
+    def pick_latest(self, verify_files: bool = True) -> tuple[CheckpointInfo | None, list[SetAside]]:
+        """(the resume target, what was set aside on the way to it, newest first).
+
+        Anything committed-looking above the target that fails verification (bad marker; missing,
+        truncated or altered file) is set aside as `step-N.corrupt-<UTC time>`, never deleted. A file
+        unreadable for another reason (EIO, permissions) raises instead: that is no proof of corruption.
         """
+        skipped: list[SetAside] = []
         for listed in reversed(self.list()):
             inode = _inode(listed.path)  # taken before judging, so that what is set aside is what was judged
             info = self._inspect(listed.path)
@@ -411,9 +515,43 @@ class CheckpointStore:
             if unreadable:
                 raise CheckpointError(f"cannot verify {info.path}: {'; '.join(unreadable)}")
             if not problems:
-                return info
-            self._set_aside(info.path, inode)
-        return None
+                return info, skipped
+            skipped.append(self._set_aside(info.path, inode, _one_line(problems)))
+        return None, skipped
+
+    def set_aside(self, info: CheckpointInfo, reason: str, kind: str = "refused") -> SetAside:
+        """Move a checkpoint that must never be read again out of the resume path, as `step-N.<kind>-<UTC time>`.
+
+        For what verification cannot see: content that the loader refused. Nothing is deleted. If
+        `info.path` meanwhile holds another checkpoint (a new commit of the step), it is left alone.
+        """
+        if kind not in ("corrupt", "refused"):
+            raise CheckpointError(f"set_aside kind must be 'corrupt' or 'refused', got {kind!r}")
+        inode = _inode(info.path)
+        current = self._inspect(info.path)
+        if current is None or current.manifest != info.manifest:
+            return SetAside(info.name, _one_line([reason]), None, kind=kind)
+        return self._set_aside(info.path, inode, _one_line([reason]), kind)
+
+    def set_aside_list(self) -> list[CheckpointInfo]:
+        """Every set-aside directory, by step then name, with what a look without hashing shows is wrong.
+
+        That is the marker or a file's size when those are wrong; otherwise only "set aside as
+        corrupt" (or refused): the full reason is in what set it aside recorded.
+        """
+        infos = []
+        for path in self._entries():
+            parsed = parse_set_aside(path.name)
+            if parsed is None or not path.is_dir():
+                continue
+            kind = _SET_ASIDE_RE.fullmatch(path.name).group(3)
+            seen = self._inspect(path, parsed[1])
+            if seen is None:
+                continue  # removed by hand since the listing
+            problems = seen.problems if seen.problems else self._size_problems(path, seen)
+            infos.append(replace(seen, state=CheckpointState.SET_ASIDE, committed_at=None,
+                                 problems=(_one_line(problems) if problems else f"set aside as {kind}",)))
+        return sorted(infos, key=lambda i: (i.step, i.name))
 
     def verify(self, info: CheckpointInfo) -> list[str]:
         """What is wrong with a checkpoint as it is on disk now (marker, manifest, every file); [] when good."""
@@ -519,6 +657,22 @@ class CheckpointStore:
         size = sum(f["size"] for f in manifest["files"].values() if isinstance(f, dict) and type(f.get("size")) is int)
         return CheckpointInfo(step, path, state, manifest, _parse_time(marker.get("committed_at")), size)
 
+    @staticmethod
+    def _size_problems(path: Path, info: CheckpointInfo) -> list[str]:
+        """Files the manifest lists that are missing or of another size (stat only, nothing read)."""
+        problems = []
+        files = (info.manifest or {}).get("files")
+        for rel, entry in sorted(files.items()) if isinstance(files, dict) else ():
+            try:
+                actual = os.stat(path / _clean_relpath(rel)).st_size
+            except (CheckpointError, OSError):
+                problems.append(f"{rel}: missing")
+                continue
+            expected = entry.get("size") if isinstance(entry, dict) else "?"
+            if actual != expected:
+                problems.append(f"{rel}: {actual} bytes, manifest says {expected}")
+        return problems
+
     def _check_files(self, path: Path, step: int) -> tuple[list[str], list[str]]:
         """(evidence of corruption, files that could not be read for other reasons)."""
         info = self._inspect(path, step)
@@ -575,10 +729,14 @@ class CheckpointStore:
                         return existing
                 else:
                     raise CheckpointError(f"could not rename {pending.path} to {final}: something keeps taking it")
-                _crash_point("after_rename")
-                _fsync(self.root, directory=True)
-                _publish(dir_fd, MARKER, {"manifest_sha256": hashlib.sha256(manifest_bytes).hexdigest(),
-                                          "committed_at": datetime.now(timezone.utc).isoformat()})
+                try:
+                    _crash_point("after_rename")
+                    _fsync(self.root, directory=True)
+                    _publish(dir_fd, MARKER, {"manifest_sha256": hashlib.sha256(manifest_bytes).hexdigest(),
+                                              "committed_at": datetime.now(timezone.utc).isoformat()})
+                except BaseException:
+                    self._unrename(dir_fd, final, pending.path)
+                    raise
                 mine = os.fstat(dir_fd)
                 if _inode(final) != (mine.st_dev, mine.st_ino):
                     raise CheckpointError(f"{final} was moved by another writer before its marker: no working flock?")
@@ -596,6 +754,7 @@ class CheckpointStore:
         existing = self._inspect(final)
         if existing is None:
             return None
+        problems: list[str] = []
         if existing.state.readable:
             problems, unreadable = self._check_files(final, existing.step)
             if unreadable:
@@ -603,7 +762,7 @@ class CheckpointStore:
             if not problems:
                 return existing
         if existing.state.readable or existing.state is CheckpointState.CORRUPT:
-            self._set_aside(final, inode, locked=True)
+            self._set_aside(final, inode, _one_line(problems or existing.problems), locked=True)
         else:
             self._move_aside(final)
         return None
@@ -615,13 +774,27 @@ class CheckpointStore:
             _fsync(self.root, directory=True)
         return target
 
-    def _set_aside(self, path: Path, inode: tuple[int, int] | None, locked: bool = False) -> None:
+    def _set_aside(
+        self, path: Path, inode: tuple[int, int] | None, reason: str, kind: str = "corrupt", locked: bool = False
+    ) -> SetAside:
+        """Rename `path` (if it is still what was judged) to `<name>.<kind>-<UTC time>`; say what was done and why."""
+        now = datetime.now(timezone.utc)
         with nullcontext() if locked else self._locked():
             if inode is None or _inode(path) != inode:
-                return  # already moved, or replaced by a new commit since it was judged
+                return SetAside(path.name, reason, None, kind=kind)  # already moved, or replaced since judged
             _crash_point("before_set_aside")
-            os.rename(path, path.with_name(f"{path.name}.corrupt-{datetime.now(timezone.utc).strftime(_STAMP_FORMAT)}"))
+            target = path.with_name(f"{path.name}.{kind}-{now.strftime(_STAMP_FORMAT)}")
+            os.rename(path, target)
             _fsync(self.root, directory=True)
+        return SetAside(path.name, reason, target.name, str(target), kind)
+
+    def _unrename(self, dir_fd: int, final: Path, pending: Path) -> None:
+        """Move a step directory whose marker could not be written back to its temp name, for abort() to remove."""
+        mine = os.fstat(dir_fd)
+        with suppress(OSError):
+            if os.path.lexists(final / MARKER) or _inode(final) != (mine.st_dev, mine.st_ino):
+                return  # it committed after all, or it is not ours any more
+            os.rename(final, pending)
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
@@ -633,6 +806,13 @@ class CheckpointStore:
             yield
         finally:
             os.close(fd)
+
+
+def _one_line(problems: list[str] | tuple[str, ...], most: int = 3) -> str:
+    """Evidence as one line: the first few problems, then how many more."""
+    lines = [" ".join(str(p).split()) for p in problems] or ["failed verification"]
+    more = f"; and {len(lines) - most} more" if len(lines) > most else ""
+    return "; ".join(lines[:most]) + more
 
 
 def _parse_time(value: Any) -> datetime | None:

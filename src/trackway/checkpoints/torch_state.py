@@ -24,6 +24,7 @@ import torch
 from trackway.checkpoints.protocol import (
     CheckpointError,
     CheckpointInfo,
+    CheckpointRefused,
     CheckpointStore,
     PendingCheckpoint,
     parse_step,
@@ -99,8 +100,11 @@ class Snapshot:
             except Exception:
                 # torch's C++ writer reports a failed write as "unexpected pos N vs M"; the
                 # write's own error (disk full, I/O error) is the one that says what to fix.
-                if sink.error is not None:
-                    raise sink.error from None
+                error = sink.error
+                if error is not None and error.__cause__ is not None:
+                    raise error  # from the OSError it names (a full disk): that cause must survive
+                if error is not None:
+                    raise error from None
                 raise
 
 
@@ -260,14 +264,17 @@ def restore(
 
 
 def load_state(path: Path, map_location: Any = "cpu") -> dict:
-    """The raw state dict of one checkpoint file, refusing anything but tensors and plain values."""
+    """The raw state dict of one checkpoint file, refusing anything but tensors and plain values.
+
+    A refusal raises CheckpointRefused (nothing in the file ran): the caller sets the checkpoint aside.
+    """
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint file {path} does not exist")
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
-        raise CheckpointError(
+        raise CheckpointRefused(
             f"refused to load {path}: {_refusal_reason(exc)}; checkpoints are loaded with "
             "weights_only=True and never run code, so this file was not written by trackway or was tampered with"
         ) from None

@@ -35,6 +35,7 @@ from typing import Any
 from trackway.errors import InputError
 from trackway.evals.passk import metric_k
 from trackway.evals.versions import content_version
+from trackway.validation import MAX_GPUS, TEN_YEARS_HOURS
 
 TRIGGERS = ("every_commit", "every_n_commits", "on_demand")
 KNOWN_KEYS = frozenset(
@@ -126,6 +127,11 @@ def load_spec(path: str | Path) -> EvalSpec:
         doc = tomllib.loads(path.read_text())
     except FileNotFoundError:
         raise InputError(f"--spec {path}: no such file") from None
+    except IsADirectoryError:
+        raise InputError(f"--spec {path}: expected an eval spec file (TOML), found a directory") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = getattr(exc, "strerror", None) or exc
+        raise InputError(f"--spec {path}: cannot be read as a TOML file ({reason})") from None
     except tomllib.TOMLDecodeError as exc:
         raise InputError(f"--spec {path}: not valid TOML: {exc}") from None
     return spec_from_mapping(doc, path)
@@ -207,11 +213,15 @@ def spec_from_mapping(doc: Mapping[str, Any], path: Path, placeholders: bool = T
     trigger, every_n = _trigger(doc, bad)
     escalation = _escalation(doc.get("escalation"), seeds, metrics, bad)
     time_limit = doc.get("time_limit_hours")
-    if time_limit is not None and (not isinstance(time_limit, int | float) or isinstance(time_limit, bool) or time_limit <= 0):
-        raise bad("time_limit_hours", "a positive number of hours")
+    # TOML spells inf and nan; a timer takes neither.
+    if time_limit is not None and (
+        not isinstance(time_limit, int | float) or isinstance(time_limit, bool)
+        or not 0 < time_limit <= TEN_YEARS_HOURS
+    ):
+        raise bad("time_limit_hours", f"a number of hours above 0 and at most {TEN_YEARS_HOURS} (10 years)")
     gpus = doc.get("gpus", 0)
-    if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 0:
-        raise bad("gpus", "a whole number ≥ 0")
+    if not isinstance(gpus, int) or isinstance(gpus, bool) or not 0 <= gpus <= MAX_GPUS:
+        raise bad("gpus", f"a whole number from 0 to {MAX_GPUS}")
     return EvalSpec(
         name=name, path=path, command=command, workdir=workdir, code=code_paths, image=image, task_set=task_set,
         seeds=seeds, metrics=metrics, trigger=trigger, every_n_commits=every_n, decoding=dict(decoding),

@@ -36,6 +36,9 @@ class LaunchRequest:
     gpus: int = 0
     time_limit_s: float | None = None
     grace_s: float = 30.0
+    # True: `env` is the whole environment (the run's submitted one plus TRACKWAY_*); False: `env`
+    # is added to the executor's own, for runs recorded before environments were stored.
+    env_is_complete: bool = False
 
 
 @dataclass(frozen=True)

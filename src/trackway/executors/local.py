@@ -91,6 +91,7 @@ class LocalExecutor(Executor):
                 "command": list(request.command),
                 "cwd": str(request.cwd),
                 "env": env,
+                "env_is_complete": request.env_is_complete,
                 "log_path": str(request.log_path),
                 "time_limit_s": request.time_limit_s,
                 "grace_s": request.grace_s,
@@ -239,7 +240,8 @@ class LocalExecutor(Executor):
     def _start_shim(self, state_dir: Path) -> dict:
         """Start the shim detached and wait until it reports the command started (or failed to)."""
         err_path = state_dir / "shim.err"
-        with open(err_path, "wb") as err:
+        # 0600 like the log: a command that cannot start can print its environment.
+        with os.fdopen(os.open(err_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as err:
             launcher = subprocess.Popen(
                 [sys.executable, "-m", "trackway.executors.local_shim", str(state_dir)],
                 stdin=subprocess.DEVNULL,

@@ -54,9 +54,12 @@ def format_seconds(seconds: float) -> str:
 
 
 def write_json_atomic(path: Path, data: dict) -> None:
-    """Readers see the old file, no file, or the whole new one; never a torn write."""
+    """Readers see the old file, no file, or the whole new one; never a torn write.
+
+    Owner-only (0600) from creation: launch.json holds the attempt's environment and ledger URL.
+    """
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as f:
         json.dump(data, f, indent=1)
         f.flush()
         os.fsync(f.fileno())
@@ -235,7 +238,8 @@ class _Log:
 
     def __init__(self, path: Path):
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.file = open(path, "ab")
+        # 0600: what a script prints can include its tokens, and the log outlives the attempt.
+        self.file = os.fdopen(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab")
         self.lock = threading.Lock()
         self.muted = False
 
@@ -288,7 +292,9 @@ class Shim:
             self.evidence.extend(self.leases.hand_over(self.gpu_ids, self.state_dir, owner))
 
         log = _Log(Path(self.launch["log_path"]))
-        env = dict(os.environ)
+        # A complete environment is the run's own, as submitted: the shim's (whichever process
+        # launched this attempt) must not leak in, or a retry would train with other settings.
+        env = {} if self.launch.get("env_is_complete") else dict(os.environ)
         env.update(self.launch.get("env", {}))
         try:
             child = subprocess.Popen(

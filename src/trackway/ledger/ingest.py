@@ -3,11 +3,23 @@
 Idempotent: each spool file's byte offset is stored with the rows read from it, in one
 transaction, and points are upserted on (series, step), so ingesting twice, or again after a
 crash between reading and committing, stores every point once.
+
+Safe under concurrency: two processes may ingest the same attempt at once (two supervisors, a
+foreground submit beside a supervisor). The write transaction first locks the attempt's row
+(PostgreSQL; SQLite's single writer already serializes), so the second reads the offsets the
+first committed; and an offset is saved by an upsert that never moves it backwards.
+
+A line that cannot be read (see `trackway.spool`) is quarantined: skipped, copied beside the
+spool, and recorded as a `spool_line_quarantined` event in the same transaction that moves the
+offset past it, keyed by (file, offset) so that it is recorded once however often it is read.
+Also read: the fallback directories a writer that could not write its spool used.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import zlib
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -18,13 +30,17 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from trackway.ledger.schema import attempt_events, attempts, checkpoints, metric_series, spool_cursors
 from trackway.ledger.store import Ledger
+from trackway.redaction import redact, redact_structure
 from trackway.spool import (
     EVENTS_FILE,
+    FALLBACK_PREFIX,
     HEARTBEAT_FILE,
     METRICS_PREFIX,
     NOTE_FILE,
     decode_metric_line,
-    read_complete_lines,
+    fallback_dirs,
+    quarantine_line,
+    read_complete_lines_at,
     read_json,
 )
 
@@ -34,6 +50,8 @@ _UPSERT_POINTS = (
     "attempt_number = excluded.attempt_number, logged_at = excluded.logged_at "
     "WHERE excluded.attempt_number >= metric_points.attempt_number"
 )
+_INT32 = 2**31
+PREVIEW_CHARS = 200
 
 
 @dataclass
@@ -42,6 +60,21 @@ class IngestReport:
     events: int = 0
     note: dict[str, Any] | None = None
     checkpoints: list[str] = field(default_factory=list)
+    quarantined: int = 0
+
+
+@dataclass(frozen=True)
+class _Source:
+    """One file the ingester reads: its cursor name in `spool_cursors`, its path, and what it holds."""
+
+    cursor: str
+    path: Path
+    metrics: bool
+
+    @property
+    def shown(self) -> str:
+        """How events name it: the spool file's name, or a fallback file's full path."""
+        return self.path.name if not self.cursor.startswith(FALLBACK_PREFIX) else str(self.path)
 
 
 def spool_dir_of(attempt: RowMapping) -> Path:
@@ -53,28 +86,50 @@ def _insert(conn: Connection):
 
 
 def ingest_attempt(ledger: Ledger, attempt: RowMapping) -> IngestReport:
-    """Bring everything new in `attempt`'s spool into the ledger."""
+    """Bring everything new in `attempt`'s spool (and its fallback files) into the ledger."""
     spool = spool_dir_of(attempt)
     report = IngestReport(note=read_json(spool / NOTE_FILE))
-    if not spool.is_dir():
-        return report
+    sources = _sources(spool)
     beat = read_json(spool / HEARTBEAT_FILE)
     with ledger.read() as conn:
-        if not _has_news(spool, _offsets(conn, attempt["attempt_id"]), attempt, beat):
+        if not _has_news(sources, _offsets(conn, attempt["attempt_id"]), attempt, beat):
             return report  # the common case on a busy supervisor: no write transaction at all
     with ledger.write() as conn:
+        _lock_attempt(conn, attempt["attempt_id"])
         offsets = _offsets(conn, attempt["attempt_id"])
-        for path in sorted(spool.glob(f"{METRICS_PREFIX}*.jsonl")):
-            lines, end = read_complete_lines(path, offsets.get(path.name, 0))
-            if lines:
-                report.points += _ingest_metric_lines(conn, attempt, lines)
-                _save_offset(conn, attempt["attempt_id"], path.name, end, path.name in offsets)
-        lines, end = read_complete_lines(spool / EVENTS_FILE, offsets.get(EVENTS_FILE, 0))
-        if lines:
-            report.events, report.checkpoints = _ingest_events(conn, attempt, lines)
-            _save_offset(conn, attempt["attempt_id"], EVENTS_FILE, end, EVENTS_FILE in offsets)
+        for source in sources:
+            located, end = read_complete_lines_at(source.path, offsets.get(source.cursor, 0))
+            if not located:
+                continue
+            decoded = _decode_lines(conn, attempt, source, located, report)
+            if source.metrics:
+                report.points += _ingest_metric_lines(conn, attempt, decoded)
+            else:
+                events, committed = _ingest_events(conn, attempt, decoded)
+                report.events += events
+                report.checkpoints += committed
+            _save_offset(conn, attempt["attempt_id"], source.cursor, end)
         _ingest_heartbeat(conn, attempt, beat)
     return report
+
+
+def _sources(spool: Path) -> list[_Source]:
+    """The spool's metrics and events files, then those of any fallback directory that exists."""
+    sources = [_Source(p.name, p, True) for p in sorted(spool.glob(f"{METRICS_PREFIX}*.jsonl"))]
+    sources.append(_Source(EVENTS_FILE, spool / EVENTS_FILE, False))
+    for directory in fallback_dirs(spool):
+        if not directory.is_dir():
+            continue
+        # Named by a digest of the directory: stable, and short enough for spool_cursors.file.
+        prefix = f"{FALLBACK_PREFIX}{zlib.crc32(str(directory).encode()):08x}/"
+        sources += [_Source(prefix + p.name, p, True) for p in sorted(directory.glob(f"{METRICS_PREFIX}*.jsonl"))]
+        sources.append(_Source(prefix + EVENTS_FILE, directory / EVENTS_FILE, False))
+    return sources
+
+
+def _lock_attempt(conn: Connection, attempt_id: str) -> None:
+    """Make a concurrent ingest of this attempt wait for this one to commit (PostgreSQL row lock)."""
+    conn.execute(select(attempts.c.attempt_id).where(attempts.c.attempt_id == attempt_id).with_for_update())
 
 
 def _offsets(conn: Connection, attempt_id: str) -> dict[str, int]:
@@ -82,28 +137,110 @@ def _offsets(conn: Connection, attempt_id: str) -> dict[str, int]:
     return {row.file: row.byte_offset for row in conn.execute(query)}
 
 
-def _has_news(spool: Path, offsets: dict[str, int], attempt: RowMapping, beat: dict[str, Any] | None) -> bool:
-    for path in [*spool.glob(f"{METRICS_PREFIX}*.jsonl"), spool / EVENTS_FILE]:
+def _has_news(sources: list[_Source], offsets: dict[str, int], attempt: RowMapping, beat: dict | None) -> bool:
+    for source in sources:
         try:
-            if path.stat().st_size > offsets.get(path.name, 0):
+            if source.path.stat().st_size > offsets.get(source.cursor, 0):
                 return True
         except FileNotFoundError:
             continue
-    if beat and "t" in beat:
+    at = _beat_time(beat)
+    if at is not None:
         last = attempt["last_heartbeat_at"]
-        return last is None or datetime.fromtimestamp(float(beat["t"]), timezone.utc) > last
+        return last is None or at > last
     return False
 
 
-def _save_offset(conn: Connection, attempt_id: str, name: str, offset: int, known: bool) -> None:
-    if known:
-        conn.execute(
-            update(spool_cursors)
-            .where(spool_cursors.c.attempt_id == attempt_id, spool_cursors.c.file == name)
-            .values(byte_offset=offset)
+def _save_offset(conn: Connection, attempt_id: str, name: str, offset: int) -> None:
+    """Store how far `name` was read; a concurrent ingester that got further is never moved back."""
+    statement = _insert(conn)(spool_cursors).values(attempt_id=attempt_id, file=name, byte_offset=offset)
+    furthest = func.greatest if conn.dialect.name == "postgresql" else func.max
+    conn.execute(
+        statement.on_conflict_do_update(
+            index_elements=["attempt_id", "file"],
+            set_={"byte_offset": furthest(spool_cursors.c.byte_offset, statement.excluded.byte_offset)},
         )
+    )
+
+
+# -- reading lines, quarantining the unreadable -------------------------------------------------------
+
+
+def _decode_lines(conn: Connection, attempt: RowMapping, source: _Source, located: list[tuple[int, bytes]],
+                  report: IngestReport) -> list:
+    """What each line says; a line that cannot be read is quarantined instead, and the rest go on."""
+    decode = decode_metric_line if source.metrics else _decode_event
+    decoded = []
+    for offset, line in located:
+        if not line.strip():
+            continue  # an empty line says nothing and loses nothing
+        try:
+            decoded.append(decode(line))
+        except Exception as exc:  # noqa: BLE001 - whatever a line holds, it must not stop the others
+            _quarantine(conn, attempt, source, offset, line, _error_text(exc))
+            report.quarantined += 1
+    return decoded
+
+
+def _error_text(exc: Exception) -> str:
+    """One line saying what was wrong with a line."""
+    if isinstance(exc, json.JSONDecodeError):
+        text = f"not JSON: {exc.msg} at character {exc.pos}"
+    elif isinstance(exc, UnicodeDecodeError):
+        text = f"not UTF-8 text: byte {exc.start} is {exc.object[exc.start:exc.start + 1]!r}"
+    elif isinstance(exc, ValueError) and str(exc):
+        text = str(exc)
     else:
-        conn.execute(spool_cursors.insert().values(attempt_id=attempt_id, file=name, byte_offset=offset))
+        text = f"{type(exc).__name__}: {exc}"
+    return " ".join(text.split())[:300]
+
+
+def _quarantine(conn: Connection, attempt: RowMapping, source: _Source, offset: int, line: bytes, error: str) -> None:
+    """Copy the line beside the spool and record the event that says so, once per (file, offset)."""
+    spool = spool_dir_of(attempt)
+    try:
+        copied: str | None = str(quarantine_line(spool, source.shown, offset, line, error))
+        copy_error = None
+    except OSError as exc:  # the line is still in its spool file; the event says where
+        copied, copy_error = None, f"{exc.strerror or exc}"
+    preview = redact(line[: 4 * 1024].decode("utf-8", "replace"))[:PREVIEW_CHARS]
+    now = datetime.now(timezone.utc)
+    payload = {
+        "kind": "spool_line_quarantined", "t": now.timestamp(), "file": source.shown, "offset": offset,
+        "error": error, "preview": preview, "quarantine_file": copied,
+    }
+    if copy_error:
+        payload["copy_error"] = copy_error
+    rank, seq = ingester_event_key(source.cursor, offset)
+    statement = _insert(conn)(attempt_events).values(
+        attempt_id=attempt["attempt_id"], rank=rank, seq=seq, kind="spool_line_quarantined", at=now,
+        payload=json.dumps(payload),
+    )
+    conn.execute(statement.on_conflict_do_nothing(index_elements=["attempt_id", "rank", "seq"]))
+
+
+def ingester_event_key(cursor: str, offset: int) -> tuple[int, int]:
+    """(rank, seq) of the event about the line at `offset` of `cursor`: one per line, never anyone else's.
+
+    SDK events have rank >= 0 and the supervisor's rank -1 (`SUPERVISOR_RANK`); the ingester's
+    ranks are below -1. Both columns are 32-bit, so the file and the offset's high bits go into
+    the rank and its low 31 bits into seq.
+    """
+    high, low = divmod(offset, _INT32)
+    return -2 - ((_file_code(cursor) << 16) | min(high, 0xFFFF)), low
+
+
+def _file_code(cursor: str) -> int:
+    """A number under 2^14 for each spool file name: the usual names get their own, others a checksum."""
+    if cursor == EVENTS_FILE:
+        return 0
+    rank = cursor.removeprefix(f"{METRICS_PREFIX}r").removesuffix(".jsonl")
+    if cursor.startswith(f"{METRICS_PREFIX}r") and rank.isdigit() and int(rank) < 4000:
+        return 1 + int(rank)
+    return 4096 + zlib.crc32(cursor.encode()) % 12288
+
+
+# -- metrics ---------------------------------------------------------------------------------------------
 
 
 def _series_ids(conn: Connection, run_id: str, keys: set[str]) -> dict[str, int]:
@@ -121,8 +258,9 @@ def _series_ids(conn: Connection, run_id: str, keys: set[str]) -> dict[str, int]
     return _series_ids(conn, run_id, set())
 
 
-def _ingest_metric_lines(conn: Connection, attempt: RowMapping, lines: list[bytes]) -> int:
-    batches = [decode_metric_line(line) for line in lines]
+def _ingest_metric_lines(conn: Connection, attempt: RowMapping, batches: list) -> int:
+    if not batches:
+        return 0
     ids = _series_ids(conn, attempt["run_id"], {key for keys, *_ in batches for key in keys})
     number = attempt["attempt_number"]
     rows: list[tuple] = []
@@ -153,23 +291,84 @@ def _ingest_metric_lines(conn: Connection, attempt: RowMapping, lines: list[byte
     return len(rows)
 
 
-def _ingest_events(conn: Connection, attempt: RowMapping, lines: list[bytes]) -> tuple[int, list[str]]:
-    records = []
-    for line in lines:
-        try:
-            records.append(json.loads(line))
-        except ValueError:
-            continue  # a line that is not JSON was not written by the SDK; keep going
+# -- events ----------------------------------------------------------------------------------------------
+
+
+def _decode_event(line: bytes) -> dict[str, Any]:
+    """One event line as the SDK writes it; ValueError (naming the field) for anything else."""
+    record = json.loads(line)
+    if not isinstance(record, dict):
+        raise ValueError(f"expected a JSON object, got {type(record).__name__}")
+    _require_int(record, "seq", 0, _INT32)
+    _require_int(record, "rank", 0, _INT32, optional=True)
+    if not isinstance(record.get("kind"), str) or not record["kind"]:
+        raise ValueError("field 'kind': expected a non-empty string")
+    t = record.get("t")
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
+        raise ValueError("field 't': expected a unix time")
+    datetime.fromtimestamp(float(t), timezone.utc)  # a time out of range raises here, not in the INSERT
+    _check_kind_fields(record)
+    return record
+
+
+def _check_kind_fields(record: dict[str, Any]) -> None:
+    """The fields that ingesting an event of this kind reads, checked before anything is written."""
+    kind = record["kind"]
+    if kind == "checkpoint_committed":
+        # Checked against the columns they land in: PostgreSQL refuses an over-long string.
+        _require_str(record, "name", 64)
+        _require_str(record, "path", None)
+        _require_str(record, "state", 16, optional=True)
+        _require_str(record, "parent", 64, optional=True)
+        _require_int(record, "step", -(2**63), 2**63)
+        _require_int(record, "size_bytes", 0, 2**63, optional=True)
+        if record.get("metrics") is not None and not isinstance(record["metrics"], dict):
+            raise ValueError("field 'metrics': expected an object or null")
+        if record.get("committed_at") is not None:
+            _require_str(record, "committed_at", 64)
+            datetime.fromisoformat(record["committed_at"])
+    elif kind == "started" and record.get("resume_from") is not None and not isinstance(record["resume_from"], str):
+        raise ValueError("field 'resume_from': expected a string or null")
+    elif kind == "checkpoint_restored":
+        if record.get("name") is not None and not isinstance(record["name"], str):
+            raise ValueError("field 'name': expected a string or null")
+        if record.get("step") is not None:
+            _require_int(record, "step", -(2**63), 2**63)
+        skipped = record.get("fallback_from") or []
+        if not isinstance(skipped, list) or not all(
+            isinstance(item, dict) and isinstance(item.get("name"), str) for item in skipped
+        ):
+            raise ValueError("field 'fallback_from': expected a list of objects with a 'name'")
+
+
+def _require_str(record: dict[str, Any], name: str, longest: int | None, optional: bool = False) -> None:
+    value = record.get(name)
+    if value is None and optional:
+        return
+    if not isinstance(value, str) or (longest is not None and len(value) > longest):
+        raise ValueError(f"field {name!r}: expected a string" + (f" of at most {longest} characters" if longest else ""))
+
+
+def _require_int(record: dict[str, Any], name: str, low: int, high: int, optional: bool = False) -> None:
+    value = record.get(name)
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value < high:
+        raise ValueError(f"field {name!r}: expected an integer in [{low}, {high})")
+
+
+def _ingest_events(conn: Connection, attempt: RowMapping, records: list[dict[str, Any]]) -> tuple[int, list[str]]:
     if not records:
         return 0, []
     rows = [
         {
             "attempt_id": attempt["attempt_id"],
-            "rank": int(r.get("rank", 0)),
-            "seq": int(r["seq"]),
-            "kind": str(r["kind"])[:64],
+            "rank": int(r.get("rank") or 0),
+            "seq": r["seq"],
+            "kind": r["kind"][:64],
             "at": datetime.fromtimestamp(float(r["t"]), timezone.utc),
-            "payload": json.dumps(r),
+            # A script can put a token in a note or an event; the ledger is read by everyone.
+            "payload": json.dumps(redact_structure(r)),
         }
         for r in records
     ]
@@ -177,15 +376,21 @@ def _ingest_events(conn: Connection, attempt: RowMapping, lines: list[bytes]) ->
     conn.execute(statement, rows)
     committed = []
     for record in records:
-        if record["kind"] == "checkpoint_committed":
+        kind = record["kind"]
+        if kind == "checkpoint_committed":
             mirror_checkpoint(conn, attempt["run_id"], attempt["attempt_id"], record)
             committed.append(record["name"])
-        elif record["kind"] == "started" and record.get("resume_from") and not attempt["resumed_from_checkpoint"]:
+        elif kind == "started" and record.get("resume_from") and not attempt["resumed_from_checkpoint"]:
+            # Only when nothing set it: a later checkpoint_restored says what was really restored.
             conn.execute(
                 update(attempts)
                 .where(attempts.c.attempt_id == attempt["attempt_id"], attempts.c.resumed_from_checkpoint.is_(None))
                 .values(resumed_from_checkpoint=record["resume_from"])
             )
+        elif kind == "checkpoint_restored":
+            from trackway.checkpoints.mirror import mirror_restored  # mirror.py imports this module
+
+            mirror_restored(conn, attempt["run_id"], attempt["attempt_id"], record)
     if committed:
         count = conn.execute(
             select(func.count()).where(
@@ -214,10 +419,21 @@ def mirror_checkpoint(conn: Connection, run_id: str, attempt_id: str | None, rec
     conn.execute(statement.on_conflict_do_update(index_elements=["run_id", "step"], set_=values))
 
 
+def _beat_time(beat: dict[str, Any] | None) -> datetime | None:
+    """When the heartbeat file says it was written; None for a missing or unreadable one."""
+    t = (beat or {}).get("t")
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
+        return None
+    try:
+        return datetime.fromtimestamp(float(t), timezone.utc)
+    except (OverflowError, OSError, ValueError):
+        return None
+
+
 def _ingest_heartbeat(conn: Connection, attempt: RowMapping, beat: dict[str, Any] | None) -> None:
-    if not beat or "t" not in beat:
+    at = _beat_time(beat)
+    if at is None:
         return
-    at = datetime.fromtimestamp(float(beat["t"]), timezone.utc)
     conn.execute(
         update(attempts)
         .where(

@@ -10,6 +10,12 @@ Three layers keep the ledger unchanged, each enough on its own for ordinary mist
    plus an authorizer that allows only reads on SQLite. Every transaction is rolled back.
 3. On SQLite, what runs is sqlglot's regeneration of the parsed tree, never the raw text.
 
+Reading is not always harmless either: the server's configuration and credential catalogs
+(pg_settings, pg_hba_file_rules, pg_authid, pg_read_file, …) are refused by name, since
+anyone allowed to query the ledger is not thereby allowed to read the server's password files
+or connection strings. Every query runs under a time limit (`statement_timeout` on PostgreSQL,
+a progress handler on SQLite) so that one careless join cannot hold the ledger's connections.
+
 On SQLite the query is transpiled from PostgreSQL with sqlglot, after rewriting what sqlglot
 leaves invalid there: `ts ± interval '7 days'` (and `interval '1 day' + ts`) becomes
 `DATETIME(ts, '-7 days')`; casts to timestamptz become `DATETIME(ts)`; `date_trunc`,
@@ -20,8 +26,10 @@ connection. Timestamps are stored there as naive UTC text, so `now()` (UTC) comp
 from __future__ import annotations
 
 import logging
+import math
 import re
 import sqlite3
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -34,7 +42,7 @@ from sqlglot import exp
 from sqlglot.errors import ErrorLevel, SqlglotError
 
 from trackway.errors import InputError, LedgerUnavailable, ReadOnlyViolation
-from trackway.ledger.store import Ledger
+from trackway.ledger.store import Ledger, as_ledger_error
 
 __all__ = ["QueryResult", "run_readonly_query"]
 
@@ -48,18 +56,37 @@ class QueryResult:
     executed_sql: str  # what actually ran (transpiled on SQLite)
 
 
-def run_readonly_query(ledger: Ledger, query: str) -> QueryResult:
-    """Run one read-only query; refuse anything that could change the ledger.
+DEFAULT_TIMEOUT_S = 30.0
+MAX_TIMEOUT_S = 24 * 3600.0
 
-    Raises ReadOnlyViolation for writes and InputError for queries that do not parse or that
-    the database rejects, each with a one-line message.
+
+def run_readonly_query(ledger: Ledger, query: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> QueryResult:
+    """Run one read-only query; refuse anything that could change the ledger or read the server's secrets.
+
+    Raises ReadOnlyViolation for writes and for the server's configuration and credentials,
+    InputError for queries that do not parse, that the database rejects or that run longer than
+    `timeout_s`, each with a one-line message.
     """
+    timeout_s = check_timeout(timeout_s)
     statement = _classify(query)
     if ledger.dialect == "sqlite":
-        return _execute(ledger, _to_sqlite(statement))
+        return _execute(ledger, _to_sqlite(statement), timeout_s)
     if isinstance(statement.tree, exp.Pragma):
         raise InputError("trackway sql: PRAGMA works on a SQLite ledger only; on PostgreSQL query information_schema")
-    return _execute(ledger, re.sub(r"[\s;]+$", "", query))
+    return _execute(ledger, re.sub(r"[\s;]+$", "", query), timeout_s)
+
+
+def check_timeout(seconds: float) -> float:
+    """The query time limit, or InputError naming --timeout: finite, above 0, at most a day."""
+    try:
+        value = float(seconds)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not (math.isfinite(value) and 0 < value <= MAX_TIMEOUT_S):
+        raise InputError(
+            f"--timeout: expected a number of seconds above 0 and at most {MAX_TIMEOUT_S:.0f}, got {seconds!r}"
+        )
+    return value
 
 
 # --- classification ---------------------------------------------------------------------------
@@ -94,6 +121,29 @@ _UNSAFE_FUNCTION_PREFIXES = (
     "pg_advisory", "pg_try_advisory", "dblink", "pg_stat_reset", "pg_file_", "pg_ls_", "pg_create_",
     "pg_drop_replication", "pg_copy_", "pg_logical_", "pg_replication_origin",
 )  # fmt: skip
+
+# What the server knows about itself and its users: configuration (which holds connection strings
+# with passwords, e.g. primary_conninfo, and the paths of the password files), authentication
+# rules, password hashes, foreign-server credentials, and the files on the server's disk. None of
+# it is part of the ledger, and a read-only transaction does not stop reading it.
+_SERVER_SECRET_RELATIONS = frozenset(
+    """pg_file_settings pg_hba_file_rules pg_ident_file_mappings pg_settings pg_config pg_authid
+    pg_shadow pg_user_mappings pg_user_mapping user_mapping_options pg_subscription
+    pg_db_role_setting""".split()
+)
+_SERVER_SECRET_FUNCTIONS = frozenset(
+    """current_setting pg_show_all_settings pg_show_all_file_settings pg_config pg_hba_file_rules
+    pg_ident_file_mappings pg_read_file pg_read_binary_file pg_stat_file pg_ls_dir
+    pg_current_logfile pg_options_to_table""".split()
+)
+_SERVER_SECRET_FUNCTION_PREFIXES = ("pg_read_", "pg_ls_", "pg_file_")
+# Settings that `current_setting('…')` may read: what a query needs to make sense of its results
+# (time zone, formats, the transaction it runs in). None of these can hold a credential.
+_READABLE_SETTINGS = frozenset(
+    """transaction_read_only transaction_isolation default_transaction_read_only statement_timeout
+    server_version server_version_num timezone datestyle intervalstyle search_path client_encoding
+    server_encoding application_name""".split()
+)
 
 _PRAGMAS_WITH_ARGUMENT = frozenset(
     """table_info table_xinfo table_list index_info index_xinfo index_list foreign_key_list
@@ -140,9 +190,37 @@ def _classify(query: str) -> _Statement:
     for node in tree.walk():
         if isinstance(node, _STATEMENTS):
             raise _not_allowed(f"{_kind(node)} inside a query" if isinstance(node, exp.DML) else _kind(node))
+        if isinstance(node, exp.Func) and _reads_server_secrets(node):
+            raise _server_secret(f"{_function_name(node)}({', '.join(a.sql('postgres') for a in _arguments(node))})")
         if isinstance(node, exp.Func) and _is_unsafe_function(name := _function_name(node)):
             raise _not_allowed(f"{name}()")
+        if isinstance(node, exp.Table) and isinstance(node.this, exp.Identifier):
+            if node.this.name.lower() in _SERVER_SECRET_RELATIONS:
+                raise _server_secret(node.this.name.lower())
     return _Statement(tree, explain=bool(explain))
+
+
+def _arguments(node: exp.Func) -> list[exp.Expression]:
+    if isinstance(node, exp.Anonymous):
+        return list(node.expressions)
+    return [a for a in (node.this, *node.expressions) if isinstance(a, exp.Expression)]
+
+
+def _reads_server_secrets(node: exp.Func) -> bool:
+    name = _function_name(node)
+    if name == "current_setting":
+        setting = next(iter(_arguments(node)), None)
+        return not (
+            isinstance(setting, exp.Literal) and setting.is_string and setting.name.lower() in _READABLE_SETTINGS
+        )
+    return name in _SERVER_SECRET_FUNCTIONS or name.startswith(_SERVER_SECRET_FUNCTION_PREFIXES)
+
+
+def _server_secret(what: str) -> ReadOnlyViolation:
+    return ReadOnlyViolation(
+        f"trackway sql: {what} is not allowed: it shows the database server's configuration, files or "
+        "credentials, which are not part of the ledger (query the ledger's tables and views)"
+    )
 
 
 def _leading_keyword(sql: str) -> str:
@@ -403,11 +481,25 @@ _SQLITE_FUNCTIONS = (("date_trunc", 2, _date_trunc), ("date_part", 2, _date_part
 # --- execution --------------------------------------------------------------------------------
 
 
-def _execute(ledger: Ledger, sql: str) -> QueryResult:
+def _execute(ledger: Ledger, sql: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> QueryResult:
     """Run `sql` in a transaction the database itself keeps read-only, then roll it back."""
     if ledger.dialect == "sqlite":
-        return _execute_sqlite(ledger, sql)
-    return _execute_postgresql(ledger, sql)
+        return _execute_sqlite(ledger, sql, timeout_s)
+    return _execute_postgresql(ledger, sql, timeout_s)
+
+
+def _too_slow(timeout_s: float) -> InputError:
+    # Exit 2, like any query the database rejects: the ledger is fine, and the remedy is the
+    # user's (a narrower query, or a longer --timeout).
+    return InputError(
+        f"trackway sql: the query ran longer than --timeout {timeout_s:g}s and was stopped; "
+        "narrow it (a where clause, a limit) or give a longer --timeout"
+    )
+
+
+# How many SQLite virtual-machine steps between looks at the clock: often enough to stop within
+# milliseconds of the limit, rarely enough to cost nothing measurable.
+_SQLITE_PROGRESS_STEPS = 10_000
 
 
 _SQLITE_ACTIONS = {
@@ -439,14 +531,24 @@ def _authorize(refused: list[str], action: int, arg1: str | None, arg2: str | No
     return sqlite3.SQLITE_DENY
 
 
-def _execute_sqlite(ledger: Ledger, sql: str) -> QueryResult:
+def _execute_sqlite(ledger: Ledger, sql: str, timeout_s: float) -> QueryResult:
     refused: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    stopped: list[bool] = []
+
+    def past_deadline() -> int:
+        if time.monotonic() > deadline:
+            stopped.append(True)
+            return 1  # non-zero: SQLite interrupts the statement
+        return 0
+
     with ledger.read() as conn:  # BEGIN (deferred): the query sees one snapshot
         raw = conn.connection.dbapi_connection
         raw.execute("PRAGMA query_only=ON")
         for name, arity, function in _SQLITE_FUNCTIONS:
             raw.create_function(name, arity, function, deterministic=True)
         raw.set_authorizer(partial(_authorize, refused))
+        raw.set_progress_handler(past_deadline, _SQLITE_PROGRESS_STEPS)
         try:
             cursor = raw.cursor()
             try:
@@ -458,10 +560,16 @@ def _execute_sqlite(ledger: Ledger, sql: str) -> QueryResult:
         except sqlite3.Error as exc:
             if refused:
                 raise _not_allowed(refused[0]) from None
+            if stopped:
+                raise _too_slow(timeout_s) from None
             if getattr(exc, "sqlite_errorname", "") == "SQLITE_READONLY":
                 raise ReadOnlyViolation(f"trackway sql is read-only: {_first_line(exc)} ({ALLOWED})") from None
+            failure = as_ledger_error(exc, ledger.engine.url)
+            if failure is not None:  # a locked or damaged ledger is not the query's fault (exit 3, not 2)
+                raise failure from None
             raise InputError(f"trackway sql: {_first_line(exc)}") from None
         finally:
+            raw.set_progress_handler(None, 0)
             raw.set_authorizer(None)
             for name, arity, _function in _SQLITE_FUNCTIONS:
                 raw.create_function(name, arity, None)
@@ -470,7 +578,7 @@ def _execute_sqlite(ledger: Ledger, sql: str) -> QueryResult:
     return QueryResult(columns=columns, rows=[tuple(row) for row in rows], executed_sql=sql)
 
 
-def _execute_postgresql(ledger: Ledger, sql: str) -> QueryResult:
+def _execute_postgresql(ledger: Ledger, sql: str, timeout_s: float) -> QueryResult:
     import psycopg
 
     with ledger.read() as conn:
@@ -478,6 +586,9 @@ def _execute_postgresql(ledger: Ledger, sql: str) -> QueryResult:
         try:
             with raw.cursor() as cursor:
                 cursor.execute("SET TRANSACTION READ ONLY")  # the first statement of the transaction
+                # LOCAL: ends with the transaction, so the pooled connection goes back unchanged.
+                # At least 1 ms: 0 would mean no limit at all.
+                cursor.execute(f"SET LOCAL statement_timeout = {max(1, round(timeout_s * 1000))}")
                 try:
                     if psycopg.Pipeline.is_supported():
                         # Pipeline mode uses the extended protocol: one statement, whatever the text hides.
@@ -488,6 +599,10 @@ def _execute_postgresql(ledger: Ledger, sql: str) -> QueryResult:
                     rows = cursor.fetchall() if cursor.description else []
                     columns = [column.name for column in cursor.description or ()]
                 except psycopg.Error as exc:
+                    if exc.sqlstate == "57014":  # query_canceled: by statement_timeout, or by an administrator
+                        if _first_line(exc).startswith("canceling statement due to statement timeout"):
+                            raise _too_slow(timeout_s) from None
+                        raise InputError(f"trackway sql: the server cancelled the query: {_first_line(exc)}") from None
                     if exc.sqlstate == "25006":  # read_only_sql_transaction
                         raise ReadOnlyViolation(f"trackway sql is read-only: {_first_line(exc)} ({ALLOWED})") from None
                     if exc.sqlstate is None or exc.sqlstate.startswith("08"):

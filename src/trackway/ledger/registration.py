@@ -31,14 +31,17 @@ def pending_path(home: Path, run_id: str) -> Path:
 def write_pending(home: Path, run: dict[str, Any], attempt: dict[str, Any], blobs: dict[str, bytes | None]) -> Path:
     """Write a run's registration durably (tmp file, fsync, rename)."""
     path = pending_path(home, run["run_id"])
-    path.parent.mkdir(parents=True, exist_ok=True)
+    # The receipt holds the config, the command line and the git diff, any of which may carry a
+    # credential: only the owner may read it, from the first byte written.
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     payload = {
         "run": run,
         "attempt": attempt,
         "blobs": {kind: base64.b64encode(data).decode() if data is not None else None for kind, data in blobs.items()},
     }
     tmp = path.with_suffix(".tmp")
-    with open(tmp, "w") as f:
+    tmp.unlink(missing_ok=True)  # a leftover keeps its old mode through O_CREAT; O_EXCL makes a new file
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w", encoding="utf-8") as f:
         json.dump(payload, f, default=_iso)
         f.flush()
         os.fsync(f.fileno())

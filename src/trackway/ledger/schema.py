@@ -72,7 +72,7 @@ runs = Table(
     Column("project", String(200), nullable=False),
     Column("model_family", String(200)),
     Column("kind", String(16), nullable=False),
-    Column("state", String(16), nullable=False),
+    Column("state", String(16), nullable=False, index=True),  # every tick asks for queued runs
     Column("command", Text, nullable=False),  # JSON list of argv
     Column("workdir", Text, nullable=False),
     Column("resource", String(200), nullable=False),
@@ -92,6 +92,8 @@ runs = Table(
     Column("retry_policy", Text),  # the run's own --retry-policy (TOML), over trackway.toml's [retry]
     Column("not_before", UTCDateTime),  # a queued retry waits until then (backoff)
     Column("env", Text),  # JSON object: extra environment for every attempt (an evaluation's TRACKWAY_EVAL_*)
+    # The submitter's environment variables (receipts/submitted_env.py): every attempt gets them.
+    Column("environ_sha256", String(64), ForeignKey("blobs.sha256")),
 )
 
 attempts = Table(
@@ -131,6 +133,9 @@ attempts = Table(
     Column("termination_evidence", Text),  # JSON: {"rule": ..., "lines": [...], ...}
     Column("retry_decision", Text),  # JSON: {"action", "rule", "message", "delay_s"}
     Column("memory_fingerprint", String(64)),  # what an OOM retry must change (supervisor/policy.py)
+    Column("environ_sha256", String(64), ForeignKey("blobs.sha256")),  # the variables this attempt was given
+    # Who started it, in one line: "trackway submit (ana@gpu3)", "supervisor: preempted: resume (1 of 10)".
+    Column("started_by", Text),
     UniqueConstraint("run_id", "attempt_number", name="uq_attempts_run_number"),
 )
 

@@ -4,33 +4,78 @@ SQLite allows many readers and one writer. Every write transaction here starts w
 `BEGIN IMMEDIATE`, which takes the write lock up front (so two writers queue on the busy
 timeout instead of failing half-way with "database is locked"), and writes from threads of
 one process are serialized by a lock before they reach SQLite.
+
+Every database failure that is not about the input (a lock held past the busy timeout, a full
+disk, a server that cannot be reached, a damaged file) leaves `read()` and `write()` as one
+`LedgerError` (exit 3) naming the ledger, with any password redacted, and what happened;
+`ledger_error` is the one mapping, for both backends. Integrity, data and programming errors
+pass through: they are about what was sent, not about the ledger.
+
+A SQLite ledger file is created 0600 (its evidence and blobs may quote secrets) in directories
+created 0700.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import sqlite3
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from sqlalchemy import Connection, Engine, create_engine, event
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, OperationalError
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.pool import NullPool
 
-from trackway.errors import InputError, LedgerUnavailable
+from trackway.errors import InputError, LedgerError, LedgerUnavailable
+from trackway.redaction import redact, redact_url
 
 SQLITE_BUSY_TIMEOUT_S = 30.0
+# How long a SQLite writer waits for another process's lock before giving up (seconds).
+BUSY_TIMEOUT_ENV = "TRACKWAY_SQLITE_BUSY_TIMEOUT"
+MAX_BUSY_TIMEOUT_S = 3600.0
+# Below this much free space, a SQLite I/O error is taken for the full disk it almost always is
+# (WAL and shared-memory files grow in pages; a disk with less than this left cannot take one more).
+NEARLY_FULL_BYTES = 1 << 20
 _WRITE = "trackway_write"
 
+# PEP 249 class names of errors about what was sent (a bug or bad input), not about the ledger.
+_STATEMENT_ERRORS = frozenset({"IntegrityError", "DataError", "ProgrammingError", "NotSupportedError", "InternalError"})
+_LEDGER_FAILURES = frozenset({"OperationalError", "InterfaceError", "DatabaseError"})
+# SQLite reports a syntax error or a missing table as an OperationalError too; its result code
+# tells them apart from a lock, a full disk or a damaged file.
+_SQLITE_STATEMENT_CODES = ("SQLITE_ERROR", "SQLITE_CONSTRAINT", "SQLITE_MISMATCH", "SQLITE_RANGE", "SQLITE_TOOBIG", "SQLITE_INTERRUPT")
 
-def _sqlite_engine(url) -> Engine:
+# The ledger this process opened last: errors that escape a Ledger still name it.
+_last_url: URL | None = None
+
+
+def sqlite_busy_timeout() -> float:
+    """The SQLite busy timeout in seconds: $TRACKWAY_SQLITE_BUSY_TIMEOUT, else 30."""
+    from trackway.validation import finite
+
+    text = os.environ.get(BUSY_TIMEOUT_ENV, "").strip()
+    if not text:
+        return SQLITE_BUSY_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        raise InputError(f"{BUSY_TIMEOUT_ENV} {text!r}: expected a number of seconds from 0 to {MAX_BUSY_TIMEOUT_S:g}") from None
+    return finite(value, BUSY_TIMEOUT_ENV, 0.0, MAX_BUSY_TIMEOUT_S, "seconds")
+
+
+def _sqlite_engine(url: URL) -> Engine:
     database = url.database
-    if database and database != ":memory:":
-        Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    if database and database != ":memory:" and not database.startswith("file:"):
+        _create_private_file(url, Path(database).expanduser())
+    busy_timeout = sqlite_busy_timeout()
     engine = create_engine(
         url,
-        connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S, "check_same_thread": False},
+        connect_args={"timeout": busy_timeout, "check_same_thread": False},
         poolclass=NullPool,
     )
 
@@ -39,10 +84,10 @@ def _sqlite_engine(url) -> Engine:
         # Hand transaction control to the "begin" hook below (pysqlite's own BEGIN is deferred).
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
+        cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout * 1000)}")  # first: the next one may wait
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.execute("PRAGMA foreign_keys=ON")
-        cursor.execute(f"PRAGMA busy_timeout={int(SQLITE_BUSY_TIMEOUT_S * 1000)}")
         cursor.close()
 
     @event.listens_for(engine, "begin")
@@ -52,22 +97,49 @@ def _sqlite_engine(url) -> Engine:
     return engine
 
 
+def _create_private_file(url: URL, path: Path) -> None:
+    """Create the ledger file (0600) and its missing directories (0700) before SQLite would (0644, 0755)."""
+    if path.exists():
+        return
+    try:
+        make_private_dirs(path.parent)
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))  # an empty file is an empty database
+    except FileExistsError:
+        pass  # another process created it a moment earlier
+    except OSError as exc:
+        raise LedgerUnavailable(f"ledger {_name(url)}: cannot be created: {exc.strerror or exc} ({exc.filename or path})") from None
+
+
+def make_private_dirs(directory: Path) -> None:
+    """Create `directory` and each missing parent with mode 0700 (`os.makedirs` gives parents the default)."""
+    missing = [d for d in (directory, *directory.parents) if not d.exists()]
+    for d in reversed(missing):
+        try:
+            d.mkdir(mode=0o700)
+        except FileExistsError:
+            continue
+
+
 def create_ledger_engine(url_text: str) -> Engine:
     """An engine for a `sqlite:///PATH` or `postgresql+psycopg://...` URL."""
+    global _last_url
     try:
         url = make_url(url_text)
     except ArgumentError:
         raise InputError(
-            f"ledger URL {url_text!r}: expected sqlite:///PATH or postgresql+psycopg://USER@HOST:PORT/DB"
+            f"ledger URL {redact_url(url_text)!r}: expected sqlite:///PATH or postgresql+psycopg://USER@HOST:PORT/DB"
         ) from None
     backend = url.get_backend_name()
+    _last_url = url
     if backend == "sqlite":
         return _sqlite_engine(url)
     if backend == "postgresql":
         if url.drivername == "postgresql":
             url = url.set(drivername="postgresql+psycopg")
         return create_engine(url, pool_pre_ping=True, pool_size=2, max_overflow=4)
-    raise InputError(f"ledger URL {url_text!r}: expected a sqlite:// or postgresql+psycopg:// URL, got {backend}://")
+    raise InputError(
+        f"ledger URL {redact_url(url_text)!r}: expected a sqlite:// or postgresql+psycopg:// URL, got {backend}://"
+    )
 
 
 class Ledger:
@@ -81,22 +153,33 @@ class Ledger:
     @contextmanager
     def write(self) -> Iterator[Connection]:
         """A write transaction: committed on clean exit, rolled back on exception."""
-        with self._write_lock, self._connect() as conn:
+        with self._write_lock, self._failures_named(), self._connect() as conn:
             conn = conn.execution_options(**{_WRITE: True})
             with conn.begin():
                 yield conn
 
     @contextmanager
     def read(self) -> Iterator[Connection]:
-        with self._connect() as conn, conn.begin():
+        with self._failures_named(), self._connect() as conn, conn.begin():
             yield conn
+
+    @contextmanager
+    def _failures_named(self) -> Iterator[None]:
+        """Turn a database failure anywhere in the transaction (BEGIN, a statement, COMMIT) into a LedgerError."""
+        try:
+            yield
+        except (DBAPIError, PoolTimeout, sqlite3.Error) as exc:
+            mapped = as_ledger_error(exc, self.engine.url)
+            if mapped is None:
+                raise
+            raise mapped from exc
 
     @contextmanager
     def _connect(self) -> Iterator[Connection]:
         try:
             conn = self.engine.connect()
-        except OperationalError as exc:
-            raise LedgerUnavailable(f"cannot open the ledger at {self.engine.url!r}: {_first_line(exc)}") from None
+        except DBAPIError as exc:
+            raise ledger_error(exc, self.engine.url, unavailable=True) from exc
         try:
             yield conn
         finally:
@@ -104,6 +187,97 @@ class Ledger:
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+def as_ledger_error(exc: BaseException, url: URL | None = None) -> LedgerError | None:
+    """`exc` as a LedgerError if it is a failure of the ledger itself; None if it is about what was sent."""
+    if isinstance(exc, LedgerError):
+        return exc
+    if isinstance(exc, PoolTimeout):
+        return ledger_error(exc, url)
+    orig = getattr(exc, "orig", None) if isinstance(exc, DBAPIError) else exc
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        return ledger_error(exc, url)
+    names = {cls.__name__ for cls in type(orig if orig is not None else exc).__mro__}
+    if names & _STATEMENT_ERRORS or not names & _LEDGER_FAILURES:
+        return None
+    code = str(getattr(orig, "sqlite_errorname", ""))
+    if code.startswith(_SQLITE_STATEMENT_CODES):
+        return None
+    return ledger_error(exc, url)
+
+
+def ledger_error(exc: BaseException, url: URL | None = None, *, unavailable: bool = False) -> LedgerError:
+    """The one line a user gets for a ledger failure: which ledger, and locked / disk full / unreachable / ...."""
+    url = url or _last_url
+    what = _what_happened(exc, url)
+    if unavailable or what.startswith(("unreachable", "cannot be opened")):
+        return LedgerUnavailable(f"cannot open the ledger {_name(url)}: {what}")
+    return LedgerError(f"ledger {_name(url)}: {what}")
+
+
+def _what_happened(exc: BaseException, url: URL | None) -> str:
+    orig = getattr(exc, "orig", None) or exc
+    detail = redact(_first_line(orig))
+    lowered = detail.lower()
+    sqlite_name = str(getattr(orig, "sqlite_errorname", ""))
+    sqlstate = str(getattr(orig, "sqlstate", "") or "")
+    database = url.database if url is not None and url.get_backend_name() == "sqlite" else None
+    if sqlite_name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) or "database is locked" in lowered:
+        return (
+            f"locked by another process for longer than the busy timeout ({sqlite_busy_timeout():g} s; "
+            f"{BUSY_TIMEOUT_ENV} sets it); nothing was changed"
+        )
+    if sqlstate == "55P03" or "lock timeout" in lowered:
+        return f"locked by another session; nothing was changed ({detail})"
+    if _disk_full(sqlite_name, sqlstate, lowered, database):
+        return f"disk full{_free_space(database)}; the change was not recorded ({detail})"
+    if sqlite_name.startswith("SQLITE_CANTOPEN"):
+        return f"cannot be opened: {detail} ({database})"
+    if sqlite_name.startswith("SQLITE_READONLY"):
+        return f"read-only: {detail}; the change was not recorded"
+    if sqlite_name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB")):
+        return f"damaged: {detail}"
+    if isinstance(exc, PoolTimeout):
+        return f"busy: no connection to it came free in time ({detail})"
+    if database is None and (sqlstate == "" or sqlstate.startswith(("08", "57P"))):
+        return f"unreachable: {detail}"
+    return f"failed: {detail}"
+
+
+def _disk_full(sqlite_name: str, sqlstate: str, lowered: str, database: str | None) -> bool:
+    if sqlite_name.startswith("SQLITE_FULL") or sqlstate == "53100":
+        return True
+    if "no space left on device" in lowered or "disk is full" in lowered or "could not extend file" in lowered:
+        return True
+    if sqlite_name.startswith("SQLITE_IOERR") or "disk i/o error" in lowered:
+        # SQLite says only "disk I/O error" when a WAL or shared-memory file cannot grow: ask the disk.
+        free = _free_bytes(database)
+        return free is not None and free < NEARLY_FULL_BYTES
+    return False
+
+
+def _free_space(database: str | None) -> str:
+    free = _free_bytes(database)
+    if free is None or database is None:
+        return ""
+    return f": {free} bytes free on the file system holding {Path(database).expanduser().parent}"
+
+
+def _free_bytes(database: str | None) -> int | None:
+    if not database or database == ":memory:":
+        return None
+    try:
+        return shutil.disk_usage(Path(database).expanduser().parent).free
+    except OSError:
+        return None
+
+
+def _name(url: URL | None) -> str:
+    """The ledger's URL as a user may see it: password and secret parameters redacted."""
+    if url is None:
+        return "(not opened)"
+    return redact_url(url.render_as_string(hide_password=False))
 
 
 def _first_line(exc: BaseException) -> str:
@@ -119,4 +293,3 @@ def open_ledger(url: str, migrate: bool = True) -> Ledger:
 
         upgrade_to_head(ledger)
     return ledger
-

@@ -82,7 +82,9 @@ def _dirty_diff(root: Path, has_head: bool) -> bytes:
         env = {"GIT_INDEX_FILE": str(index)}
         if real_index and Path(real_index).is_file():
             # A copy keeps git's stat cache (so `add` rehashes only what changed) and sparse-checkout bits.
-            shutil.copyfile(real_index, index)
+            # copy2 keeps the index's mtime too: git rehashes a file edited in the same second as the
+            # index was written ("racy git") only by comparing with it; a fresh mtime hid such an edit.
+            shutil.copy2(real_index, index)
         if has_head and _git(root, "read-tree", "-m", "HEAD", env=env).returncode != 0:
             _git(root, "read-tree", "HEAD", env=env)  # -m refuses an index with merge conflicts
         _checked(root, _git(root, "add", "--all", "--", ".", env=env))

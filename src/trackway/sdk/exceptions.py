@@ -13,3 +13,14 @@ class NonFiniteLoss(FloatingPointError):
     def __init__(self, key: str, value: float, step: int):
         super().__init__(f"non-finite {key} = {value} at step {step}")
         self.key, self.value, self.step = key, value, step
+
+
+class SpoolPointsLost(RuntimeError):
+    """Raised by `run.finish()` when metric points could be written neither to the spool nor to a fallback."""
+
+    def __init__(self, points: int, spool_dir: str):
+        super().__init__(
+            f"{points} metric points were lost: the spool at {spool_dir} and every fallback directory refused "
+            "them (see the lines above for the error); the run's curves have holes"
+        )
+        self.points, self.spool_dir = points, spool_dir

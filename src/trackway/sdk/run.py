@@ -18,8 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from trackway.sdk.exceptions import NonFiniteLoss
-from trackway.sdk.hooks import install_excepthook, install_notice_handlers, reason_for_exception, restore_handlers
+from trackway.sdk.exceptions import NonFiniteLoss, SpoolPointsLost
+from trackway.sdk.hooks import (
+    describe_exception,
+    install_excepthook,
+    install_notice_handlers,
+    reason_for_exception,
+    restore_handlers,
+)
 from trackway.sdk.writer import SpoolWriter
 from trackway.spool import NOTE_FILE, write_json_atomic
 from trackway.taxonomy import TerminationReason
@@ -151,6 +157,7 @@ class Run:
                 every_steps=every_steps,
                 every_minutes=every_minutes,
                 on_commit=self._on_commit,
+                on_restore=self._on_restore,
             )
         return self._checkpoints
 
@@ -167,11 +174,24 @@ class Run:
             committed_at=info.committed_at.isoformat() if info.committed_at else None,
         )
 
+    def _on_restore(self, record: dict[str, Any]) -> None:
+        """Record what this attempt really resumed from: the receipt's resumed-from is taken from this event."""
+        for skipped in record["fallback_from"]:
+            # Said where the user looks first (the attempt's log), once per checkpoint set aside.
+            where = f" as {skipped['set_aside_as']}" if skipped["set_aside_as"] else ""
+            print(
+                f"trackway: checkpoint {skipped['name']} set aside{where} ({skipped['reason']}); "
+                f"resuming from {record['name'] or 'the start'}",
+                file=sys.stderr, flush=True,
+            )
+        self._writer.event("checkpoint_restored", **record)
+
     def _last_committed_name(self) -> str | None:
         if self._checkpoints is None:
             return self.context.resume_from
         committed = [c for c in self._checkpoints.list() if c.state.value == "committed"]
-        return committed[-1].name if committed else self.context.resume_from
+        # The manager's parent is what it really resumed from (after any fallback), not what the launch expected.
+        return committed[-1].name if committed else self._checkpoints.parent
 
     # -- ending ----------------------------------------------------------------------------
 
@@ -191,7 +211,11 @@ class Run:
         """Write the attempt's own termination note: the most trusted evidence of why it ends."""
         reason = TerminationReason(reason)
         payload = {"reason": reason.value, "message": message, "step": self._step, "rank": self.rank, "t": time.time(), **extra}
-        write_json_atomic(self.context.spool_dir / NOTE_FILE, payload)
+        try:
+            write_json_atomic(self.context.spool_dir / NOTE_FILE, payload)
+        except OSError as exc:
+            # A full disk must not turn a clear ending into a traceback: the event below may still land.
+            print(f"trackway: could not write the termination note: {exc}", file=sys.stderr, flush=True)
         self._writer.event("termination_note", **payload)
 
     def exit_preempted(self, code: int = EXIT_PREEMPTED) -> NoReturn:
@@ -215,13 +239,16 @@ class Run:
             self.note(TerminationReason.COMPLETED, f"run.finish() at step {self._step}")
         self._writer.event("finished", step=self._step)
         self._close(TerminationReason.COMPLETED, exit_code=0)
+        if self._writer.points_lost:
+            # A run whose curve has holes must not end as a clean completion: the script exits non-zero.
+            raise SpoolPointsLost(self._writer.points_lost, str(self.context.spool_dir))
 
     def _on_uncaught(self, exc: BaseException) -> None:
         if self._closed:
             return
         if not isinstance(exc, NonFiniteLoss):
             reason = reason_for_exception(exc, made_progress=self._step is not None)
-            self.note(reason, f"{type(exc).__name__}: {exc}".strip(), exception=type(exc).__name__)
+            self.note(reason, describe_exception(exc), exception=type(exc).__name__)
         self._close(None, exit_code=1)
 
     def _at_exit(self) -> None:
@@ -236,8 +263,13 @@ class Run:
             try:
                 self._checkpoints.close()
             except Exception as exc:  # noqa: BLE001 - a failed final save must not hide the real ending
-                self._writer.event("checkpoint_error", error=f"{type(exc).__name__}: {exc}")
+                # Not silent: the log says it too (a full disk keeps its errno in the event).
+                error = f"{type(exc).__name__}: {exc}"
+                print(f"trackway: the last checkpoint save failed: {error}", file=sys.stderr, flush=True)
+                self._writer.event("checkpoint_error", error=error, errno=getattr(exc, "errno", None))
         self._writer.close()
+        if self._writer.points_lost and exit_code == 0:
+            exit_code = 1  # alone, the standalone receipt must not say completed either
         restore_handlers(self._previous_handlers)
         if self._uninstall_excepthook is not None:
             self._uninstall_excepthook()

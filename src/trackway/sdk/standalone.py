@@ -57,7 +57,10 @@ class StandaloneSession:
         (state_dir / "spool").mkdir(parents=True, exist_ok=True)
         config_bytes = canonical_json(config) if config is not None else None
         if config_bytes is not None:
-            (run_dir / "config.json").write_bytes(config_bytes)
+            # A config may carry a credential (an API key among the hyperparameters): owner only.
+            fd = os.open(run_dir / "config.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(config_bytes)
         context = AttemptContext(
             run_id=run_id,
             attempt_id=f"{run_id}/1",

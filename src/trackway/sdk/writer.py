@@ -3,16 +3,30 @@
 The training thread pays for one `deque.append` per call. Every `flush_interval_s` the writer
 drains the queue into one columnar line per set of keys, and refreshes the heartbeat file.
 Nothing here touches the ledger, so a locked, slow or absent ledger cannot slow training.
+
+A spool that cannot be written (a full disk) loses nothing silently. The lines it refused stay
+in memory and are retried on every flush; the first failure prints one stderr line (the path,
+the error, the free space) and queues a `spool_write_failed` event {file, error, free_bytes,
+points_pending}. When the spool takes writes again, a second `spool_write_failed` event with
+`recovered: true` says how many points were delayed. Past `max_pending_bytes` held, and at
+`close()` if the spool never came back, what is held goes to the fallback directory that
+`trackway.spool` describes (and the ingester reads), with an event saying so; what cannot be
+written there either is counted in `points_lost`, told on stderr, and left for `Run` to report.
+The bound is $TRACKWAY_SPOOL_PENDING_BYTES (default 64 MiB).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
+import shutil
+import sys
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +35,84 @@ from trackway.spool import (
     HEARTBEAT_FILE,
     append_lines,
     as_float,
-    encode_metric_rows,
+    encode_metric_batches,
+    make_fallback_dir,
     metrics_file,
     write_json_atomic,
 )
 
 FLUSH_INTERVAL_S = 0.25
 HEARTBEAT_INTERVAL_S = 5.0
+
+
+def _env_bytes(name: str, default: int) -> int:
+    """A positive byte count from the environment; `default` when unset or not one."""
+    try:
+        value = int(os.environ.get(name, default))
+    except ValueError:
+        return default
+    return value if value > 0 else default
+
+
+# How much an unwritable spool may hold in memory before it goes to the fallback directory.
+MAX_PENDING_BYTES = _env_bytes("TRACKWAY_SPOOL_PENDING_BYTES", 64 << 20)
+# Held lines are retried in appends of at most this size, so a disk with a little room takes some.
+_CHUNK_BYTES = 1 << 20
+
+
+class _Backlog:
+    """Owns the lines one spool file has not taken yet, oldest first, and how many points they hold."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.lines: deque[tuple[bytes, int]] = deque()
+        self.points = 0
+        self.size = 0
+
+    def add(self, items: list[tuple[bytes, int]]) -> None:
+        for line, points in items:
+            self.lines.append((line, points))
+            self.points += points
+            self.size += len(line)
+
+    def head(self, limit: int) -> list[bytes]:
+        """The oldest lines, up to `limit` bytes (at least one line)."""
+        chunk, size = [], 0
+        for line, _ in list(self.lines):  # a copy: a signal handler may append meanwhile
+            if chunk and size + len(line) > limit:
+                break
+            chunk.append(line)
+            size += len(line)
+        return chunk
+
+    def pop(self, count: int) -> int:
+        """Forget the `count` oldest lines (written or dropped); the points they held."""
+        points = 0
+        for _ in range(count):
+            line, held = self.lines.popleft()
+            points += held
+            self.size -= len(line)
+        self.points -= points
+        return points
+
+    def all(self) -> list[bytes]:
+        return [line for line, _ in self.lines]
+
+
+@dataclass
+class _Outage:
+    """What the writer knows about the spool refusing writes, from the first failure until it takes them again."""
+
+    file: str
+    error: str
+    free_bytes: int | None
+    started: float
+    points_held: int  # points that waited in memory during the outage
+    points_spilled: int = 0
+    points_lost: int = 0
+    events_lost: int = 0
+    fallback: str | None = None
+    wrote: bool = False  # whether an append to the spool succeeded since it began
 
 
 class SpoolWriter:
@@ -40,6 +125,7 @@ class SpoolWriter:
         flush_interval_s: float = FLUSH_INTERVAL_S,
         heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S,
         finite_keys: tuple[str, ...] = (),
+        max_pending_bytes: int = MAX_PENDING_BYTES,
     ):
         self.spool_dir = spool_dir
         self.spool_dir.mkdir(parents=True, exist_ok=True)
@@ -49,6 +135,7 @@ class SpoolWriter:
         self.heartbeat_path = spool_dir / HEARTBEAT_FILE
         self.flush_interval_s = flush_interval_s
         self.heartbeat_interval_s = heartbeat_interval_s
+        self.max_pending_bytes = max_pending_bytes
         self.queue: deque[tuple[int, float, dict[str, Any]]] = deque()
         self.last_step: int | None = None
         self.last_progress_t: float | None = None  # wall time of the newest logged step: stall detection reads it
@@ -56,7 +143,16 @@ class SpoolWriter:
         # (key, value, step) of the first non-finite value of a `finite_keys` metric that was not a
         # plain float (those the training thread checks itself); `Run.log` raises it on its next call.
         self.non_finite: tuple[str, float, int] | None = None
-        self._events_lock = threading.Lock()
+        self.points_lost = 0  # metric points neither the spool nor a fallback took: `Run` must say so
+        self.fallback_dir: Path | None = None
+        # One re-entrant lock for every file and backlog: an event may come from a signal handler
+        # that interrupted this same thread inside a write. That nested call only queues its line
+        # (`_busy`); the write it interrupted, or the next flush, writes it.
+        self._lock = threading.RLock()
+        self._busy = False
+        self._metrics = _Backlog(self.metrics_path)
+        self._events = _Backlog(self.events_path)
+        self._outage: _Outage | None = None
         self._seq = self._next_event_seq()
         self._wake = threading.Event()
         self._stopped = threading.Event()
@@ -69,18 +165,44 @@ class SpoolWriter:
         try:
             with open(self.events_path, "rb") as f:
                 return sum(1 for _ in f)
-        except FileNotFoundError:
+        except OSError:
             return 0
+
+    @property
+    def points_pending(self) -> int:
+        """Metric points held in memory because the spool refused them."""
+        return self._metrics.points
 
     def event(self, kind: str, fsync: bool = True, **payload: Any) -> None:
         """Append one event line now (events are rare and matter: they are written synchronously)."""
-        with self._events_lock:
-            record = {"seq": self._seq, "t": time.time(), "kind": kind, "rank": self.rank, **payload}
-            self._seq += 1
-            append_lines(self.events_path, [json.dumps(record, default=str).encode() + b"\n"], fsync=fsync)
+        with self._lock:
+            self._enqueue_event(kind, payload)
+            if self._busy:
+                return
+            self._busy = True
+            try:
+                self._write(self._events, fsync=fsync)
+            finally:
+                self._busy = False
+
+    def _enqueue_event(self, kind: str, payload: dict[str, Any]) -> None:
+        record = {"seq": self._seq, "t": time.time(), "kind": kind, "rank": self.rank, **payload}
+        self._seq += 1
+        self._events.add([(json.dumps(record, default=str).encode() + b"\n", 0)])
 
     def flush(self) -> None:
-        """Write everything queued so far (callable from any thread)."""
+        """Write everything queued so far, and retry what the spool refused before (callable from any thread)."""
+        with self._lock:
+            if self._busy:
+                return
+            self._busy = True
+            try:
+                self._flush()
+            finally:
+                self._busy = False
+
+    def _flush(self) -> None:
+        """Encode the queued rows, then write what every backlog holds; end an outage that is over."""
         rows = []
         queue = self.queue
         while True:
@@ -90,10 +212,101 @@ class SpoolWriter:
                 break
         if rows:
             self._check_finite(rows)
-            append_lines(self.metrics_path, encode_metric_rows(rows))
+            batches = encode_metric_batches(rows)
+            if self._outage is not None:
+                self._outage.points_held += sum(points for _, points in batches)
+            self._metrics.add(batches)
             if self.last_step is None or rows[-1][0] != self.last_step:
                 self.last_progress_t = rows[-1][1]
             self.last_step = rows[-1][0]
+        if self._write(self._metrics) and self._write(self._events):
+            self._end_outage()
+
+    def _write(self, backlog: _Backlog, fsync: bool = False) -> bool:
+        """Append what `backlog` holds to its spool file; False (the rest still held) when the spool refuses."""
+        while backlog.lines:
+            chunk = backlog.head(_CHUNK_BYTES)
+            try:
+                append_lines(backlog.path, chunk, fsync=fsync)
+            except OSError as exc:
+                self._failed(backlog, exc)
+                return False
+            backlog.pop(len(chunk))
+            if self._outage is not None:
+                self._outage.wrote = True
+        return True
+
+    def _failed(self, backlog: _Backlog, exc: OSError) -> None:
+        """Start (or continue) an outage: say it once, keep the lines, and bound what memory holds."""
+        if self._outage is None:
+            free = _free_bytes(self.spool_dir)
+            self._outage = _Outage(
+                file=str(backlog.path), error=_error_text(exc), free_bytes=free, started=time.time(),
+                points_held=self._metrics.points,
+            )
+            _tell(
+                f"trackway: cannot write the spool file {backlog.path}: {self._outage.error} "
+                f"({_bytes_text(free)} free); holding {self._metrics.points} points in memory and retrying"
+            )
+            self._enqueue_event("spool_write_failed", {
+                "file": backlog.path.name, "error": self._outage.error, "free_bytes": free,
+                "points_pending": self._metrics.points,
+            })
+        if self._metrics.size + self._events.size > self.max_pending_bytes:
+            self._spill(bounded=True)
+
+    def _spill(self, bounded: bool) -> None:
+        """Move what is held to the fallback directory; when that fails too and `bounded`, drop the oldest."""
+        outage = self._outage
+        try:
+            if self.fallback_dir is None:
+                self.fallback_dir = make_fallback_dir(self.spool_dir)
+            for backlog in (self._metrics, self._events):
+                lines = backlog.all()
+                if lines:
+                    append_lines(self.fallback_dir / backlog.path.name, lines, fsync=True)
+                    outage.points_spilled += backlog.pop(len(lines))
+        except OSError as exc:
+            if bounded:
+                self._drop_oldest(exc)
+            return
+        if outage.fallback is None:
+            outage.fallback = str(self.fallback_dir)
+            _tell(f"trackway: the spool at {self.spool_dir} still refuses writes; "
+                  f"held lines now go to {self.fallback_dir}")
+
+    def _drop_oldest(self, exc: OSError) -> None:
+        """Keep memory bounded when nothing can be written: forget the oldest lines, counted and told."""
+        outage = self._outage
+        first = outage.points_lost == 0 and outage.events_lost == 0
+        room = self.max_pending_bytes - self._events.size
+        while self._metrics.lines and self._metrics.size > room:
+            dropped = self._metrics.pop(1)
+            outage.points_lost += dropped
+            self.points_lost += dropped
+        while self._events.size > self.max_pending_bytes:
+            self._events.pop(1)
+            outage.events_lost += 1
+        if first:
+            _tell(
+                f"trackway: metric points are being lost: neither the spool at {self.spool_dir} nor a fallback "
+                f"can be written ({_error_text(exc)}) and more than {self.max_pending_bytes} bytes are held"
+            )
+
+    def _end_outage(self) -> None:
+        """The spool takes writes again and holds nothing back: say so, with what the outage cost."""
+        outage = self._outage
+        if outage is None or not outage.wrote:
+            return
+        self._outage = None
+        free = _free_bytes(self.spool_dir)
+        _tell(
+            f"trackway: the spool at {self.spool_dir} is writable again ({_bytes_text(free)} free); "
+            f"{outage.points_held - outage.points_spilled - outage.points_lost} delayed points written"
+            + _cost_text(outage)
+        )
+        self._enqueue_event("spool_write_failed", {**_outage_payload(outage, free), "recovered": True})
+        self._write(self._events, fsync=True)
 
     def _check_finite(self, rows) -> None:
         if self.non_finite is not None or not self.finite_keys:
@@ -109,43 +322,133 @@ class SpoolWriter:
 
     def heartbeat(self) -> None:
         self._last_heartbeat = time.monotonic()
-        write_json_atomic(
-            self.heartbeat_path,
-            {
-                "t": time.time(),
-                "step": self.last_step,
-                "progress_t": self.last_progress_t,
-                "pid": os.getpid(),
-                "rss_bytes": _rss_bytes(),
-            },
-            fsync=False,
-        )
+        try:
+            write_json_atomic(
+                self.heartbeat_path,
+                {
+                    "t": time.time(),
+                    "step": self.last_step,
+                    "progress_t": self.last_progress_t,
+                    "pid": os.getpid(),
+                    "rss_bytes": _rss_bytes(),
+                },
+                fsync=False,
+            )
+        except OSError:
+            pass  # a full disk is told by the data writes; a missed heartbeat costs nothing held
 
     def _loop(self) -> None:
+        told = False
         while not self._stopped.is_set():
             self._wake.wait(self.flush_interval_s)
             self._wake.clear()
-            self.flush()
-            if time.monotonic() - self._last_heartbeat >= self.heartbeat_interval_s:
-                self.heartbeat()
+            try:
+                self.flush()
+                if time.monotonic() - self._last_heartbeat >= self.heartbeat_interval_s:
+                    self.heartbeat()
+            except Exception as exc:  # noqa: BLE001 - this thread dying would stop all logging, silently
+                if not told:
+                    _tell(f"trackway: the spool writer hit {type(exc).__name__}: {exc}; it keeps going")
+                    told = True
 
     def close(self) -> None:
-        """Stop the thread and write what is left, durably."""
+        """Stop the thread and write what is left, durably; what the spool still refuses goes to the fallback."""
         self._stopped.set()
         self._wake.set()
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout=10)
         self.flush()
+        with self._lock:
+            if self._outage is not None and not self._busy:
+                self._busy = True
+                try:
+                    self._give_up()
+                finally:
+                    self._busy = False
         self.heartbeat()
         for path in (self.metrics_path, self.events_path):
             try:
                 fd = os.open(path, os.O_RDONLY)
-            except FileNotFoundError:
+            except OSError:
                 continue
             try:
                 os.fsync(fd)
+            except OSError:
+                pass
             finally:
                 os.close(fd)
+
+    def _give_up(self) -> None:
+        """The process ends with the spool still refusing writes: the fallback gets the rest, or it is lost, loudly."""
+        outage = self._outage
+        if not self._metrics.lines and not self._events.lines:
+            return
+        points = self._metrics.points
+        payload = {**_outage_payload(outage, _free_bytes(self.spool_dir)), "points_pending": points, "recovered": False}
+        try:
+            if self.fallback_dir is None:
+                self.fallback_dir = make_fallback_dir(self.spool_dir)
+            payload.update(fallback=str(self.fallback_dir), points_in_fallback=outage.points_spilled + points)
+        except OSError:
+            pass  # the event is lost with the rest; stderr says so below
+        self._enqueue_event("spool_write_failed", payload)
+        self._spill(bounded=False)
+        if not self._metrics.lines and not self._events.lines:
+            _tell(f"trackway: the spool at {self.spool_dir} could not be written; {points} points and the "
+                  f"attempt's last events are in {self.fallback_dir}, where the ingester reads them")
+            return
+        self.points_lost += self._metrics.points
+        _tell(
+            f"trackway: {self.points_lost} metric points were lost: the spool at "
+            f"{self.spool_dir} ({outage.error}) and every fallback directory refused them"
+        )
+        self._metrics.pop(len(self._metrics.lines))
+        self._events.pop(len(self._events.lines))
+
+
+def _outage_payload(outage: _Outage, free: int | None) -> dict[str, Any]:
+    payload = {
+        "file": Path(outage.file).name, "error": outage.error, "free_bytes": free, "points_pending": outage.points_held,
+        "seconds": round(time.time() - outage.started, 3),
+    }
+    if outage.fallback:
+        payload.update(fallback=outage.fallback, points_in_fallback=outage.points_spilled)
+    if outage.points_lost or outage.events_lost:
+        payload.update(points_lost=outage.points_lost, events_lost=outage.events_lost)
+    return payload
+
+
+def _cost_text(outage: _Outage) -> str:
+    text = f", {outage.points_spilled} more in {outage.fallback}" if outage.fallback else ""
+    return text + (f"; {outage.points_lost} points were lost" if outage.points_lost else "")
+
+
+def _error_text(exc: OSError) -> str:
+    """`ENOSPC: No space left on device (disk full)`: the name a person searches for, and what it means."""
+    name = errno.errorcode.get(exc.errno or 0)
+    reason = exc.strerror or str(exc)
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        reason += " (disk full)"
+    return f"{name}: {reason}" if name else reason
+
+
+def _free_bytes(path: Path) -> int | None:
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return None
+
+
+def _bytes_text(count: int | None) -> str:
+    return "unknown space" if count is None else f"{count} bytes"
+
+
+def _tell(message: str) -> None:
+    """One line on stderr, which may itself be a file on the full disk."""
+    try:
+        print(message, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
 
 
 def _rss_bytes() -> int | None:

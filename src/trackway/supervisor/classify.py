@@ -72,9 +72,14 @@ def _rule(name: str, reason: R, pattern: str, *, only_before_progress: bool = Fa
 
 
 # Order matters: the first rule with a matching line wins, so specific rules precede generic ones.
+# A full disk, however the failing layer spelled it: Python's OSError, C's errno name, tools' own words.
+DISK_FULL_PATTERN = r"No space left on device|\[Errno 28\]|\bENOSPC\b|\bdisk full\b"
+
 LOG_RULES: tuple[LogRule, ...] = (
     _rule("log:cuda-oom", R.OOM, r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|HIP out of memory"),
     _rule("log:host-oom", R.OOM, r"Out of memory: Killed process|oom-kill|MemoryError\b"),
+    # Before the traceback rule: the OSError that ends a save on a full disk is no code error.
+    _rule("log:disk-full", R.INFRA_TRANSIENT, DISK_FULL_PATTERN),
     _rule("log:non-finite-loss", R.NAN_LOSS, r"\b(loss|grad[_ ]norm)\b[^\n]*\b(nan|inf)\b|non-finite (loss|grad)"),
     _rule(
         "log:network-or-io",
@@ -120,24 +125,41 @@ class Evidence:
 
 
 @dataclass(frozen=True)
+class DiskFull:
+    """Where a full disk was met and how much room was left, as far as the evidence says."""
+
+    path: str | None = None
+    free_bytes: int | None = None
+
+    def line(self) -> str:
+        """The evidence line: `disk full: PATH, N bytes free` (what is unknown is said to be)."""
+        where = self.path or "path not reported"
+        return f"disk full: {where}" + (f", {self.free_bytes} bytes free" if self.free_bytes is not None else "")
+
+    def as_record(self) -> dict[str, Any]:
+        return {"path": self.path, "free_bytes": self.free_bytes}
+
+
+@dataclass(frozen=True)
 class Classification:
     reason: R
     rule: str
     lines: tuple[str, ...] = field(default_factory=tuple)
+    disk_full: DiskFull | None = None
 
     def evidence_json(self, evidence: Evidence) -> str:
         """The evidence column: the deciding rule and lines, plus the raw facts behind them."""
-        return json.dumps(
-            {
-                "rule": self.rule,
-                "lines": list(self.lines),
-                "exit_code": evidence.exit_code,
-                "signal": evidence.signal,
-                "executor_state": evidence.executor_state,
-                "executor": list(evidence.executor_lines),
-            },
-            ensure_ascii=False,
-        )
+        record: dict[str, Any] = {
+            "rule": self.rule,
+            "lines": list(self.lines),
+            "exit_code": evidence.exit_code,
+            "signal": evidence.signal,
+            "executor_state": evidence.executor_state,
+            "executor": list(evidence.executor_lines),
+        }
+        if self.disk_full is not None:  # the retry policy reads it: a full disk is never retried blindly
+            record["disk_full"] = self.disk_full.as_record()
+        return json.dumps(record, ensure_ascii=False)
 
 
 # Reasons an evaluation attempt keeps: they say something about its surroundings, not the evaluator.
@@ -153,7 +175,7 @@ def classify(evidence: Evidence) -> Classification:
         return Classification(R.EVALUATOR_CRASH, "evaluator:bad-output", (evidence.output_problem,))
     if verdict.reason in EVALUATION_KEEPS or verdict.reason is R.EVALUATOR_CRASH:
         return verdict
-    return Classification(R.EVALUATOR_CRASH, f"evaluator:{verdict.rule}", verdict.lines)
+    return Classification(R.EVALUATOR_CRASH, f"evaluator:{verdict.rule}", verdict.lines, verdict.disk_full)
 
 
 def _classify(evidence: Evidence) -> Classification:
@@ -163,6 +185,15 @@ def _classify(evidence: Evidence) -> Classification:
     sent_by_trackway = bool(e.stopped_by or e.cancelled or e.timed_out)
     if note_reason in R._value2member_map_ and not (note_reason == R.PREEMPTED.value and sent_by_trackway):
         message = str(e.sdk_note.get("message") or "")
+        if note_reason == R.INFRA_TRANSIENT.value:
+            # The note may name only the wrapper ("checkpoint save failed"); the log keeps the ENOSPC under it.
+            full = find_disk_full([message, *e.log_tail], context=[message])
+            if full is not None:
+                hits = [line for line in e.log_tail if _DISK_FULL.search(line)]
+                named = message.startswith("disk full:") and not message.startswith("disk full: path not reported")
+                said = (message,) if named else (full.line(), message)
+                lines = (*said, *hits[-(MAX_EVIDENCE_LINES - len(said)):])
+                return Classification(R.INFRA_TRANSIENT, "sdk:note", tuple(line for line in lines if line), full)
         return Classification(R(note_reason), "sdk:note", (message,) if message else ())
     if e.timed_out:  # the executor's own record: the limit was hit, whatever else was under way
         return Classification(R.TIMEOUT, "trackway:time-limit", tuple(e.executor_lines[-MAX_EVIDENCE_LINES:]))
@@ -188,12 +219,64 @@ def _match_log(e: Evidence) -> Classification | None:
         if rule.only_before_progress and e.made_progress:
             continue
         hits = [line for line in e.log_tail if rule.pattern.search(line)]
+        if hits and rule.name == "log:disk-full":
+            full = find_disk_full(hits, context=e.log_tail[-1:]) or DiskFull()
+            # The last line names what the script raised in the end (a save wrapping the ENOSPC, say).
+            lines = [*hits[-(MAX_EVIDENCE_LINES - 2):], *[line for line in e.log_tail[-1:] if line not in hits]]
+            return Classification(rule.reason, rule.name, (full.line(), *lines), full)
         if hits:
             if rule.reason is R.CODE_ERROR:
                 # The traceback header says little; its last lines name the exception.
                 hits = hits[-1:] + [line for line in e.log_tail[-3:] if line not in hits[-1:]]
             return Classification(rule.reason, rule.name, tuple(hits[-MAX_EVIDENCE_LINES:]))
     return None
+
+
+_DISK_FULL = re.compile(DISK_FULL_PATTERN, re.IGNORECASE)
+# Where the full disk was met, most specific spelling first: the SDK's own line, Python's OSError
+# (`-> 'dest'` for a copy or rename: the destination ran out of room), a quoted path, a bare one.
+_DISK_FULL_PATHS = (
+    re.compile(r"disk full: (?P<path>(?!path not reported)[^,()]+?)(?:, \d+ bytes free|\s*\(|$)"),
+    re.compile(r"No space left on device: '(?P<first>[^']+)'(?: -> '(?P<path>[^']+)')?"),
+    re.compile(r"['\"](?P<path>[^'\"\s]*/[^'\"]*)['\"]"),
+    re.compile(r"(?:^|[\s=])(?P<path>/[\w./@+-]+)"),
+)
+_FREE_BYTES = re.compile(r"(?P<n>\d+) bytes? (?:free|available|left)\b", re.IGNORECASE)
+
+
+def find_disk_full(texts: Sequence[str], context: Sequence[str] = ()) -> DiskFull | None:
+    """The full disk the texts speak of, with the path and free bytes of the line that says most (None if none).
+
+    An OSError from `write()` names no file; the exception that wrapped it often does ("saving
+    checkpoint to /ckpt/step-5 failed"), so the `context` lines (the final exception) are asked
+    for a path when no line about the full disk gave one.
+    """
+    hits = [text for text in texts if _DISK_FULL.search(text)]
+    if not hits:
+        return None
+    best = DiskFull()
+    for text in hits:
+        found = DiskFull(_disk_full_path(text), _free_bytes(text))
+        if (found.path is not None, found.free_bytes is not None) > (best.path is not None, best.free_bytes is not None):
+            best = found
+    if best.path is None:
+        path = next((p for p in map(_disk_full_path, context) if p), None)
+        best = DiskFull(path, best.free_bytes)
+    return best
+
+
+def _disk_full_path(text: str) -> str | None:
+    for pattern in _DISK_FULL_PATHS:
+        match = pattern.search(text)
+        if match:
+            groups = match.groupdict()
+            return (groups.get("path") or groups.get("first") or "").strip() or None
+    return None
+
+
+def _free_bytes(text: str) -> int | None:
+    match = _FREE_BYTES.search(text)
+    return int(match["n"]) if match else None
 
 
 def _by_signal_and_exit_code(e: Evidence) -> Classification:

@@ -8,6 +8,7 @@ them succeeded.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from collections.abc import Sequence
@@ -21,8 +22,9 @@ from sqlalchemy import select, update
 from trackway.errors import ExecutorError, InputError, TrackwayError
 from trackway.executors.base import Executor, LaunchRequest
 from trackway.ledger import Ledger
-from trackway.ledger.blobs import put_blob
-from trackway.ledger.schema import attempts
+from trackway.ledger.blobs import get_blob, put_blob
+from trackway.ledger.schema import attempts, runs
+from trackway.ledger.store import make_private_dirs
 from trackway.ledger.records import (
     attempt_count,
     get_attempt,
@@ -34,6 +36,7 @@ from trackway.ledger.records import (
     update_attempt,
     update_run,
 )
+from trackway.receipts import submitted_env
 from trackway.receipts.code import CodeRef, capture_code, clone_branch
 from trackway.receipts.config import load_config
 from trackway.receipts.data_manifest import build_data_manifest
@@ -63,6 +66,7 @@ class RunSpec:
     resource: str = "local"
     retry_policy_path: str | None = None
     eval_spec_paths: list[str] = field(default_factory=list)  # evaluate committed checkpoints with these
+    environ: dict[str, str] | None = None  # the submitter's environment variables; None: this process's
 
 
 def _validate(spec: RunSpec) -> None:
@@ -70,14 +74,21 @@ def _validate(spec: RunSpec) -> None:
         raise InputError("COMMAND: expected the command to run after `--`, e.g. trackway submit -- python train.py")
     if spec.kind not in (RunKind.TEST.value, RunKind.FULL.value):
         raise InputError(f"--kind {spec.kind!r}: expected 'test' or 'full'")
-    if spec.gpus < 0:
-        raise InputError(f"--gpus {spec.gpus}: expected a whole number ≥ 0")
-    if spec.time_limit_hours is not None and not spec.time_limit_hours > 0:
-        raise InputError(f"--time-limit {spec.time_limit_hours}: expected a positive number of hours")
+    from trackway import validation
+
+    validation.whole(spec.gpus, "--gpus", 0, validation.MAX_GPUS)
+    if spec.time_limit_hours is not None:
+        validation.finite(
+            spec.time_limit_hours, "--time-limit", 0, validation.TEN_YEARS_HOURS, "hours", low_open=True,
+            note=" (10 years)",
+        )
     if bool(spec.repo_url) != bool(spec.branch):
         raise InputError("--repo/--branch: expected both together (--repo URL --branch B) or neither")
-    if spec.name is not None and (not spec.name.strip() or "/" in spec.name):
-        raise InputError(f"--name {spec.name!r}: expected a non-empty name without '/'")
+    if spec.name is not None:
+        validation.run_name(spec.name)
+    validation.printable_text(spec.project, "--project")
+    if spec.model_family is not None:
+        validation.printable_text(spec.model_family, "--model-family")
     if spec.gpus > 0:
         available = len(gpu_inventory())
         if available < spec.gpus:
@@ -101,11 +112,16 @@ def submit_run(ledger: Ledger, settings: Settings, spec: RunSpec, console: Conso
     eval_specs = _load_eval_specs(spec.eval_spec_paths)
     config = load_config(spec.config_path, spec.overrides)
     data = build_data_manifest(spec.data_paths, console=console)
+    environ = submitted_env.capture(spec.environ)
     run_id = new_run_id()
     run_dir = settings.runs_dir / run_id
     workdir, code = _prepare_code(spec, run_dir)
     try:
+        if environ.secret:
+            # Before the run exists: a run whose secrets were not kept could never start as submitted.
+            submitted_env.write_secret_file(run_dir, environ.secret)
         with ledger.write() as conn:
+            environ_sha = put_blob(conn, environ.canonical(owner=run_id), "environ")
             config_sha = put_blob(conn, config.canonical, "config") if config else None
             data_sha = put_blob(conn, data.canonical, "data_manifest") if data else None
             diff_sha = put_blob(conn, code.dirty_diff, "git_diff") if code.dirty_diff else None
@@ -133,6 +149,7 @@ def submit_run(ledger: Ledger, settings: Settings, spec: RunSpec, console: Conso
                     code_dirty_sha256=diff_sha,
                     created_at=datetime.now(timezone.utc),
                     retry_policy=retry_policy,
+                    environ_sha256=environ_sha,
                 ),
             )
             if eval_specs:
@@ -143,7 +160,7 @@ def submit_run(ledger: Ledger, settings: Settings, spec: RunSpec, console: Conso
         shutil.rmtree(run_dir, ignore_errors=True)
         raise
     if config:
-        run_dir.mkdir(parents=True, exist_ok=True)
+        make_private_dirs(run_dir)  # a run's files hold what it printed and was given: only its owner reads them
         (run_dir / "config.json").write_bytes(config.canonical)
     return run_id
 
@@ -164,7 +181,7 @@ def _prepare_code(spec: RunSpec, run_dir: Path) -> tuple[Path, CodeRef]:
     """Where the command runs and the code reference it runs with (cloning `--repo` when given)."""
     if not spec.repo_url:
         return spec.cwd, capture_code(spec.cwd)
-    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    make_private_dirs(run_dir.parent)
     # Clone beside the final place and move it in, so a failed clone leaves no run directory.
     staging = Path(tempfile.mkdtemp(prefix=f".{run_dir.name}-", dir=run_dir.parent))
     try:
@@ -172,7 +189,7 @@ def _prepare_code(spec: RunSpec, run_dir: Path) -> tuple[Path, CodeRef]:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    run_dir.mkdir(parents=True, exist_ok=True)
+    make_private_dirs(run_dir)
     workspace = run_dir / "workspace"
     (staging / "workspace").rename(workspace)
     staging.rmdir()
@@ -244,6 +261,8 @@ def start_attempt(
     executor: Executor,
     overrides: Sequence[str] = (),
     from_queue: bool = False,
+    first: bool = False,
+    started_by: str | None = None,
 ) -> str | None:
     """Record a new attempt of `run_id` and hand it to `executor`; return the attempt id.
 
@@ -252,6 +271,12 @@ def start_attempt(
     With `from_queue`, the run is taken off the retry queue in the same transaction that records
     the attempt, and only if it is still queued with every attempt ended (else None): two
     supervisors, or a supervisor and a submit in flight, never launch the same retry twice.
+    With `first`, only a run without any attempt gets one (else None): the submitter's own launch
+    and a supervisor that adopted the run after the submitter died never both start attempt 1.
+
+    Every attempt gets the environment the run was submitted with (receipts/submitted_env.py),
+    whichever process launches it. `started_by` says who launched it (a command and its user, or
+    the supervisor); a retry taken off the queue is credited to the rule that queued it.
     """
     from trackway.supervisor.policy import memory_fingerprint
     from trackway.supervisor.retry import effective_config_path
@@ -261,18 +286,23 @@ def start_attempt(
     config_path = effective_config_path(settings, run_id)
     config = load_config(config_path, overrides) if overrides else None
     with ledger.write() as conn:
-        run = resolve_run(conn, run_id)
+        run = _locked_run(conn, run_id)
         if from_queue and (run["state"] != RunState.QUEUED.value or _has_unfinished_attempt(conn, run_id)):
             return None
         number = attempt_count(conn, run_id) + 1
+        if first and number != 1:
+            return None
+        if from_queue and started_by is None:
+            started_by = _queued_by(conn, run)
         state_dir = settings.runs_dir / run_id / "attempts" / str(number)
         env_sha = put_blob(conn, environment.canonical, "environment")
         config_sha = put_blob(conn, config.canonical, "config") if config else None
+        environ_description, environ_sha = _environ_of(conn, run)
         if config is not None:
-            state_dir.mkdir(parents=True, exist_ok=True)
             config_path = state_dir / "config.json"
-            config_path.write_bytes(config.canonical)
-        values = json.loads(config_path.read_text()) if config_path is not None else None
+            values = json.loads(config.canonical)
+        else:
+            values = json.loads(config_path.read_text()) if config_path is not None else None
         attempt_id = insert_attempt(
             conn,
             dict(
@@ -286,34 +316,47 @@ def start_attempt(
                 config_sha256=config_sha or _previous_config_sha(conn, run),
                 data_manifest_sha256=run["data_manifest_sha256"],
                 environment_sha256=env_sha,
+                environ_sha256=environ_sha,
                 code_commit=run["code_commit"],
                 code_dirty_sha256=run["code_dirty_sha256"],
                 resumed_from_checkpoint=resume_from,
                 memory_fingerprint=memory_fingerprint(values, run["resource"], run["gpus"]),
                 started_at=datetime.now(timezone.utc),  # the launch; replaced by when the command started
+                started_by=started_by,
             ),
         )
         update_run(conn, run_id, state=RunState.RUNNING.value, not_before=None, ended_at=None)
-    state_dir.mkdir(parents=True, exist_ok=True)
-    request = LaunchRequest(
-        attempt_id=attempt_id,
-        command=json.loads(run["command"]),
-        cwd=Path(run["workdir"]),
-        env={
-            **run_environment(run, state_dir),
-            **attempt_environment(settings, run_id, attempt_id, number, state_dir, resume_from, config_path),
-        },
-        state_dir=state_dir,
-        log_path=state_dir / "output.log",
-        gpus=run["gpus"],
-        time_limit_s=run["time_limit_s"],
-        grace_s=settings.resource(run["resource"]).grace_seconds,
-    )
     try:
+        # Files after the transaction: a full disk here ends this attempt with a reason instead of
+        # leaving it `starting` until a supervisor declares the launch interrupted.
+        state_dir.mkdir(parents=True, exist_ok=True)
+        if config is not None:
+            config_path.write_bytes(config.canonical)
+        submitted = _submitted_environment(settings, run, environ_description)
+        request = LaunchRequest(
+            attempt_id=attempt_id,
+            command=json.loads(run["command"]),
+            cwd=Path(run["workdir"]),
+            env={
+                **(submitted.variables if submitted is not None else {}),
+                **run_environment(run, state_dir),
+                **attempt_environment(settings, run_id, attempt_id, number, state_dir, resume_from, config_path),
+            },
+            state_dir=state_dir,
+            log_path=state_dir / "output.log",
+            gpus=run["gpus"],
+            time_limit_s=run["time_limit_s"],
+            grace_s=settings.resource(run["resource"]).grace_seconds,
+            env_is_complete=submitted is not None,
+        )
         submission = executor.submit(request)
     except TrackwayError as exc:
         _record_launch_failure(ledger, attempt_id, run_id, exc)
         raise
+    except OSError as exc:
+        failure = ExecutorError(f"attempt {attempt_id}: the launch failed: {_os_error_text(exc)}")
+        _record_launch_failure(ledger, attempt_id, run_id, failure)
+        raise failure from exc
     with ledger.write() as conn:
         # Only a still-starting attempt: one whose launch a supervisor declared interrupted stays ended.
         conn.execute(
@@ -330,6 +373,72 @@ def start_attempt(
             )
         )
     return attempt_id
+
+
+def command_by(command: str) -> str:
+    """`command` credited to the person running it: `trackway resume --set lr=1e-4 (ana@gpu3)`."""
+    import getpass
+    import socket
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry (a container's random uid)
+        user = "uid" + str(os.getuid())
+    return f"{command} ({user}@{socket.gethostname()})"
+
+
+def _queued_by(conn, run) -> str:
+    """Who queued a run the supervisor now launches: the rule on its last attempt, or the evaluation trigger."""
+    from trackway.ledger.records import latest_attempt
+
+    latest = latest_attempt(conn, run["run_id"])
+    if latest is None:
+        return "supervisor: evaluation of a committed checkpoint" if run["kind"] == RunKind.EVAL.value else "supervisor"
+    decision = json.loads(latest["retry_decision"]) if latest["retry_decision"] else {}
+    return f"supervisor: {decision.get('rule') or 'retry'}"
+
+
+def _locked_run(conn, run_id: str):
+    """The run, read after taking its row lock: on PostgreSQL two launchers at READ COMMITTED would
+    otherwise both see it queued and both start an attempt (SQLite's write lock already serialises)."""
+    run = resolve_run(conn, run_id)
+    conn.execute(select(runs.c.run_id).where(runs.c.run_id == run["run_id"]).with_for_update())
+    return resolve_run(conn, run["run_id"])
+
+
+def _environ_of(conn, run) -> tuple[dict | None, str]:
+    """The run's submitted environment (its description and blob); for a run recorded before
+    environments were stored, a description of this launcher's, so the receipt says what it got."""
+    if run["environ_sha256"]:
+        return json.loads(get_blob(conn, run["environ_sha256"])), run["environ_sha256"]
+    inherited = submitted_env.capture()
+    return None, put_blob(conn, inherited.canonical(owner=run["run_id"]), "environ")
+
+
+def _submitted_environment(settings: Settings, run, description: dict | None):
+    if description is None:
+        return None
+    try:
+        return submitted_env.restore(description, settings.runs_dir)
+    except submitted_env.MissingSecrets as exc:
+        raise InputError(str(exc)) from None
+
+
+def _os_error_text(exc: OSError) -> str:
+    """An OSError in plain words; a full disk says so, with the path and what is left on it."""
+    import errno
+
+    where = exc.filename or ""
+    text = f"{exc.strerror or exc}" + (f": {where}" if where else "")
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT) and where:
+        probe = Path(where)
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        try:
+            text += f" (disk full: {shutil.disk_usage(probe).free} bytes free)"
+        except OSError:
+            text += " (disk full)"
+    return text
 
 
 def _has_unfinished_attempt(conn, run_id: str) -> bool:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from sqlalchemy import RowMapping, update
+from sqlalchemy import RowMapping, select, update
 
 from trackway.errors import InputError, TrackwayError
 from trackway.executors.base import Executor, JobHandle, JobPhase, JobStatus, get_executor
@@ -21,7 +21,7 @@ from trackway.ledger import Ledger
 from trackway.ledger.ingest import add_supervisor_event, ingest_attempt, spool_dir_of
 from trackway.ledger.metrics import recent_points
 from trackway.ledger.registration import register_all_pending
-from trackway.ledger.schema import attempts
+from trackway.ledger.schema import attempts, runs
 from trackway.ledger.records import active_attempts, get_attempt, record_attempt_end, resolve_run, update_run
 from trackway.settings import Settings
 from trackway.supervisor.classify import Classification, Evidence, classify
@@ -45,6 +45,10 @@ LOG_TAIL_BYTES = 64 * 1024
 LOG_TAIL_LINES = 200
 # A launch this old that never reached its executor was interrupted (submit waits ~10 s at most).
 STALE_LAUNCH_S = 120
+# A run queued this long without any attempt lost its submitter between recording the run and
+# launching it (kill -9, a closed laptop): a supervisor launches attempt 1. Short, because
+# `start_attempt(first=True)` makes a slow-but-alive submitter and a supervisor never both launch.
+ORPHANED_RUN_S = 10
 # Past this, a tick leaves the remaining attempts to the next one (each end costs a write).
 TICK_BUDGET_S = 0.7
 
@@ -95,6 +99,7 @@ class Supervisor:
         self.settings = settings
         self._executors: dict[str, Executor] = {}
         self.tick_budget_s = TICK_BUDGET_S
+        self.orphaned_run_s = ORPHANED_RUN_S
         self.findings: list[tuple[str, str]] = []  # (attempt, what a watcher noticed), for live status lines
         self._first_rss: dict[str, int | None] = {}
         self._cursor = ""  # the attempt a time-bounded tick stopped at
@@ -110,6 +115,7 @@ class Supervisor:
         self.findings = []
         register_all_pending(self.ledger, self.settings.home)
         ends = self._recover_interrupted_launches()
+        self._launch_orphaned_runs()
         with self.ledger.read() as conn:
             pending = [a for a in active_attempts(conn) if a["executor_job_id"]]
         # A tick is bounded in time: when many attempts end at once, the rest wait for the next
@@ -223,6 +229,24 @@ class Supervisor:
                     ended_at=datetime.now(timezone.utc),
                 )
         return [a["attempt_id"] for a in live]
+
+    def _launch_orphaned_runs(self) -> list[str]:
+        """Start attempt 1 of training runs whose submitter died after recording them."""
+        cutoff = datetime.now(timezone.utc) - timedelta(seconds=self.orphaned_run_s)
+        with self.ledger.read() as conn:
+            orphans = orphaned_runs(conn, cutoff)
+        started = []
+        for run_id, executor in orphans:
+            try:
+                attempt_id = start_attempt(
+                    self.ledger, self.settings, run_id, self.executor(executor), first=True,
+                    started_by="supervisor: its submitter died before launching attempt 1",
+                )
+            except TrackwayError:
+                continue  # recorded on the attempt by start_attempt
+            if attempt_id is not None:
+                started.append(attempt_id)
+        return started
 
     def _recover_interrupted_launches(self) -> list[AttemptEnd]:
         """Attempts recorded but never handed over (the launching process died): adopt the job, or end them."""
@@ -357,6 +381,21 @@ class Supervisor:
             gpu_seconds=gpu_seconds,
             decision=decision,
         )
+
+
+def orphaned_runs(conn, recorded_before: datetime) -> list[tuple[str, str]]:
+    """(run id, executor) of queued training runs with no attempt at all, recorded before then.
+
+    Evaluation seeds are queued without attempts by design (they wait for a free evaluator slot).
+    """
+    has_attempt = select(attempts.c.run_id).where(attempts.c.run_id == runs.c.run_id).exists()
+    query = (
+        select(runs.c.run_id, runs.c.executor)
+        .where(runs.c.state == RunState.QUEUED.value, runs.c.kind != RunKind.EVAL.value, ~has_attempt)
+        .where(runs.c.created_at < recorded_before)
+        .order_by(runs.c.created_at)
+    )
+    return [(row.run_id, row.executor) for row in conn.execute(query)]
 
 
 def _stop_marker(state_dir: Path) -> tuple[str, str] | None:

@@ -7,7 +7,8 @@ attempt as `retry_decision`. The defaults are DESIGN.md's table:
     reason           action   budget  condition
     preempted        resume   10      -
     timeout          resume   5       only if the attempt committed a newer checkpoint
-    infra_transient  resume   3       backoff 30 s, x2 each time
+    infra_transient  resume   3       backoff 30 s, x2 each time; never after a full disk (stop, say
+                                      where to free space: a retry into a full disk is a retry storm)
     stalled          resume   1       -
     oom              resume   3       only if batch shape / activation checkpointing / precision /
                                       placement changed since the attempt that ran out of memory
@@ -24,13 +25,21 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from trackway.errors import InputError
+from trackway.supervisor.classify import DiskFull
 from trackway.taxonomy import TerminationReason as R
 
 ACTIONS = ("resume", "stop", "none")
 CONDITIONS = ("newer_checkpoint", "changed_memory_fingerprint")
+# Bounds of policy fields: far beyond any sensible policy, well short of what breaks a timer or a counter.
+MAX_BUDGET = 1000
+MAX_BACKOFF_S = 7 * 24 * 3600.0
+MAX_BACKOFF_FACTOR = 10.0
+MAX_GPU_HOURS = 1e9
 
 
 @dataclass(frozen=True)
@@ -88,6 +97,7 @@ class AttemptOutcome:
     reason: R
     committed_checkpoint: bool = False
     memory_fingerprint: str | None = None
+    disk_full: DiskFull | None = None  # the attempt met a full disk (from its termination evidence)
 
 
 @dataclass(frozen=True)
@@ -107,14 +117,18 @@ def decide(
     *,
     next_memory_fingerprint: str | None = None,
     run_gpu_seconds: float = 0.0,
+    run_ref: str = "RUN",
 ) -> Decision:
-    """What to do after the last attempt in `history` (oldest first) ended."""
+    """What to do after the last attempt in `history` (oldest first) ended; `run_ref` names the run in advice."""
     last = history[-1]
     reason = last.reason
     rule = policy.rule(reason)
     name = reason.value
     if rule.action == "none":
         return Decision("none", f"{name}: nothing to do", f"the run ended {name}")
+    if last.disk_full is not None:
+        # Whatever the policy allows: a retry would meet the same full disk within seconds, again and again.
+        return Decision("stop", f"{name}: disk full", disk_full_advice(last.disk_full, run_ref))
     if rule.action == "stop":
         return Decision("stop", f"{name}: stop", STOP_ADVICE.get(reason, f"{name} is not retried"))
     used = sum(1 for outcome in history[:-1] if outcome.reason is reason)
@@ -145,49 +159,156 @@ def decide(
     )
 
 
-def policy_from_mapping(doc: Mapping[str, Any], source: str) -> RetryPolicy:
-    """A policy from a parsed TOML table: `gpu_hours_budget` and `[reasons.NAME]` tables over the defaults."""
-    rules = dict(DEFAULT_RULES)
-    for name, body in (doc.get("reasons") or {}).items():
+class _RuleOverride(BaseModel):
+    """One `[reasons.NAME]` table of a policy file: any subset of a ReasonRule's fields, each checked."""
+
+    # strict: TOML's "3" is not 3 and true is not 1; no inf/nan: a timer or a budget must end.
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=True)
+
+    action: Literal["resume", "stop", "none"] | None = None
+    budget: Annotated[int, Field(ge=0, le=MAX_BUDGET)] | None = None
+    backoff_seconds: Annotated[float, Field(ge=0, le=MAX_BACKOFF_S)] | None = None
+    backoff_factor: Annotated[float, Field(ge=1, le=MAX_BACKOFF_FACTOR)] | None = None
+    backoff_max_seconds: Annotated[float, Field(ge=0, le=MAX_BACKOFF_S)] | None = None
+    requires: Literal["newer_checkpoint", "changed_memory_fingerprint"] | None = None
+
+
+class _PolicyTop(BaseModel):
+    """The top level of a policy file: the run-level budget and the per-reason tables."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=True)
+
+    gpu_hours_budget: Annotated[float, Field(gt=0, le=MAX_GPU_HOURS)] | None = None
+    reasons: dict[str, Any] | None = None
+
+
+# What each field takes, said in the one-line refusal of a bad value.
+EXPECTED: dict[str, str] = {
+    "action": f"one of {', '.join(ACTIONS)}",
+    "budget": f"a whole number of retries from 0 to {MAX_BUDGET}",
+    "backoff_seconds": f"a finite number of seconds from 0 to {MAX_BACKOFF_S:g}",
+    "backoff_factor": f"a finite number from 1 to {MAX_BACKOFF_FACTOR:g}",
+    "backoff_max_seconds": f"a finite number of seconds from 0 to {MAX_BACKOFF_S:g}",
+    "requires": f"one of {', '.join(CONDITIONS)}",
+    "gpu_hours_budget": f"a positive finite number of GPU-hours, at most {MAX_GPU_HOURS:g}",
+    "reasons": "a table of [reasons.NAME] tables",
+}
+
+
+@dataclass(frozen=True)
+class _Layer:
+    """One validated policy document: rule overrides by reason, and the run-level budget if it sets one."""
+
+    overrides: Mapping[R, Mapping[str, Any]]
+    gpu_hours_budget: float | None
+    sets_gpu_hours_budget: bool
+
+
+def _validate(doc: Any, source: str) -> _Layer:
+    """Check every key and value of one policy document; refuse the first bad one in one line."""
+    if not isinstance(doc, Mapping):
+        raise InputError(f"{source}: expected a table of retry settings")
+    top = _checked(_PolicyTop, doc, source, "")
+    overrides: dict[R, Mapping[str, Any]] = {}
+    for name, body in (top.reasons or {}).items():
         try:
             reason = R(name)
         except ValueError:
             raise InputError(f"{source}: [reasons.{name}]: expected one of {', '.join(r.value for r in R)}") from None
         if not isinstance(body, Mapping):
-            raise InputError(f"{source}: [reasons.{name}] must be a table")
-        unknown = set(body) - set(ReasonRule.__dataclass_fields__)
-        if unknown:
-            raise InputError(f"{source}: [reasons.{name}] {sorted(unknown)[0]}: expected one of {', '.join(ReasonRule.__dataclass_fields__)}")
-        rule = replace(rules[reason], **body)
-        if rule.action not in ACTIONS:
-            raise InputError(f"{source}: [reasons.{name}] action {rule.action!r}: expected one of {', '.join(ACTIONS)}")
-        if rule.requires is not None and rule.requires not in CONDITIONS:
-            raise InputError(f"{source}: [reasons.{name}] requires {rule.requires!r}: expected one of {', '.join(CONDITIONS)}")
-        if not isinstance(rule.budget, int) or rule.budget < 0:
-            raise InputError(f"{source}: [reasons.{name}] budget: expected a whole number ≥ 0")
-        rules[reason] = rule
-    budget = doc.get("gpu_hours_budget")
-    if budget is not None and not (isinstance(budget, int | float) and budget > 0):
-        raise InputError(f"{source}: gpu_hours_budget: expected a positive number of GPU-hours")
-    return RetryPolicy(rules=rules, gpu_hours_budget=float(budget) if budget is not None else None)
+            raise InputError(f"{source}: [reasons.{name}]: expected a table, got {_shown(body)}")
+        rule = _checked(_RuleOverride, body, source, f"[reasons.{name}] ")
+        overrides[reason] = rule.model_dump(exclude_unset=True)
+    return _Layer(overrides, top.gpu_hours_budget, "gpu_hours_budget" in doc)
+
+
+def _checked(model: type[BaseModel], doc: Mapping[str, Any], source: str, where: str) -> Any:
+    try:
+        return model.model_validate(dict(doc))
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        field = str(error["loc"][0])
+        if error["type"] == "extra_forbidden":
+            known = ", ".join(model.model_fields)
+            raise InputError(f"{source}: {where}{field}: unknown key; expected one of {known}") from None
+        raise InputError(f"{source}: {where}{field} {_shown(error['input'])}: expected {EXPECTED[field]}") from None
+
+
+def _shown(value: Any) -> str:
+    """A value as the policy file spelled it (TOML's true, 'text', inf)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, Mapping):
+        return "a table"
+    return repr(value)
+
+
+def disk_full_advice(full: DiskFull, run_ref: str) -> str:
+    """What to do about an attempt that met a full disk: free space where it was met, then resume."""
+    free = f" ({full.free_bytes} bytes were free)" if full.free_bytes is not None else ""
+    where = (
+        f"the file system holding {full.path}"
+        if full.path
+        else "the disk the attempt writes to (checkpoints, spool, outputs; the evidence did not name the path)"
+    )
+    return (
+        f"the disk is full{free}; a retry would fail the same way at once, so none is made: "
+        f"free space on {where}, then `trackway resume {run_ref}`"
+    )
+
+
+def policy_from_layers(layers: Sequence[tuple[Mapping[str, Any], str]]) -> RetryPolicy:
+    """The defaults, then each (document, source) in turn: later tables override fields of earlier ones."""
+    rules = dict(DEFAULT_RULES)
+    gpu_hours_budget: float | None = None
+    for doc, source in layers:
+        layer = _validate(doc, source)
+        for reason, fields in layer.overrides.items():
+            rules[reason] = replace(rules[reason], **fields)
+        if layer.sets_gpu_hours_budget:
+            gpu_hours_budget = layer.gpu_hours_budget
+    return RetryPolicy(rules=rules, gpu_hours_budget=gpu_hours_budget)
+
+
+def policy_from_mapping(doc: Mapping[str, Any], source: str) -> RetryPolicy:
+    """A policy from one parsed TOML table: `gpu_hours_budget` and `[reasons.NAME]` tables over the defaults."""
+    return policy_from_layers([(doc, source)])
+
+
+PROJECT_SOURCE = "trackway.toml [retry]"
 
 
 def load_policy(path: str | Path | None, project_doc: Mapping[str, Any] | None = None) -> RetryPolicy:
     """The defaults, then `[retry]` from trackway.toml, then a `--retry-policy FILE`."""
-    merged: dict[str, Any] = {"reasons": {}}
-    for doc in (project_doc or {}, _read(path) if path else {}):
-        for name, body in (doc.get("reasons") or {}).items():
-            merged["reasons"].setdefault(name, {}).update(body)
-        if "gpu_hours_budget" in doc:
-            merged["gpu_hours_budget"] = doc["gpu_hours_budget"]
-    return policy_from_mapping(merged, str(path or "trackway.toml [retry]"))
+    layers: list[tuple[Mapping[str, Any], str]] = [(project_doc or {}, PROJECT_SOURCE)]
+    if path:
+        layers.append((parse_policy_text(read_policy_text(path), path), f"--retry-policy {path}"))
+    return policy_from_layers(layers)
 
 
-def _read(path: str | Path) -> dict[str, Any]:
+def read_policy_text(path: str | Path) -> str:
+    """The text of a --retry-policy file; a missing, unreadable or non-file path is refused in one line."""
+    where = f"--retry-policy {path}"
+    file = Path(path).expanduser()
     try:
-        return tomllib.loads(Path(path).read_text())
+        return file.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise InputError(f"--retry-policy {path}: no such file") from None
+        raise InputError(f"{where}: no such file") from None
+    except IsADirectoryError:
+        raise InputError(f"{where}: expected a TOML file, found a directory") from None
+    except PermissionError:
+        raise InputError(f"{where}: expected a readable TOML file, permission denied") from None
+    except UnicodeDecodeError:
+        raise InputError(f"{where}: expected a UTF-8 TOML file, found undecodable bytes") from None
+    except OSError as exc:
+        if file.is_dir():
+            raise InputError(f"{where}: expected a TOML file, found a directory") from None
+        raise InputError(f"{where}: expected a readable TOML file: {exc.strerror or exc}") from None
+
+
+def parse_policy_text(text: str, path: str | Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise InputError(f"--retry-policy {path}: not valid TOML: {exc}") from None
 

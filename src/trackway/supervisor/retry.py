@@ -13,23 +13,30 @@ from pathlib import Path
 
 from sqlalchemy import Connection, RowMapping, func, select, update
 
+from trackway.errors import InputError
 from trackway.ledger.schema import attempts, runs
 from trackway.settings import Settings
-from trackway.supervisor.policy import AttemptOutcome, Decision, RetryPolicy, decide, load_policy, memory_fingerprint
+from trackway.supervisor.classify import DiskFull
+from trackway.supervisor.policy import (
+    PROJECT_SOURCE,
+    AttemptOutcome,
+    Decision,
+    RetryPolicy,
+    decide,
+    memory_fingerprint,
+    parse_policy_text,
+    policy_from_layers,
+    read_policy_text,
+)
 from trackway.taxonomy import AttemptState, RunState, TerminationReason
 
 
 def run_policy(settings: Settings, run: RowMapping) -> RetryPolicy:
-    """trackway.toml's [retry], then the run's own --retry-policy."""
-    own = tomllib.loads(run["retry_policy"]) if run["retry_policy"] else {}
-    return load_policy(None, _merge(settings.retry, own))
-
-
-def _merge(base: dict, top: dict) -> dict:
-    reasons = {name: dict(body) for name, body in (base.get("reasons") or {}).items()}
-    for name, body in (top.get("reasons") or {}).items():
-        reasons.setdefault(name, {}).update(body)
-    return {**base, **top, "reasons": reasons}
+    """trackway.toml's [retry], then the run's own --retry-policy (stored with the run at submit)."""
+    layers: list[tuple[dict, str]] = [(settings.retry, PROJECT_SOURCE)]
+    if run["retry_policy"]:
+        layers.append((tomllib.loads(run["retry_policy"]), f"run {run['run_id']}: its --retry-policy"))
+    return policy_from_layers(layers)
 
 
 def effective_config_path(settings: Settings, run_id: str) -> Path | None:
@@ -65,6 +72,7 @@ def decide_after_end(conn: Connection, settings: Settings, run: RowMapping, atte
             reason=TerminationReason(row["termination_reason"]),
             committed_checkpoint=bool(row["checkpoints_committed"]),
             memory_fingerprint=row["memory_fingerprint"],
+            disk_full=disk_full_of(row["termination_evidence"]),
         )
         for row in rows
         if row["termination_reason"]
@@ -72,12 +80,21 @@ def decide_after_end(conn: Connection, settings: Settings, run: RowMapping, atte
     spent = conn.execute(
         select(func.coalesce(func.sum(attempts.c.gpu_seconds), 0.0)).where(attempts.c.run_id == run["run_id"])
     ).scalar_one()
-    decision = decide(
-        run_policy(settings, run),
-        history,
-        next_memory_fingerprint=next_fingerprint(settings, run),
-        run_gpu_seconds=float(spent),
-    )
+    run_ref = run["name"] or run["run_id"]
+    try:
+        policy = run_policy(settings, run)
+    except InputError as exc:
+        # A policy stored before validation tightened, or a trackway.toml edited since: stopping costs
+        # no GPU time; guessing what was meant might.
+        decision = Decision("stop", "retry policy invalid", f"{exc}; fix it, then `trackway resume {run_ref}`")
+    else:
+        decision = decide(
+            policy,
+            history,
+            next_memory_fingerprint=next_fingerprint(settings, run),
+            run_gpu_seconds=float(spent),
+            run_ref=run_ref,
+        )
     conn.execute(
         update(attempts).where(attempts.c.attempt_id == attempt_id).values(retry_decision=json.dumps(decision.as_record()))
     )
@@ -111,9 +128,30 @@ def due_retries(conn: Connection, now: datetime) -> list[str]:
     return list(conn.execute(query).scalars())
 
 
+def disk_full_of(evidence_json: str | None) -> DiskFull | None:
+    """Whether an attempt's stored termination evidence says it met a full disk, and where."""
+    if not evidence_json:
+        return None
+    try:
+        evidence = json.loads(evidence_json)
+    except ValueError:
+        return None
+    if not isinstance(evidence, dict):
+        return None
+    found = evidence.get("disk_full")
+    if isinstance(found, dict):
+        free = found.get("free_bytes")
+        path = found.get("path")
+        return DiskFull(path if isinstance(path, str) else None, free if isinstance(free, int) else None)
+    lines = evidence.get("lines") or []
+    # Evidence written without the structured field still starts its first line with the words.
+    return DiskFull() if any(isinstance(line, str) and line.startswith("disk full:") for line in lines) else None
+
+
 def read_policy_file(path: str | None) -> str | None:
     """The text of a --retry-policy file, validated now so that bad input is refused before anything is recorded."""
     if not path:
         return None
-    load_policy(path)
-    return Path(path).read_text()
+    text = read_policy_text(path)
+    policy_from_layers([(parse_policy_text(text, path), f"--retry-policy {path}")])
+    return text

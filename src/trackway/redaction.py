@@ -1,0 +1,235 @@
+"""Redaction of common secret shapes, for text that a training process printed and the ledger keeps.
+
+The ledger is shared and queried by anyone (`trackway sql`, the dashboard), so nothing copied
+into it from a process's output or environment may carry a usable credential. What is replaced
+by `***`:
+
+- the password of a URL: `postgresql://bob:***@db/x`;
+- tokens with a known prefix (GitHub, Hugging Face, OpenAI, Anthropic, Slack, AWS, GitLab, npm),
+  keeping the prefix so a reader still sees which kind of token it was: `hf_***`;
+- JSON Web Tokens, `Bearer <token>`, PEM private key blocks;
+- the value of `KEY=value`, `KEY: value`, `"key": "value"`, `--key value` pairs whose key looks
+  like it names a secret (`is_secret_name`).
+
+Everything else stays as it was, so a redacted log is still a log: loss values, paths, git
+hashes, step counters and `--lr 3e-4` are untouched. `redact` is idempotent.
+
+Every pattern is anchored by a look-behind that allows a match to start only at the start of a
+word and has no nested quantifiers, so the time is linear in the length of the text; a long
+adversarial line costs no more than an ordinary one of the same length.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from functools import lru_cache
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+__all__ = ["MASK", "is_secret_name", "looks_secret", "redact", "redact_lines", "redact_structure", "redact_url"]
+
+MASK = "***"
+
+# --- names -----------------------------------------------------------------------------------
+
+_SECRET_WORDS = re.compile(
+    r"TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIAL|PRIVATE_?KEY|API_?KEY|ACCESS_?KEY|AUTH|"
+    r"SESSION_?KEY|COOKIE"
+)
+_SECRET_ENDINGS = ("_KEY", "_PAT", "_DSN")
+# Names that contain a secret word but count things or configure a tokenizer: training logs and
+# environments are full of them (TOKENIZERS_PARALLELISM, max_new_tokens, eos_token_id, the
+# author of a commit), and hiding them would make logs unreadable without protecting anything.
+_BENIGN_WORDS = re.compile(
+    r"TOKENI[SZ]|TOKENS|TOKEN_(?:IDS?|COUNT|TYPE|LEN)|(?:PAD|EOS|BOS|UNK|SEP|CLS|MASK)_TOKEN|AUTHOR(?!I[SZ])"
+)
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+
+
+def _normal_name(name: str) -> str:
+    """`hfToken`, `hf-token`, `model.hf_token` -> `HF_TOKEN`-style upper snake case."""
+    return re.sub(r"[^A-Za-z0-9]+", "_", _CAMEL.sub("_", name)).upper()
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether an environment variable or key called `name` probably holds a secret."""
+    return _is_secret_name(name)
+
+
+@lru_cache(maxsize=4096)  # redact asks about every `key=` in a log; the same few keys recur
+def _is_secret_name(name: str) -> bool:
+    normal = _normal_name(name)
+    if normal.endswith(_SECRET_ENDINGS):
+        return True
+    # Blank the benign words rather than delete them, so that what is left cannot join into a
+    # secret word that was not there (TOKEN + S_ECRET).
+    remaining = _BENIGN_WORDS.sub(lambda m: "#" * len(m.group()), normal)
+    return _SECRET_WORDS.search(remaining) is not None
+
+
+# --- values ----------------------------------------------------------------------------------
+
+_W = r"A-Za-z0-9_"  # word characters, for the look-behinds that anchor every pattern
+
+# scheme://user:password@host — the user may be empty (`redis://:pw@host`); a password may hold
+# `@` when the caller did not escape it, so it runs to the last `@` before the path.
+_URL_PASSWORD = re.compile(
+    r"(?<![A-Za-z0-9+.\-])(?P<head>[A-Za-z][A-Za-z0-9+.\-]{0,30}://[^\s:/@]*:)(?P<password>[^\s/]+)@"
+)
+
+_TOKENS = re.compile(
+    rf"(?<![{_W}\-])(?:"
+    r"(?P<gh>gh[pousr]_)[A-Za-z0-9]{20,}"
+    r"|(?P<ghpat>github_pat_)[A-Za-z0-9_]{20,}"
+    r"|(?P<hf>hf_)[A-Za-z0-9]{30,}"
+    r"|(?P<anthropic>sk-ant-)[A-Za-z0-9_\-]{10,}"
+    r"|(?P<openai>sk-)[A-Za-z0-9_\-]{20,}"
+    r"|(?P<slack>xox[abpr]-)[A-Za-z0-9\-]{10,}"
+    r"|(?P<aws>AKIA|ASIA)[A-Z0-9]{16}(?![A-Za-z0-9])"
+    r"|(?P<gitlab>glpat-)[A-Za-z0-9_\-]{20,}"
+    r"|(?P<npm>npm_)[A-Za-z0-9]{30,}"
+    r"|(?P<jwt>eyJ)[A-Za-z0-9_\-]{4,}\.eyJ[A-Za-z0-9_\-]{4,}\.[A-Za-z0-9_\-]*"
+    r")"
+)
+
+_PEM = re.compile(
+    r"(?P<begin>-----BEGIN [A-Z0-9 ]{0,40}PRIVATE KEY-----).*?(?P<end>-----END [A-Z0-9 ]{0,40}PRIVATE KEY-----|\Z)",
+    re.DOTALL,
+)
+_PEM_BEGIN = re.compile(r"-----BEGIN [A-Z0-9 ]{0,40}PRIVATE KEY-----")
+_PEM_END = re.compile(r"-----END [A-Z0-9 ]{0,40}PRIVATE KEY-----")
+
+# Scheme words stay so that `Authorization: Bearer ***` still says what it was.
+_BEARER = re.compile(rf"(?<![{_W}])(?P<scheme>Bearer)[ \t]+(?P<token>[A-Za-z0-9\-._~+/]+=*)", re.IGNORECASE)
+
+# KEY=value, KEY: value, "key": "value", key='value'. Only the key and separator are consumed
+# when scanning, so a pair inside the value of another (`url=https://h/?token=abc`) is still
+# found. The value runs to the next whitespace or separator, or to the closing quote when it is
+# quoted (to the end of the line when the quote never closes: a truncated line must not leak what
+# follows the quote).
+_PAIR_KEY = re.compile(
+    rf"(?<![{_W}.])(?<!://)(?P<q>[\"']?)(?P<key>[A-Za-z_][{_W}.\-]*)(?P=q)[ \t]*(?::(?!//)|=)[ \t]*"
+)
+_PAIR_VALUE = re.compile(
+    r"(?:(?:Bearer|Basic|Token)[ \t]+)?"
+    r"(?:(?P<open>[\"'])(?P<quoted>[^\"'\n]*)(?P<close>[\"']?)|(?P<bare>[^\s\"',;&}\]]+))"
+)
+# --key value / -key value on a command line (the `--key=value` form is a pair above).
+_FLAG_KEY = re.compile(rf"(?<![{_W}\-])--?(?P<key>[A-Za-z][{_W}\-]*)[ \t]+")
+_FLAG_VALUE = re.compile(r"(?P<bare>[^\s\"'\-][^\s\"']*)")
+
+
+def _token(match: re.Match) -> str:
+    if match.group("jwt") is not None:
+        return f"eyJ{MASK}"
+    prefix = next(value for value in match.groupdict().values() if value is not None)
+    return f"{prefix}{MASK}"
+
+
+def _redact_values(text: str, keys: re.Pattern, values: re.Pattern) -> str:
+    """Replace the value after every key that `is_secret_name`, leaving the rest as it was."""
+    out: list[str] = []
+    done = 0  # text[:done] is already in `out`
+    for key in keys.finditer(text):
+        if key.start() < done or not is_secret_name(key.group("key")):
+            continue
+        value = values.match(text, key.end())
+        if value is None:
+            continue
+        if value.group("bare") is not None:
+            start, end, replacement = value.start("bare"), value.end("bare"), MASK
+        elif value.group("quoted"):
+            start, end, replacement = value.start("quoted"), value.end("quoted"), MASK
+        else:
+            continue  # password="" holds nothing
+        out.append(text[done:start])
+        out.append(replacement)
+        done = end
+    out.append(text[done:])
+    return "".join(out)
+
+
+def redact(text: str) -> str:
+    """`text` with the secret parts replaced by `***`; everything else unchanged."""
+    if not text:
+        return text
+    text = _PEM.sub(lambda m: f"{m.group('begin')}{MASK}{m.group('end')}", text)
+    text = _URL_PASSWORD.sub(lambda m: f"{m.group('head')}{MASK}@", text)
+    text = _TOKENS.sub(_token, text)
+    text = _BEARER.sub(lambda m: f"{m.group('scheme')} {MASK}", text)
+    text = _redact_values(text, _PAIR_KEY, _PAIR_VALUE)
+    return _redact_values(text, _FLAG_KEY, _FLAG_VALUE)
+
+
+def redact_lines(lines: Iterable[str]) -> list[str]:
+    """Each line redacted, one output line per input line.
+
+    A PEM private key printed over several lines is hidden whole: its base64 body lines carry no
+    shape of their own, so they are recognised by lying between the BEGIN and END lines.
+    """
+    out: list[str] = []
+    inside_key = False
+    for line in lines:
+        if inside_key:
+            end = _PEM_END.search(line)
+            if end is None:
+                out.append(MASK)
+                continue
+            inside_key = False
+            out.append(MASK + redact(line[end.start() :]))
+            continue
+        begin = _PEM_BEGIN.search(line)
+        if begin is not None and _PEM_END.search(line, begin.end()) is None:
+            inside_key = True
+            out.append(redact(line[: begin.end()]) + MASK)
+            continue
+        out.append(redact(line))
+    return out
+
+
+def redact_structure(value: object) -> object:
+    """A JSON-like structure with every string in it redacted (keys too), so it stays valid JSON.
+
+    A string under a key that names a secret (`{"hf_token": "abc"}`) is hidden whole.
+    """
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {
+            redact(k) if isinstance(k, str) else k: (
+                MASK if isinstance(k, str) and is_secret_name(k) and isinstance(v, str) and v else redact_structure(v)
+            )
+            for k, v in value.items()
+        }
+    if isinstance(value, (list, tuple)):
+        if value and all(isinstance(item, str) for item in value):
+            return redact_lines(value)
+        return [redact_structure(item) for item in value]
+    return value
+
+
+def looks_secret(value: str) -> bool:
+    """Whether `value` holds something with a common secret shape (see the module docstring)."""
+    return bool(value) and redact(value) != value
+
+
+def redact_url(url: str) -> str:
+    """A database or service URL with its password (and secret query parameters) replaced by `***`."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return redact(url)
+    netloc = parts.netloc
+    userinfo, at, host = netloc.rpartition("@")
+    if at and ":" in userinfo:
+        user, _, password = userinfo.partition(":")
+        if password:
+            netloc = f"{user}:{MASK}@{host}"
+    query = parts.query
+    if query:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        if any(is_secret_name(key) for key, _ in pairs):
+            query = urlencode([(key, MASK if is_secret_name(key) and v else v) for key, v in pairs], safe="*")
+    if netloc == parts.netloc and query == parts.query:
+        return redact(url)
+    return redact(urlunsplit(parts._replace(netloc=netloc, query=query)))

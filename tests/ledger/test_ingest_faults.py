@@ -1,0 +1,228 @@
+"""Ingesting a spool under faults: unreadable lines are quarantined, two ingesters at once store everything once."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+import textwrap
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select
+
+from trackway.ledger.ingest import ingest_attempt, ingester_event_key
+from trackway.ledger.records import get_attempt, insert_attempt, insert_run
+from trackway.ledger.schema import attempt_events, metric_points, metric_series, spool_cursors
+from trackway.spool import QUARANTINE_FILE, encode_metric_rows
+from trackway.supervisor.explain import incidents
+
+TOKEN = "hf_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6"
+
+
+def _attempt(ledger, state_dir: Path, run_id: str = "rfaults") -> dict:
+    """A run and its first attempt whose spool is `state_dir/spool`."""
+    now = datetime.now(timezone.utc)
+    with ledger.write() as conn:
+        insert_run(conn, dict(run_id=run_id, project="p", kind="full", state="running", command="[]",
+                              workdir=str(state_dir), resource="local", executor="local", gpus=0, created_at=now))
+        attempt_id = insert_attempt(conn, dict(run_id=run_id, attempt_number=1, state="running", executor="local",
+                                               state_dir=str(state_dir), log_path=str(state_dir / "output.log"),
+                                               gpu_count=0))
+    (state_dir / "spool").mkdir(parents=True, exist_ok=True)
+    with ledger.read() as conn:
+        return get_attempt(conn, attempt_id)
+
+
+def _metric_line(steps: range) -> bytes:
+    (line,) = encode_metric_rows((step, 1000.0 + step, {"loss": 1.0 / (step + 1)}) for step in steps)
+    return line
+
+
+def _event_line(seq: int, kind: str, **payload) -> bytes:
+    return json.dumps({"seq": seq, "t": 1000.0 + seq, "kind": kind, "rank": 0, **payload}).encode() + b"\n"
+
+
+def _append(path: Path, *lines: bytes) -> list[int]:
+    """Append `lines`; the byte offset at which each starts."""
+    offsets = []
+    with open(path, "ab") as f:
+        for line in lines:
+            offsets.append(f.tell())
+            f.write(line)
+    return offsets
+
+
+def _steps(ledger, run_id: str) -> list[int]:
+    with ledger.read() as conn:
+        return list(conn.execute(
+            select(metric_points.c.step).join(metric_series, metric_series.c.series_id == metric_points.c.series_id)
+            .where(metric_series.c.run_id == run_id).order_by(metric_points.c.step)
+        ).scalars())
+
+
+def _events(ledger, attempt_id: str, kind: str | None = None) -> list[dict]:
+    query = select(attempt_events.c.payload).where(attempt_events.c.attempt_id == attempt_id)
+    if kind is not None:
+        query = query.where(attempt_events.c.kind == kind)
+    with ledger.read() as conn:
+        return [json.loads(p) for p in conn.execute(query.order_by(attempt_events.c.rank, attempt_events.c.seq)).scalars()]
+
+
+BAD_METRIC_LINES = [
+    b'{"keys": [',  # torn, as a full disk leaves it
+    b"\xff\xfe\x00garbage " + TOKEN.encode(),  # not UTF-8, and a secret in it
+    b'{"keys": ["loss"], "steps": "many", "times": [], "values": [[]]}',  # JSON of the wrong shape
+    b'{"keys": ["loss"], "steps": [1, 2], "times": [1.0], "values": [[0.5, 0.5]]}',  # columns that disagree
+    b'[1, 2, 3]',
+]
+
+
+def test_a_garbage_line_mid_spool_is_quarantined_and_the_rest_ingested(ledger, tmp_path):
+    attempt = _attempt(ledger, tmp_path / "attempt")
+    spool = tmp_path / "attempt" / "spool"
+    metrics = spool / "metrics-r0.jsonl"
+    offsets = _append(metrics, _metric_line(range(0, 10)), *(line + b"\n" for line in BAD_METRIC_LINES),
+                      _metric_line(range(10, 20)))
+    events = spool / "events.jsonl"
+    event_offsets = _append(events, _event_line(0, "started"), b"not json at all\n",
+                            b'{"seq": "x", "t": 1.0, "kind": "started"}\n', b'{"seq": 5, "t": 1e300, "kind": "x"}\n',
+                            _event_line(1, "checkpoint_committed", step=3),  # no name, no path
+                            _event_line(2, "checkpoint_committed", step=3, name="c" * 65, path="/ckpt"),  # too long
+                            _event_line(3, "note", message="pushed with postgresql://bob:hunter2@db/x"))
+
+    report = ingest_attempt(ledger, attempt)  # returns: nothing raised
+
+    assert _steps(ledger, "rfaults") == list(range(20))  # points before and after the bad lines
+    assert report.quarantined == len(BAD_METRIC_LINES) + 5
+    quarantined = _events(ledger, attempt["attempt_id"], "spool_line_quarantined")
+    by_place = {(e["file"], e["offset"]): e for e in quarantined}
+    assert set(by_place) == {("metrics-r0.jsonl", o) for o in offsets[1:-1]} | {
+        ("events.jsonl", o) for o in event_offsets[1:6]}
+    torn = by_place[("metrics-r0.jsonl", offsets[1])]
+    assert torn["error"].startswith("not JSON") and "\n" not in torn["error"]
+    assert torn["preview"] == '{"keys": ['
+    secret = by_place[("metrics-r0.jsonl", offsets[2])]
+    assert TOKEN not in secret["preview"] and "hf_***" in secret["preview"]
+    assert secret["error"].startswith(("not JSON", "not UTF-8"))
+    assert "'steps'" in by_place[("metrics-r0.jsonl", offsets[3])]["error"]
+    assert "'name'" in by_place[("events.jsonl", event_offsets[4])]["error"]
+    assert "at most 64 characters" in by_place[("events.jsonl", event_offsets[5])]["error"]
+    # Nothing lost: every bad line is beside the spool, byte for byte, readable by its owner only.
+    copies = [json.loads(line) for line in (spool / QUARANTINE_FILE).read_text().splitlines()]
+    assert [base64.b64decode(c["line_base64"]) for c in copies[:len(BAD_METRIC_LINES)]] == BAD_METRIC_LINES
+    assert (spool / QUARANTINE_FILE).stat().st_mode & 0o777 == 0o600
+    # The good events are stored, and what a script said is redacted on its way into the ledger.
+    kinds = [e["kind"] for e in _events(ledger, attempt["attempt_id"]) if e["kind"] != "spool_line_quarantined"]
+    assert kinds == ["started", "note"]
+    (note,) = _events(ledger, attempt["attempt_id"], "note")
+    assert "hunter2" not in note["message"] and "bob:***@db" in note["message"]
+    # `trackway explain` shows each quarantined line.
+    with ledger.read() as conn:
+        lines = incidents(conn, attempt["attempt_id"])
+    assert sum("quarantined" in line for line in lines) == report.quarantined
+
+
+def test_a_quarantined_line_is_recorded_once_however_often_it_is_read(ledger, tmp_path):
+    attempt = _attempt(ledger, tmp_path / "attempt")
+    metrics = tmp_path / "attempt" / "spool" / "metrics-r0.jsonl"
+    _append(metrics, _metric_line(range(0, 5)), b'{"keys": [\n')
+    ingest_attempt(ledger, attempt)
+    # A crash after reading, before the offset was saved, makes the next ingest read the line again.
+    with ledger.write() as conn:
+        conn.execute(spool_cursors.delete())
+    _append(metrics, _metric_line(range(5, 10)))
+    second = ingest_attempt(ledger, attempt)
+    third = ingest_attempt(ledger, attempt)
+    assert second.quarantined == 1 and third.quarantined == 0
+    assert len(_events(ledger, attempt["attempt_id"], "spool_line_quarantined")) == 1
+    assert _steps(ledger, "rfaults") == list(range(10))
+
+
+def test_one_bad_spool_does_not_stop_another_runs_ingest(ledger, tmp_path):
+    bad = _attempt(ledger, tmp_path / "bad", run_id="rbad")
+    good = _attempt(ledger, tmp_path / "good", run_id="rgood")
+    _append(tmp_path / "bad" / "spool" / "metrics-r0.jsonl", b"\x00\x01\x02\n", _metric_line(range(3)))
+    _append(tmp_path / "good" / "spool" / "metrics-r0.jsonl", _metric_line(range(4)))
+    for attempt in (bad, good):
+        ingest_attempt(ledger, attempt)
+    assert _steps(ledger, "rbad") == [0, 1, 2] and _steps(ledger, "rgood") == [0, 1, 2, 3]
+
+
+def test_ingester_event_keys_never_meet_the_sdks_or_the_supervisors():
+    keys = {ingester_event_key(name, offset) for name in ("events.jsonl", "metrics-r0.jsonl", "metrics-r1.jsonl",
+                                                          "fallback/0a1b2c3d/metrics-r0.jsonl")
+            for offset in (0, 1, 2**31 - 1, 2**31, 5 * 2**31 + 7)}
+    assert len(keys) == 20
+    assert all(rank < -1 and -(2**31) <= rank and 0 <= seq < 2**31 for rank, seq in keys)
+
+
+# -- two ingesters at once ----------------------------------------------------------------------
+
+INGESTER = textwrap.dedent("""
+    import os, sys
+    from trackway.ledger import open_ledger
+    from trackway.ledger.ingest import ingest_attempt, ingester_event_key
+    from trackway.ledger.records import get_attempt
+
+    url, attempt_id, stop = sys.argv[1:4]
+    ledger = open_ledger(url, migrate=False)
+    print("ready", flush=True)
+    rounds = 0
+    while True:
+        last = os.path.exists(stop)  # one more round after the writer stopped, so nothing is left
+        with ledger.read() as conn:
+            attempt = get_attempt(conn, attempt_id)
+        ingest_attempt(ledger, attempt)
+        rounds += 1
+        if last:
+            break
+    print(rounds)
+""")
+
+
+def test_two_processes_ingesting_one_attempt_store_everything_once(ledger, ledger_url, tmp_path):
+    attempts = [_attempt(ledger, tmp_path / f"a{i}", run_id=f"rconc{i}") for i in range(2)]
+    stop = tmp_path / "stop"
+    ingesters = [
+        subprocess.Popen([sys.executable, "-c", INGESTER, ledger_url, a["attempt_id"], str(stop)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for a in attempts for _ in range(2)
+    ]
+    try:
+        for p in ingesters:
+            assert p.stdout.readline().strip() == "ready", p.stderr.read()
+        step = seq = 0
+        # New files appear while the ingesters poll: each first offset of a file is a race.
+        for rank in range(6):
+            for _ in range(8):
+                for a in attempts:
+                    spool = Path(a["state_dir"]) / "spool"
+                    _append(spool / f"metrics-r{rank}.jsonl", _metric_line(range(step, step + 25)))
+                    _append(spool / "events.jsonl", _event_line(seq, "progress", step=step))
+                step += 25
+                seq += 1
+                time.sleep(0.02)
+    finally:
+        stop.touch()
+        results = [(p.wait(timeout=60), *p.communicate()) for p in ingesters]
+    for code, out, err in results:
+        assert code == 0, [line for line in err.splitlines() if "Error" in line][-1:]
+        assert int(out) > 1
+    for a in attempts:
+        assert _steps(ledger, a["run_id"]) == list(range(step))
+        assert [e["seq"] for e in _events(ledger, a["attempt_id"])] == list(range(seq))
+        with ledger.read() as conn:
+            cursors = dict(conn.execute(select(spool_cursors.c.file, spool_cursors.c.byte_offset)
+                                        .where(spool_cursors.c.attempt_id == a["attempt_id"])).all())
+            points = conn.execute(
+                select(func.count()).select_from(metric_points)
+                .join(metric_series, metric_series.c.series_id == metric_points.c.series_id)
+                .where(metric_series.c.run_id == a["run_id"])
+            ).scalar_one()
+        spool = Path(a["state_dir"]) / "spool"
+        assert cursors == {p.name: p.stat().st_size for p in spool.glob("*.jsonl")}
+        assert points == step

@@ -17,8 +17,12 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) examples/demo.py
 
+# PostgreSQL is started (installed, on a fresh machine) when it is not up; a no-op when it is.
+# Tests that need a background supervisor turn it on themselves; elsewhere none is started,
+# so that no supervisor outlives the test that caused it.
 test: $(STAMP)
-	$(PY) -m pytest -n 2 --dist loadfile
+	bash scripts/ensure-postgres.sh
+	TRACKWAY_BACKGROUND_SUPERVISOR=0 $(PY) -m pytest -n 2 --dist loadfile
 
 bench: $(STAMP)
 	$(PY) bench/run_all.py

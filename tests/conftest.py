@@ -80,6 +80,8 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     home = tmp_path / "home"
     monkeypatch.setenv("TRACKWAY_HOME", str(home))
     monkeypatch.delenv("TRACKWAY_DB", raising=False)
+    # Tests drive `trackway supervise` themselves; a background one would race them for the same attempts.
+    monkeypatch.setenv("TRACKWAY_BACKGROUND_SUPERVISOR", "0")
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from trackway.errors import InputError
+from trackway.validation import finite
 
 CONFIG_FILE_NAME = "trackway.toml"
 
@@ -50,6 +51,9 @@ stall_seconds = 600
 # Other watchers only record what they notice; list the ones that should end the attempt too:
 # loss_rising (→ nan_loss), memory_growing (→ oom), plateau, throughput_falling, gpu_underused (→ stalled).
 stop_on = []
+# `trackway submit --detach` (and `eval --detach`) start a supervisor in the background when none is
+# running; it exits after nothing has been in flight for this long (TRACKWAY_SUPERVISOR_IDLE_S overrides).
+idle_exit_seconds = 300
 
 [evals]
 # Evaluation attempts the supervisor runs at once (each seed of an evaluation is one run of kind eval).
@@ -86,6 +90,7 @@ class Settings:
     stall_seconds: float = 600.0  # [supervisor] stall_seconds: no heartbeat or no new step for this long
     stop_on: tuple[str, ...] = ()  # [supervisor] stop_on: watcher findings that end the attempt
     eval_max_running: int = 2  # [evals] max_running: evaluation attempts running at once
+    idle_exit_seconds: float = 300.0  # [supervisor] idle_exit_seconds: when a background supervisor exits
 
     def resource(self, name: str = "local") -> Resource:
         return self.resources.get(name) or Resource(name=name)
@@ -107,24 +112,34 @@ def _parse_resources(doc: dict[str, Any], path: Path) -> dict[str, Resource]:
     for name, body in (doc.get("resources") or {}).items():
         if not isinstance(body, dict):
             raise InputError(f"{path}: [resources.{name}] must be a table")
-        try:
-            resources[name] = Resource(
-                name=name,
-                executor=str(body.get("executor", "local")),
-                cost_per_gpu_hour=float(body.get("cost_per_gpu_hour", 0.0)),
-                grace_seconds=float(body.get("grace_seconds", 30.0)),
-            )
-        except (TypeError, ValueError):
-            raise InputError(
-                f"{path}: [resources.{name}] cost_per_gpu_hour and grace_seconds must be numbers"
-            ) from None
+        where = f"{path}: [resources.{name}]"
+        resources[name] = Resource(
+            name=name,
+            executor=str(body.get("executor", "local")),
+            cost_per_gpu_hour=_number(
+                body.get("cost_per_gpu_hour", 0.0), f"{where} cost_per_gpu_hour", 0.0, 1e6, "dollars per GPU-hour"
+            ),
+            grace_seconds=_number(body.get("grace_seconds", 30.0), f"{where} grace_seconds", 0.0, 86400.0, "seconds"),
+        )
     return resources
+
+
+def _number(value: Any, field: str, low: float, high: float, unit: str) -> float:
+    """A number from trackway.toml; TOML spells inf and nan, which no timer or cost should take."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InputError(f"{field}: expected a number of {unit} from {low:g} to {high:g}, got {value!r}")
+    return finite(float(value), field, low, high, unit)
 
 
 def load_settings(home: str | Path | None = None, db: str | None = None, cwd: Path | None = None) -> Settings:
     """Resolve settings from arguments, the environment and ./trackway.toml."""
     cwd = cwd or Path.cwd()
     home_path = Path(home or os.environ.get("TRACKWAY_HOME") or cwd / ".trackway").expanduser().resolve()
+    # The home is created on first use: the nearest part of it that exists must be a directory.
+    existing = next(p for p in (home_path, *home_path.parents) if p.exists())
+    if not existing.is_dir():
+        source = "--home" if home else "TRACKWAY_HOME" if os.environ.get("TRACKWAY_HOME") else "home"
+        raise InputError(f"{source} {home_path}: expected a directory, but {existing} is a file")
     toml_path = cwd / CONFIG_FILE_NAME
     doc = _read_toml(toml_path) if toml_path.is_file() else {}
     url = db or os.environ.get("TRACKWAY_DB") or (doc.get("ledger") or {}).get("url")
@@ -137,10 +152,15 @@ def load_settings(home: str | Path | None = None, db: str | None = None, cwd: Pa
     if not isinstance(retry, dict):
         raise InputError(f"{toml_path}: [retry] must be a table")
     supervisor = doc.get("supervisor") or {}
-    try:
-        stall_seconds = float(supervisor.get("stall_seconds", 600.0))
-    except (TypeError, ValueError):
-        raise InputError(f"{toml_path}: [supervisor] stall_seconds: expected a number of seconds") from None
+    if not isinstance(supervisor, dict):
+        raise InputError(f"{toml_path}: [supervisor] must be a table")
+    stall_seconds = _number(
+        supervisor.get("stall_seconds", 600.0), f"{toml_path}: [supervisor] stall_seconds", 1.0, 7 * 86400.0, "seconds"
+    )
+    idle_exit_seconds = _number(
+        supervisor.get("idle_exit_seconds", 300.0), f"{toml_path}: [supervisor] idle_exit_seconds",
+        0.0, 7 * 86400.0, "seconds",
+    )
     stop_on = supervisor.get("stop_on", [])
     known = ("loss_rising", "plateau", "throughput_falling", "memory_growing", "gpu_underused")
     if not isinstance(stop_on, list) or any(kind not in known for kind in stop_on):
@@ -158,4 +178,5 @@ def load_settings(home: str | Path | None = None, db: str | None = None, cwd: Pa
         stall_seconds=stall_seconds,
         stop_on=tuple(stop_on),
         eval_max_running=max_running,
+        idle_exit_seconds=idle_exit_seconds,
     )

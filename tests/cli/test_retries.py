@@ -112,6 +112,8 @@ def test_oom_is_retried_only_with_a_smaller_footprint(cli):
     assert fixed.code == 0, fixed.err
     first, second = cli("attempts", "big", "--json").json()
     assert second["termination_reason"] == "completed" and second["config_sha256"] != first["config_sha256"]
+    # A person's resume is credited to the person, not to the supervisor.
+    assert second["started_by"].startswith("trackway resume --set train.batch_size=8 (")
     facts = cli("explain", "big", "--json").json()
     assert facts["changes"]["config"] == ["train.batch_size: 32 → 8"]
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 PY = sys.executable
 NEUTRAL = str(Path(__file__).parent.parent / "cli" / "scripts" / "neutral.py")
+THREE_SEEDS = 'seeds = [0, 1, 2]\nmetrics = ["pass@1", "pass@2"]\n[decoding]\nsamples = 4\ntemperature = 0.8\n'
 ESCALATING = 'seeds = [0, 1, 2]\nmetrics = ["pass@1"]\n[decoding]\nsamples = 4\n[escalation]\nfirst_seeds = 1\nescalate_if = "pass@1 >= 0.4"\n'
 
 
@@ -21,17 +22,17 @@ def eval_runs(cli) -> list[dict]:
 
 def test_the_same_checkpoint_and_versions_again_is_a_repeat_and_a_changed_evaluator_is_not(cli, write_spec, eval_dir):
     trained(cli)
-    spec = str(write_spec())
-    first = cli("eval", "train@20", "--spec", spec)
+    spec = str(write_spec(body=THREE_SEEDS))
+    first = cli("eval", "train@20", "--spec", spec, "--seeds", "2")
     assert first.code == 0, first.err
     eval_id = first.out.split()[0]
     assert "pass@1" in first.out and len(eval_runs(cli)) == 2
-    again = cli("eval", "train@step-00000020", "--spec", spec)
+    again = cli("eval", "train@step-00000020", "--spec", spec, "--seeds", "2")
     assert again.code == 0 and again.out.split()[0] == eval_id and "is a repeat" in again.err
     assert len(eval_runs(cli)) == 2  # nothing ran
     code = eval_dir / "evaluator.py"
     code.write_text(code.read_text().replace('VERSION_TAG = "v1"', 'VERSION_TAG = "v2"'))
-    changed = cli("eval", "train@20", "--spec", spec)
+    changed = cli("eval", "train@20", "--spec", spec, "--seeds", "2")
     assert changed.code == 0 and changed.out.split()[0] != eval_id
     rows = cli("evals", "train", "--json").json()["evaluations"]
     assert len(rows) == 2 and rows[0]["evaluator_version"] != rows[1]["evaluator_version"]
@@ -75,14 +76,15 @@ def test_evaluations_pin_checkpoints_against_retention(cli, write_spec):
         if all(r["state"] != "running" for r in cli("evals", "train", "--json").json()["evaluations"]):
             break
         cli("supervise", "--once")
-    plan = cli("gc", "train")
-    assert "keep step 20: best pass@1 by evaluation spec toy" in plan.out
-    states = {c["step"]: c["state"] for c in cli("checkpoints", "train", "--json").json()}
-    assert states[20] == "committed" and states[10] == "superseded"
     # keep_evaluated = "all": every evaluated checkpoint stays, whatever its result.
     Path("trackway.toml").write_text('[checkpoints]\nkeep_evaluated = "all"\n')
     plan = cli("gc", "train", "--dry-run")
     assert "keep step 10: pinned by evaluation" in plan.out and "(completed)" in plan.out
+    Path("trackway.toml").unlink()
+    plan = cli("gc", "train")
+    assert "keep step 20: best pass@1 by evaluation spec toy" in plan.out
+    states = {c["step"]: c["state"] for c in cli("checkpoints", "train", "--json").json()}
+    assert states[20] == "committed" and 10 not in states  # the worse evaluated one followed retention
     Path("trackway.toml").write_text('[checkpoints]\nkeep_evaluated = "some"\n')
     bad = cli("gc", "train")
     assert bad.code == 2 and "keep_evaluated 'some'" in bad.err

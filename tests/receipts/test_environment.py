@@ -6,7 +6,6 @@ import json
 import platform
 import subprocess
 import sys
-import time
 
 from trackway.receipts.environment import capture_environment
 
@@ -54,21 +53,14 @@ def test_container_image_digest_is_read_when_ours_is_absent() -> None:
     assert ours.description["image_digest"] == "sha256:d"
 
 
-def test_capture_is_fast_and_never_imports_torch() -> None:
+def test_capture_never_imports_torch() -> None:
+    # How fast capture is (cold, in a fresh interpreter, and warm) is measured by bench/bench_capture.py:
+    # a timing bound here fails on a busy machine without anything being wrong.
     script = (
-        "import sys, time\n"
+        "import sys\n"
         "from trackway.receipts.environment import capture_environment\n"
-        "start = time.perf_counter(); capture_environment({}); elapsed = time.perf_counter() - start\n"
-        "print('torch' in sys.modules, elapsed)\n"
+        "capture_environment({})\n"
+        "print('torch' in sys.modules)\n"
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
-    imported, elapsed = result.stdout.split()
-    assert imported == "False"
-    assert float(elapsed) < 0.3
-
-
-def test_capture_in_process_is_well_under_budget() -> None:
-    capture_environment({})
-    start = time.perf_counter()
-    capture_environment({})
-    assert time.perf_counter() - start < 0.3
+    assert result.stdout.strip() == "False"

@@ -7,7 +7,8 @@ import json
 import typer
 
 from trackway.cli.context import AppContext, app_context
-from trackway.cli.render import console, print_json, short_time, table
+from trackway.cli.render import console, print_json, say, short_time, table
+from trackway.display import size_text
 from trackway.errors import InputError
 from trackway.ledger.records import active_attempts, list_runs, resolve_run
 
@@ -32,7 +33,7 @@ def checkpoints(
     run: str = typer.Argument(..., help="A run id or name."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
-    """List a run's checkpoints as storage holds them: state, step, size and lineage."""
+    """List a run's checkpoints as storage holds them: state, step, size and lineage; set-aside ones with why."""
     from trackway.checkpoints.mirror import reconcile_run_checkpoints
     from trackway.cli.runs_cmd import reconcile
 
@@ -64,13 +65,18 @@ def checkpoints(
             None,
             ["checkpoint", "state", "size", "committed (UTC)", "attempt", "parent", "metrics"],
             (
-                (r["name"], r["state"], _size(r["size_bytes"]), short_time(r["committed_at"]), r["attempt_id"],
-                 r["parent"], json.dumps(r["metrics"]) if r["metrics"] else None)
+                (r["name"], r["state"].replace("_", " "), _size(r["size_bytes"]), short_time(r["committed_at"]),
+                 r["attempt_id"], r["parent"], json.dumps(r["metrics"]) if r["metrics"] else None)
                 for r in rows
             ),
             squeeze=("metrics",),
         )
     )
+    # The why is prose, too long for a column that a narrow terminal would cut or drop: one line each.
+    for r in rows:
+        if r["problems"]:
+            verb = "set aside" if r["state"] == "set_aside" else r["state"]
+            say(console, f"{r['name']} {verb}: {'; '.join(r['problems'])}")
 
 
 def gc(
@@ -83,11 +89,10 @@ def gc(
     metric: str = typer.Option(None, "--metric", help="The metric --keep-best ranks by (recorded at save time)."),
     mode: str = typer.Option(None, "--mode", help="min or max: which end of --metric is best."),
 ) -> None:
-    """Apply checkpoint retention: committed → superseded, superseded → deleted (marker first)."""
+    """Apply checkpoint retention in one pass: what is not kept is superseded, then deleted (marker first)."""
     from trackway.checkpoints.mirror import reconcile_run_checkpoints
-    from trackway.checkpoints.retention import RetentionPolicy, apply_retention, plan_retention
+    from trackway.checkpoints.retention import RetentionPlan, RetentionPolicy, apply_retention, plan_retention
     from trackway.cli.runs_cmd import reconcile
-    from trackway.evals.records import pinned_checkpoints
 
     app = app_context(ctx)
     reconcile(app)
@@ -107,32 +112,51 @@ def gc(
         raise InputError(f"retention: {exc}") from None
     with app.ledger.read() as conn:
         run_ids = [resolve_run(conn, run)["run_id"]] if run else [r["run_id"] for r in list_runs(conn, limit=None)]
-        protected_by_run: dict[str, dict[int, str]] = {}
-        for attempt in active_attempts(conn):
-            name = attempt["resumed_from_checkpoint"]
-            if name and name.startswith("step-"):
-                protected_by_run.setdefault(attempt["run_id"], {})[int(name[5:])] = f"resumed from by {attempt['attempt_id']}"
-        for run_id, pins in pinned_checkpoints(conn, keep_all_evaluated=keep_evaluated == "all").items():
-            for step, why in pins.items():
-                protected_by_run.setdefault(run_id, {}).setdefault(step, why)
+    protected_by_run = _protected(app, keep_all_evaluated=keep_evaluated == "all")
+    freed_total = 0
     for run_id in run_ids:
         store = _store(app, run_id)
         if not store.root.is_dir():
             continue
-        held = store.list()
-        plan = plan_retention(held, policy, protected_by_run.get(run_id, {}))
-        if plan.supersede or plan.delete:
-            verb = "would" if dry_run else "will"
-            console.print(
-                f"{run_id}: {verb} supersede {_steps(plan.supersede)}; {verb} delete {_steps(plan.delete)}",
-                highlight=False,
-            )
+        plan = plan_retention(store.list(), policy, protected_by_run.get(run_id, {}))
+        leaving = {info.step: info.size_bytes for info in store.list() if info.step in plan.supersede + plan.delete}
+        if leaving:
+            verb = "would delete" if dry_run else "deleting"
+            console.print(f"{run_id}: {verb} {_steps(sorted(leaving))} ({size_text(sum(leaving.values()))})",
+                          highlight=False)
         for step, reasons in sorted(plan.keep.items()):
             console.print(f"  keep step {step}: {', '.join(reasons)}", highlight=False)
-        if not dry_run:
-            apply_retention(store, plan)
-            store.clean_debris()
-            reconcile_run_checkpoints(app.ledger, run_id, store)
+        if dry_run or not leaving:
+            continue
+        # Two steps in one command: supersede, then read the pins again and delete only what is
+        # still unpinned, so an evaluation requested meanwhile keeps the checkpoint it reads.
+        apply_retention(store, RetentionPlan(keep=plan.keep, supersede=plan.supersede))
+        again = plan_retention(store.list(), policy, _protected(app, keep_evaluated == "all").get(run_id, {}))
+        gone = {info.step: info.size_bytes for info in store.list() if info.step in again.delete}
+        apply_retention(store, RetentionPlan(keep=again.keep, delete=again.delete))
+        store.clean_debris()
+        reconcile_run_checkpoints(app.ledger, run_id, store)
+        freed = sum(size for step, size in gone.items() if store.get(step) is None)
+        freed_total += freed
+        console.print(f"{run_id}: deleted {_steps(sorted(gone))}, freed {size_text(freed)}", highlight=False)
+    if not dry_run and len(run_ids) > 1:
+        console.print(f"freed {size_text(freed_total)} in all", highlight=False)
+
+
+def _protected(app, keep_all_evaluated: bool) -> dict[str, dict[int, str]]:
+    """Per run, the steps retention must keep whatever the policy says, and why (resumed from, evaluated)."""
+    from trackway.evals.records import pinned_checkpoints
+
+    protected_by_run: dict[str, dict[int, str]] = {}
+    with app.ledger.read() as conn:
+        for attempt in active_attempts(conn):
+            name = attempt["resumed_from_checkpoint"]
+            if name and name.startswith("step-"):
+                protected_by_run.setdefault(attempt["run_id"], {})[int(name[5:])] = f"resumed from by {attempt['attempt_id']}"
+        for run_id, pins in pinned_checkpoints(conn, keep_all_evaluated=keep_all_evaluated).items():
+            for step, why in pins.items():
+                protected_by_run.setdefault(run_id, {}).setdefault(step, why)
+    return protected_by_run
 
 
 def _steps(steps: list[int]) -> str:

@@ -1,13 +1,19 @@
-"""What every command shares: the resolved settings and a lazily opened, migrated ledger."""
+"""What every command shares: the resolved settings, a lazily opened, migrated ledger, and the global options
+to repeat in the commands it suggests."""
 
 from __future__ import annotations
 
+import re
+import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import typer
 
 from trackway.ledger import Ledger, open_ledger
 from trackway.settings import Settings, load_settings
+
+_SUGGESTED = re.compile(r"`trackway(?= |`)")
 
 
 @dataclass
@@ -29,6 +35,61 @@ class AppContext:
         if self._ledger is None:
             self._ledger = open_ledger(self.settings.db_url)
         return self._ledger
+
+    def command(self, *words: str) -> str:
+        """`trackway WORDS...` as a person can paste it: with the --db/--home this command was given."""
+        return " ".join(["trackway", *global_options(self.home, self.db), *words])
+
+    def hint(self, text: str) -> str:
+        """`text` with every `` `trackway ...` `` it suggests given this command's --db/--home."""
+        return repeat_global_options(text, self.home, self.db)
+
+
+def global_options(home: str | None, db: str | None) -> list[str]:
+    """The --db/--home words to repeat, shell-quoted; a password in the URL is masked (it is a secret on screen)."""
+    words: list[str] = []
+    if db:
+        words += ["--db", shlex.quote(_without_password(db))]
+    if home:
+        words += ["--home", shlex.quote(home)]
+    return words
+
+
+def repeat_global_options(text: str, home: str | None, db: str | None) -> str:
+    """`text` with `--db/--home` inserted after each `` `trackway `` it quotes (a hint that works when pasted)."""
+    words = global_options(home, db)
+    if not words:
+        return text
+    return _SUGGESTED.sub("`" + " ".join(["trackway", *words]), text)
+
+
+def given_global_options(argv: Sequence[str]) -> tuple[str | None, str | None]:
+    """(home, db) as given before the command word in `argv` (for messages printed outside a command)."""
+    home = db = None
+    words = list(argv)
+    while words and words[0].startswith("--"):
+        word = words.pop(0)
+        name, eq, value = word.partition("=")
+        if name in ("--db", "--home"):
+            if not eq:
+                if not words:
+                    break
+                value = words.pop(0)
+            home, db = (value, db) if name == "--home" else (home, value)
+        elif name != "--debug":
+            break
+    return home, db
+
+
+def _without_password(url: str) -> str:
+    """`url` with its password shown as *** (what `trackway` prints must not publish a secret)."""
+    try:
+        from sqlalchemy.engine import make_url
+
+        parsed = make_url(url)
+    except Exception:  # noqa: BLE001 - not a URL sqlalchemy reads: repeated as given
+        return url
+    return parsed.render_as_string(hide_password=True) if parsed.password else url
 
 
 def app_context(ctx: typer.Context) -> AppContext:

@@ -5,17 +5,24 @@ from __future__ import annotations
 import time
 
 import typer
+from sqlalchemy import select
 from typer.core import TyperGroup
 
 from trackway.cli.context import AppContext, app_context
 from trackway.cli.render import (
+    KEY,
+    Column,
     console,
     duration,
     err_console,
+    fact,
+    plain,
     print_json,
+    say,
     short_time,
     table,
 )
+from trackway.validation import checkpoint_ref
 
 FOLLOW_INTERVAL_S = 0.25
 
@@ -46,27 +53,29 @@ def eval_run(
 ) -> None:
     """Evaluate a committed checkpoint with an eval spec; the same checkpoint and versions again is a repeat."""
     from trackway.cli.runs_cmd import reconcile
-    from trackway.evals.launch import request_evaluation
+    from trackway.evals.launch import request_evaluation, seeds_for
     from trackway.evals.records import parse_checkpoint_ref
     from trackway.evals.spec import load_spec
 
     app = app_context(ctx)
     loaded = load_spec(spec)
-    run_ref, step = parse_checkpoint_ref(checkpoint)
+    seeds_for(loaded, seeds)  # refused before a checkpoint is pinned for it
+    run_ref, step = parse_checkpoint_ref(checkpoint_ref(checkpoint))
     supervisor = reconcile(app)
     request = request_evaluation(app.ledger, app.settings, run_ref, step, loaded, seed_count=seeds)
     console.print(request.eval_id, highlight=False)
     if request.repeat:
-        err_console.print(
+        say(err_console, app.hint(
             f"{request.eval_id} is a repeat: this checkpoint was evaluated with the same evaluator version, task set "
-            "and decoding; nothing new to run (`trackway eval show " + request.eval_id + "`)",
-            highlight=False,
-        )
+            f"and decoding; nothing new to run (`trackway eval show {request.eval_id}`)"
+        ))
         return
     held = f"; seeds {request.held_back_seeds} wait for escalation" if request.held_back_seeds else ""
-    err_console.print(f"evaluating with {loaded.name}: seeds {request.queued_seeds}{held}", highlight=False)
+    say(err_console, f"evaluating with {loaded.name}: seeds {request.queued_seeds}{held}")
     if detach:
-        err_console.print("the supervisor starts it: `trackway supervise` (or any trackway command)", highlight=False)
+        from trackway.cli.supervise_cmd import ensure_background_supervisor
+
+        ensure_background_supervisor(app)
         return
     raise typer.Exit(_follow(app, supervisor, request.eval_id))
 
@@ -82,10 +91,10 @@ def _follow(app: AppContext, supervisor, eval_id: str) -> int:
                     with app.ledger.read() as conn:
                         mine = {s["eval_run_id"]: int(s["seed"]) for s in seeds_of(conn, eval_id)}
                     if end.run_id in mine:
-                        err_console.print(
+                        say(
+                            err_console,
                             f"seed {mine[end.run_id]} ({end.attempt_id}) ended: {end.reason.value}; "
                             f"{end.decision.action}: {end.decision.message} [{end.decision.rule}]",
-                            highlight=False,
                         )
                 with app.ledger.read() as conn:
                     evaluation = resolve_evaluation(conn, eval_id)
@@ -96,7 +105,10 @@ def _follow(app: AppContext, supervisor, eval_id: str) -> int:
                 status.update(f"{eval_id} {done}/{len(seeds)} seeds done {duration(time.monotonic() - started)}")
                 time.sleep(FOLLOW_INTERVAL_S)
     except KeyboardInterrupt:
+        from trackway.cli.supervise_cmd import ensure_background_supervisor
+
         err_console.print(f"stopped following; {eval_id} goes on under the supervisor", highlight=False)
+        ensure_background_supervisor(app)  # this process was the one driving it
         return 130
     _print_detail(app, eval_id)
     return 0 if evaluation["state"] == COMPLETED else 1
@@ -105,7 +117,10 @@ def _follow(app: AppContext, supervisor, eval_id: str) -> int:
 @eval_app.command("show")
 def eval_show(
     ctx: typer.Context,
-    evaluation: str = typer.Argument(..., help="An evaluation id (ev…), or the run id of one of its seeds."),
+    evaluation: str = typer.Argument(
+        ..., help="An evaluation id (ev…), a checkpoint RUN@STEP (or RUN: its newest evaluated), or a seed run."
+    ),
+    spec: str = typer.Option(None, "--spec", help="The spec name, when RUN@STEP was evaluated by several."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """One evaluation: checkpoint, pinned versions, decoding, per-seed metrics and attempts, sampled failures."""
@@ -114,11 +129,47 @@ def eval_show(
 
     app = app_context(ctx)
     reconcile(app)
-    if as_json:
-        with app.ledger.read() as conn:
-            print_json(evaluation_detail(conn, evaluation))
-        return
-    _print_detail(app, evaluation)
+    with app.ledger.read() as conn:
+        eval_id = evaluation_id(conn, checkpoint_ref(evaluation), spec)
+        if as_json:
+            print_json(evaluation_detail(conn, eval_id))
+            return
+    _print_detail(app, eval_id)
+
+
+def evaluation_id(conn, ref: str, spec_name: str | None = None) -> str:
+    """The evaluation `ref` names: an evaluation id, a seed run (id or name), or a checkpoint `RUN@STEP`
+    (its newest evaluation, in any state; `spec_name` chooses among specs), or `RUN` (its newest checkpoint's)."""
+    from trackway.errors import Ambiguous, NotFound
+    from trackway.evals.records import evaluations_of_run, parse_checkpoint_ref, resolve_evaluation
+    from trackway.ledger.records import resolve_run
+    from trackway.ledger.schema import runs
+
+    seed_run = conn.execute(select(runs.c.run_id).where(runs.c.name == ref.strip())).scalar()
+    try:
+        return resolve_evaluation(conn, seed_run or ref)["eval_id"]
+    except NotFound as exc:
+        not_an_evaluation = exc
+    run_ref, step = parse_checkpoint_ref(ref)
+    try:
+        run = resolve_run(conn, run_ref)
+    except NotFound:
+        # A bare word that is neither an evaluation nor a run: say it as an evaluation was asked for.
+        raise (not_an_evaluation if "@" not in ref else NotFound(
+            f"evaluation {ref!r}: no run {run_ref!r} (see `trackway runs`)")) from None
+    found = evaluations_of_run(conn, run["run_id"], spec_name)
+    if step is None and found:
+        step = max(int(e["checkpoint_step"]) for e in found)
+    found = [e for e in found if int(e["checkpoint_step"]) == step]
+    if not found:
+        with_spec = f" with spec {spec_name!r}" if spec_name else ""
+        raise NotFound(
+            f"evaluation {ref!r}: that checkpoint has no evaluation{with_spec} (see `trackway evals {run_ref}`)"
+        )
+    specs = sorted({e["spec_name"] for e in found})
+    if len(specs) > 1:
+        raise Ambiguous(f"evaluation {ref!r}: evaluated by several specs ({', '.join(specs)}); choose one with --spec")
+    return found[-1]["eval_id"]
 
 
 def _print_detail(app: AppContext, ref: str) -> None:
@@ -127,7 +178,7 @@ def _print_detail(app: AppContext, ref: str) -> None:
     with app.ledger.read() as conn:
         d = evaluation_detail(conn, ref)
     label = d["run_name"] or d["run_id"]
-    console.print(f"[bold]evaluation {d['eval_id']}[/bold]: {d['state']}", highlight=False)
+    say(console, plain(f"evaluation {d['eval_id']}", style="bold") + plain(f": {d['state']}"))
     facts = [
         ("checkpoint", f"{label}@{d['step']} ({d['checkpoint']}, manifest {d['checkpoint_manifest_sha256'][:12]})"),
         ("spec", f"{d['spec']} ({d['spec_path']}), trigger {d['trigger']}"),
@@ -146,11 +197,14 @@ def _print_detail(app: AppContext, ref: str) -> None:
                     + (f"ran seeds {e['held_back']}" if e["decided"] == "escalated" else f"seeds {e['held_back']} not run"))
         facts.append(("escalation", what))
     for key, value in facts:
-        console.print(f"  {key:<11}{value}", highlight=False)
+        fact(console, key, value, 11)
     metric_names = list(d["metrics"]) or sorted({m for s in d["seeds"] for m in s["metrics"]})
+    # A narrow terminal keeps the seed, its state and its metrics; counts and the attempt chain go first.
     console.print(table(
         None,
-        ["seed", "run", "state", "attempts", "samples", "tasks", *metric_names],
+        [Column("seed", KEY, right=True), Column("run", 40), Column("state", KEY),
+         Column("attempts", 30, shorten_to=12), Column("samples", 20, right=True), Column("tasks", 20, right=True),
+         *(Column(m, 90 - i, right=True) for i, m in enumerate(metric_names))],
         (
             (s["seed"], s["eval_run_id"], s["state"] + (f" ({s['termination_reason']})" if s["state"] == "failed" else ""),
              " → ".join(f"{a['termination_reason'] or 'running'}" for a in s["attempts"]) or "-",
@@ -159,15 +213,16 @@ def _print_detail(app: AppContext, ref: str) -> None:
         ),
     ))
     for metric, agg in d["metrics"].items():
-        console.print(f"  {metric}: mean {_pct(agg['mean'])} ± {_pct(agg['std'])} (min {_pct(agg['min'])}, "
-                      f"max {_pct(agg['max'])}, {agg['seeds']} seed(s))", highlight=False)
+        say(console, f"  {metric}: mean {_pct(agg['mean'])} ± {_pct(agg['std'])} (min {_pct(agg['min'])}, "
+                     f"max {_pct(agg['max'])}, {agg['seeds']} seed(s))")
     failures = [(s["seed"], f) for s in d["seeds"] for f in s["failures"]]
     if failures:
         console.print("  sampled failures:", highlight=False)
         for seed, failure in failures[:10]:
             extra = {k: v for k, v in failure.items() if k not in ("task_id", "sample", "correct", "output")}
-            console.print(f"    seed {seed} task {failure['task_id']} sample {failure['sample']}: output "
-                          f"{failure['output']!r} {extra if extra else ''}", highlight=False)
+            # The evaluator's output is data: `[a]` in an answer must not vanish as markup.
+            say(console, f"    seed {seed} task {failure['task_id']} sample {failure['sample']}: output "
+                         f"{failure['output']!r} {extra if extra else ''}")
 
 
 @eval_app.command("compare")
@@ -185,14 +240,14 @@ def eval_compare(
     app = app_context(ctx)
     reconcile(app)
     with app.ledger.read() as conn:
-        result = compare(conn, a, b, spec)
+        result = compare(conn, checkpoint_ref(a, "A"), checkpoint_ref(b, "B"), spec)
     if as_json:
         print_json(result)
         return
     for side, ref in (("a", a), ("b", b)):
         s = result[side]
         metrics = ", ".join(f"{m} {_pct(v['mean'])}" for m, v in s["metrics"].items())
-        console.print(f"{side.upper()}: {ref} → {s['eval_id']} step {s['step']}: {metrics}", highlight=False)
+        say(console, f"{side.upper()}: {ref} → {s['eval_id']} step {s['step']}: {metrics}")
     if not result["same_evaluator"]:
         console.print("note: the two evaluator versions differ; a flip may be the evaluator's doing", highlight=False)
     console.print(f"{result['tasks_compared']} tasks compared; a task passes when ≥ {PASS_SHARE:.0%} of its samples "
@@ -200,7 +255,8 @@ def eval_compare(
     rows = [("gained", t["task_id"], _pct(t["before"]), _pct(t["after"])) for t in result["gained"]]
     rows += [("lost", t["task_id"], _pct(t["before"]), _pct(t["after"])) for t in result["lost"]]
     if rows:
-        console.print(table(None, ["flip", "task", "correct in A", "correct in B"], rows))
+        console.print(table(None, [Column("flip", KEY), Column("task", KEY, shorten_to=16),
+                                   Column("correct in A", 50, right=True), Column("correct in B", 50, right=True)], rows))
 
 
 def evals(
@@ -225,28 +281,37 @@ def evals(
         return
     rows = result["evaluations"]
     if not rows:
-        console.print(f"{run}: no evaluations yet (submit with --eval SPEC, or `trackway eval {run}@STEP --spec FILE`)",
-                      highlight=False)
+        say(console, app.hint(
+            f"{run}: no evaluations yet (submit with --eval SPEC, or `trackway eval {run}@STEP --spec FILE`)"
+        ))
         return
     shown = list(dict.fromkeys(m for r in rows for m in r["shown_metrics"]))
+    # A metric is a number: shown whole or not at all. Its mean outlasts its per-seed values on a
+    # narrow terminal, and both outlast the evaluator version and the progress.
+    metric_columns = []
+    for i, m in enumerate(shown):
+        metric_columns += [Column(m, 90 - i, right=True), Column(f"{m} per seed", 25 - i)]
     console.print(table(
         f"{result['run_name'] or result['run_id']}: evaluations" + (f" ({result['total_steps']} steps)" if result["total_steps"] else ""),
-        ["checkpoint", "step", "progress", "spec", "state", *shown, "evaluator", "eval"],
+        [Column("checkpoint", KEY), Column("step", 20, right=True), Column("progress", 35, right=True),
+         Column("spec", 60, shorten_to=10), Column("state", KEY), *metric_columns,
+         Column("evaluator", 10, shorten_to=12), Column("eval", 80)],
         (
             (r["checkpoint"], r["step"], "-" if r["progress"] is None else f"{r['progress']:.0%}", r["spec"], r["state"],
-             *(_cell(r, m) for m in shown), r["evaluator_version"][:19], r["eval_id"])
+             *(cell for m in shown for cell in _cells(r, m)), r["evaluator_version"][:19], r["eval_id"])
             for r in rows
         ),
     ))
 
 
-def _cell(row: dict, metric: str) -> str:
+def _cells(row: dict, metric: str) -> tuple[str, str]:
+    """(mean ± spread, [each seed's value]) of one metric of one evaluation."""
     agg = row["metrics"].get(metric)
     if agg is None:
-        return "-"
+        return "-", "-"
     seeds = " ".join(_pct(values.get(metric)) for values in row["per_seed"].values())
     spread = f" ± {_pct(agg['std'])}" if agg["seeds"] > 1 else ""
-    return f"{_pct(agg['mean'])}{spread} [{seeds}]"
+    return f"{_pct(agg['mean'])}{spread}", f"[{seeds}]"
 
 
 def _pct(value: float | None) -> str:

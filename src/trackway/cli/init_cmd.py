@@ -7,7 +7,8 @@ from pathlib import Path
 import typer
 
 from trackway.cli.context import app_context
-from trackway.cli.render import console
+from trackway.cli.render import console, say
+from trackway.ledger.store import make_private_dirs
 from trackway.settings import CONFIG_FILE_NAME, DEFAULT_TRACKWAY_TOML
 
 
@@ -19,11 +20,11 @@ def init(ctx: typer.Context) -> None:
     if wrote_toml:
         toml_path.write_text(DEFAULT_TRACKWAY_TOML)
     settings = app.settings
-    settings.home.mkdir(parents=True, exist_ok=True)
+    make_private_dirs(settings.home)
     app.ledger  # opening migrates
-    console.print(f"home    {settings.home}")
-    console.print(f"ledger  {app.ledger.engine.url.render_as_string(hide_password=True)}")
-    console.print(f"config  {toml_path}{'' if wrote_toml else ' (kept as it was)'}")
+    say(console, f"home    {settings.home}")
+    say(console, f"ledger  {app.ledger.engine.url.render_as_string(hide_password=True)}")
+    say(console, f"config  {toml_path}{'' if wrote_toml else ' (kept as it was)'}")
 
 
 def register(app: typer.Typer) -> None:

@@ -8,13 +8,20 @@ import typer
 from sqlalchemy import func, select
 
 from trackway.cli.context import app_context
-from trackway.cli.render import console, print_json, table
+from trackway.cli.render import KEY, Column, console, print_json, table
 from trackway.errors import InputError
 from trackway.ledger.schema import attempts, runs
+from trackway.taxonomy import RunKind
+from trackway.validation import finite
+
+# A century: anything longer reaches before any ledger existed, and `timedelta` overflows soon after.
+MAX_DAYS = 36500.0
 
 report_app = typer.Typer(help="Reports over the ledger.", no_args_is_help=True)
 
 GROUPS = {"reason": attempts.c.termination_reason, "run": attempts.c.run_id, "resource": runs.c.resource}
+KINDS = ("all", *(k.value for k in RunKind))
+TRAINING = [RunKind.TEST.value, RunKind.FULL.value]
 
 
 @report_app.command("waste")
@@ -22,6 +29,10 @@ def waste(
     ctx: typer.Context,
     days: float = typer.Option(7, "--days", help="Attempts that started in the last DAYS days."),
     by: str = typer.Option("reason", "--by", help="Group by reason, run or resource."),
+    kind: str = typer.Option(
+        None, "--kind",
+        help="Only runs of this kind: test, full, eval or all (default: all; with --by run, test and full).",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Which retries did real work: useful and wasted GPU-hours per termination reason, run or resource."""
@@ -29,41 +40,55 @@ def waste(
 
     if by not in GROUPS:
         raise InputError(f"--by {by!r}: expected one of {', '.join(GROUPS)}")
-    if days <= 0:
-        raise InputError(f"--days {days}: expected a positive number of days")
+    if kind not in (None, *KINDS):
+        raise InputError(f"--kind {kind!r}: expected test, full, eval or all")
+    finite(days, "--days", 0, MAX_DAYS, "days", low_open=True, note=" (100 years)")
     app = app_context(ctx)
     reconcile(app)
-    key = GROUPS[by].label(by)
-    query = (
-        select(
-            key,
-            func.count().label("attempts"),
-            func.coalesce(func.sum(attempts.c.gpu_seconds), 0.0).label("gpu_seconds"),
-            func.coalesce(func.sum(attempts.c.useful_gpu_seconds), 0.0).label("useful_gpu_seconds"),
-            func.coalesce(func.sum(attempts.c.wasted_gpu_seconds), 0.0).label("wasted_gpu_seconds"),
-        )
-        .join(runs, runs.c.run_id == attempts.c.run_id)
-        .where(attempts.c.started_at >= datetime.now(timezone.utc) - timedelta(days=days), attempts.c.state == "ended")
-        .group_by(key)
-        .order_by(func.coalesce(func.sum(attempts.c.wasted_gpu_seconds), 0.0).desc())
-    )
+    # Per run, evaluation seeds (one run per seed) would bury the training runs: they are asked for.
+    kinds = (TRAINING if by == "run" else None) if kind is None else None if kind == "all" else [kind]
     with app.ledger.read() as conn:
-        rows = [dict(r) for r in conn.execute(query).mappings()]
+        rows = [dict(r) for r in conn.execute(_query(by, days, kinds)).mappings()]
     if as_json:
         print_json(rows)
         return
+    what = "" if kinds is None else f" ({' and '.join(kinds)} runs)"
     console.print(
         table(
-            f"GPU time of attempts started in the last {days:g} days, by {by}",
-            [by, "attempts", "gpu-h", "useful gpu-h", "wasted gpu-h", "wasted"],
+            f"GPU time of attempts started in the last {days:g} days{what}, by {by}",
+            [Column(by, KEY, shorten_to=16, middle=True), Column("attempts", 40, right=True), Column("gpu-h", 50, right=True),
+             Column("useful gpu-h", 60, right=True), Column("wasted gpu-h", 70, right=True),
+             Column("wasted", 80, right=True)],
             (
-                (r[by], r["attempts"], f"{r['gpu_seconds'] / 3600:.3f}", f"{r['useful_gpu_seconds'] / 3600:.3f}",
-                 f"{r['wasted_gpu_seconds'] / 3600:.3f}",
+                (r.get("name") or r[by], r["attempts"], f"{r['gpu_seconds'] / 3600:.3f}",
+                 f"{r['useful_gpu_seconds'] / 3600:.3f}", f"{r['wasted_gpu_seconds'] / 3600:.3f}",
                  f"{100 * r['wasted_gpu_seconds'] / r['gpu_seconds']:.0f}%" if r["gpu_seconds"] else "-")
                 for r in rows
             ),
         )
     )
+
+
+def _query(by: str, days: float, kinds: list[str] | None):
+    """Ended attempts started in the last `days` days, summed per group, most waste first."""
+    key = GROUPS[by].label(by)
+    # A run is shown by its name where it has one (evaluation seeds: `RUN@STEP/SPEC/seed-N`).
+    keys = [key, runs.c.name.label("name")] if by == "run" else [key]
+    wasted = func.coalesce(func.sum(attempts.c.wasted_gpu_seconds), 0.0)
+    query = (
+        select(
+            *keys,
+            func.count().label("attempts"),
+            func.coalesce(func.sum(attempts.c.gpu_seconds), 0.0).label("gpu_seconds"),
+            func.coalesce(func.sum(attempts.c.useful_gpu_seconds), 0.0).label("useful_gpu_seconds"),
+            wasted.label("wasted_gpu_seconds"),
+        )
+        .join(runs, runs.c.run_id == attempts.c.run_id)
+        .where(attempts.c.started_at >= datetime.now(timezone.utc) - timedelta(days=days), attempts.c.state == "ended")
+        .group_by(*keys)
+        .order_by(wasted.desc())
+    )
+    return query.where(runs.c.kind.in_(kinds)) if kinds else query
 
 
 def register(app: typer.Typer) -> None:

@@ -3,15 +3,31 @@
 from __future__ import annotations
 
 import json
+import signal
 
 import typer
-from rich.console import Group
-from rich.panel import Panel
+from sqlalchemy import select
 
 from trackway.cli.context import AppContext, app_context
-from trackway.cli.render import console, duration, print_json, rows_to_dicts, short_sha, short_time, table
+from trackway.cli.render import (
+    KEY,
+    Column,
+    Listing,
+    console,
+    duration,
+    fact,
+    plain,
+    print_json,
+    rows_to_dicts,
+    say,
+    short_sha,
+    short_time,
+    table,
+)
 from trackway.ledger.blobs import get_blob
 from trackway.ledger.records import list_attempts, list_runs, resolve_attempt, resolve_run
+from trackway.ledger.schema import runs as runs_table
+from trackway.validation import attempt_ref, limit as check_limit
 
 RUN_COLUMNS = [
     "run_id", "name", "project", "model_family", "kind", "state", "termination_reason", "attempt_count",
@@ -23,7 +39,7 @@ ATTEMPT_COLUMNS = [
     "gpu_ids", "gpu_model", "gpu_count", "started_at", "ended_at", "last_heartbeat_at", "gpu_seconds", "cost_usd",
     "exit_code", "signal", "termination_reason", "termination_evidence", "config_sha256", "data_manifest_sha256",
     "environment_sha256", "code_commit", "code_dirty_sha256", "resumed_from_checkpoint", "first_step", "last_step",
-    "checkpoints_committed", "useful_gpu_seconds", "wasted_gpu_seconds", "retry_decision", "log_path",
+    "checkpoints_committed", "useful_gpu_seconds", "wasted_gpu_seconds", "retry_decision", "log_path", "environ_sha256", "started_by",
 ]
 
 
@@ -62,6 +78,7 @@ def runs(
 
     if kind not in (None, "all", *(k.value for k in RunKind)):
         raise InputError(f"--kind {kind!r}: expected test, full, eval or all")
+    check_limit(limit)
     kinds = None if kind == "all" else [kind] if kind else [RunKind.TEST.value, RunKind.FULL.value]
     app = app_context(ctx)
     reconcile(app)
@@ -70,18 +87,25 @@ def runs(
     if as_json:
         print_json([_run_json(r) for r in rows])
         return
-    console.print(
-        table(
-            None,
-            ["run", "name", "project", "kind", "state", "reason", "attempts", "created (UTC)", "command"],
-            (
-                (r["run_id"], r["name"], r["project"], r["kind"], r["state"], r["termination_reason"],
-                 r["attempt_count"], short_time(r["created_at"]), " ".join(json.loads(r["command"]))[:60])
-                for r in rows
-            ),
-            squeeze=("name", "command"),
-        )
-    )
+    console.print(table(None, RUNS_LISTING, (
+        (r["run_id"], r["name"], r["project"], r["kind"], r["state"], r["termination_reason"], r["attempt_count"],
+         _minute(r["created_at"]), " ".join(json.loads(r["command"])))
+        for r in rows
+    )))
+
+
+# Narrow terminals drop the lowest `keep` first: what tells runs apart and says how they ended stays.
+RUNS_LISTING = [
+    Column("run", KEY), Column("name", 60, shorten_to=16, middle=True), Column("project", 20, shorten_to=8),
+    Column("kind", 30),
+    Column("state", KEY), Column("reason", KEY), Column("attempts", 50, right=True), Column("created (UTC)", 40),
+    Column("command", 10, shorten_to=12),
+]
+
+
+def _minute(value) -> str:
+    """A listing's time: to the minute (the full time is in `show` and --json)."""
+    return short_time(value)[:16]
 
 
 def attempts(
@@ -91,6 +115,7 @@ def attempts(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """List attempts (the receipts), of one run or of all runs."""
+    check_limit(limit)
     app = app_context(ctx)
     reconcile(app)
     with app.ledger.read() as conn:
@@ -99,18 +124,34 @@ def attempts(
     if as_json:
         print_json([_attempt_json(r) for r in rows])
         return
-    console.print(
-        table(
-            None,
-            ["attempt", "state", "host", "gpus", "started (UTC)", "wall", "gpu-h", "exit", "signal", "reason"],
-            (
-                (a["attempt_id"], a["state"], a["host"], a["gpu_count"], short_time(a["started_at"]),
-                 duration(_wall(a)), f"{(a['gpu_seconds'] or 0) / 3600:.3f}", a["exit_code"], a["signal"],
-                 a["termination_reason"])
-                for a in rows
-            ),
-        )
-    )
+    console.print(attempts_listing(rows, with_run_name=run is None))
+
+
+def attempts_listing(rows, with_run_name: bool = False) -> Listing:
+    """Attempts one per row; how each ended (exit, signal, reason) outlasts where and when on a narrow terminal."""
+    columns = [Column("attempt", KEY)]
+    columns += [Column("name", 35, shorten_to=12, middle=True)] if with_run_name else []
+    columns += [
+        Column("state", KEY), Column("host", 50, shorten_to=10), Column("gpus", 25, right=True),
+        Column("started (UTC)", 40), Column("wall", 45, right=True), Column("gpu-h", 30, right=True),
+        Column("exit", 70, right=True), Column("signal", 70), Column("reason", KEY),
+    ]
+    return table(None, columns, (
+        (a["attempt_id"], *([a["run_name"]] if with_run_name else []), a["state"], a["host"], a["gpu_count"],
+         short_time(a["started_at"]), duration(_wall(a)), f"{(a['gpu_seconds'] or 0) / 3600:.3f}", a["exit_code"],
+         signal_name(a["signal"]), a["termination_reason"])
+        for a in rows
+    ))
+
+
+def signal_name(number: int | None) -> str | None:
+    """`SIGTERM` for 15: the name people search logs for."""
+    if number is None:
+        return None
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return str(number)
 
 
 def _number(value: float | None) -> str:
@@ -123,73 +164,143 @@ def _wall(a) -> float | None:
     return None
 
 
+def resolve_ref(conn, ref: str):
+    """(run, attempt or None) for `RUN` or `RUN/N`; an evaluation seed's name (`RUN@STEP/SPEC/seed-N`) is a RUN."""
+    named = conn.execute(select(runs_table).where(runs_table.c.name == ref.strip())).mappings().first()
+    if named is not None:
+        return named, None
+    if "/" in ref:
+        attempt = resolve_attempt(conn, ref)
+        return resolve_run(conn, attempt["run_id"]), attempt
+    return resolve_run(conn, ref), None
+
+
 def show(
     ctx: typer.Context,
     ref: str = typer.Argument(..., metavar="RUN|RUN/N", help="A run (id or name), or one attempt as RUN/N."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Show a run with its receipt and attempts, or one attempt's full receipt."""
+    attempt_ref(ref)
     app = app_context(ctx)
     reconcile(app)
     with app.ledger.read() as conn:
-        if "/" in ref:
-            attempt = resolve_attempt(conn, ref)
-            run = resolve_run(conn, attempt["run_id"])
-            rows = [attempt]
-        else:
-            run = resolve_run(conn, ref)
-            rows = list_attempts(conn, run_id=run["run_id"], limit=None)
-        config = json.loads(get_blob(conn, run["config_sha256"])) if run["config_sha256"] else None
-        manifest = json.loads(get_blob(conn, run["data_manifest_sha256"])) if run["data_manifest_sha256"] else None
+        run, asked = resolve_ref(conn, ref)
+        rows = [asked] if asked is not None else list_attempts(conn, run_id=run["run_id"], limit=None)
+        # The config and data the attempt shown last ran with: `resume --set` gives an attempt its own.
+        shown = rows[-1] if rows else None
+        config_sha = (shown and shown["config_sha256"]) or run["config_sha256"]
+        data_sha = (shown and shown["data_manifest_sha256"]) or run["data_manifest_sha256"]
+        config = json.loads(get_blob(conn, config_sha)) if config_sha else None
+        manifest = json.loads(get_blob(conn, data_sha)) if data_sha else None
     if as_json:
         payload = _run_json(run)
         payload["config"] = config
+        payload["config_of"] = shown["attempt_id"] if shown is not None else None
         payload["data_manifest"] = manifest
         payload["attempts"] = [_attempt_json(a) for a in rows]
         print_json(payload)
         return
-    console.print(_run_panel(run, config, manifest))
-    for attempt in rows:
-        console.print(_attempt_panel(attempt))
+    _print_run(app, run, config_sha, config, data_sha, manifest, shown)
+    if asked is None and len(rows) > 1:
+        say(console, plain("attempts", style="bold"))
+        console.print(attempts_listing(rows))
+    if shown is not None:
+        _print_attempt(shown)
+        if asked is None and len(rows) > 1:
+            say(console, app.hint(f"(another attempt's receipt: `trackway show {run['name'] or run['run_id']}/N`)"))
 
 
-def _run_panel(run, config, manifest) -> Panel:
+# Config values shown before `--json` is needed for the rest.
+CONFIG_SHOWN = 20
+LABEL = 14
+
+
+def _fact(label: str, value: str) -> None:
+    fact(console, label, value, LABEL)
+
+
+def _print_run(app: AppContext, run, config_sha, config, data_sha, manifest, shown) -> None:
+    say(console, plain(f"run {run['run_id']}", style="bold") + plain(f"  {run['name']}" if run["name"] else ""))
     files = manifest["files"] if manifest else []
-    lines = [
-        f"name          {run['name'] or '-'}   project {run['project']}   model family {run['model_family'] or '-'}   kind {run['kind']}",
-        f"state         {run['state']}"
-        + (f" ({run['termination_reason']})" if run["termination_reason"] not in (None, run["state"]) else ""),
-        f"command       {' '.join(json.loads(run['command']))}",
-        f"workdir       {run['workdir']}",
-        f"created       {short_time(run['created_at'])} UTC   ended {short_time(run['ended_at'])}",
-        f"resource      {run['resource']} ({run['executor']}), gpus {run['gpus']}, time limit "
-        + (f"{run['time_limit_s'] / 3600:g} h" if run["time_limit_s"] else "none"),
-        f"config        {short_sha(run['config_sha256'])}  {json.dumps(config, sort_keys=True)[:200] if config else ''}",
-        f"data          {short_sha(run['data_manifest_sha256'])}  {len(files)} file(s), "
-        f"{sum(f['size'] for f in files):,} bytes",
-        f"code          {run['code_repo'] or '-'} @ {run['code_branch'] or '-'} {short_sha(run['code_commit'])}"
-        + (f" + dirty diff {short_sha(run['code_dirty_sha256'])}" if run["code_dirty_sha256"] else ""),
-    ]
-    return Panel("\n".join(lines), title=f"run {run['run_id']}", title_align="left", expand=False)
+    reason = f" ({run['termination_reason']})" if run["termination_reason"] not in (None, run["state"]) else ""
+    limit = f"{run['time_limit_s'] / 3600:g} h" if run["time_limit_s"] else "none"
+    code = f"{run['code_repo'] or 'not a git repository'}"
+    if run["code_repo"]:
+        code += f" @ {run['code_branch'] or 'detached'} {short_sha(run['code_commit'])}"
+        code += f" + uncommitted diff {short_sha(run['code_dirty_sha256'])}" if run["code_dirty_sha256"] else ""
+    for label, value in (
+        ("state", f"{run['state']}{reason}"),
+        ("project", f"{run['project']}   model family {run['model_family'] or 'not set'}   kind {run['kind']}"),
+        ("command", " ".join(json.loads(run["command"]))),
+        ("workdir", run["workdir"]),
+        ("created", f"{short_time(run['created_at'])} UTC"
+         + (f", ended {short_time(run['ended_at'])} UTC" if run["ended_at"] else "")),
+        ("resource", f"{run['resource']} ({run['executor']}), gpus {run['gpus']}, time limit {limit}"),
+        ("data", f"{short_sha(data_sha)}  {len(files)} file(s), {sum(f['size'] for f in files):,} bytes"
+         if manifest else "no data declared"),
+        ("code", code),
+    ):
+        _fact(label, value)
+    _print_config(app, run, config_sha, config, shown)
 
 
-def _attempt_panel(a) -> Panel:
+def _print_config(app: AppContext, run, config_sha, config, shown) -> None:
+    """Every config value as stored (0.05 stays 0.05), the first CONFIG_SHOWN of them; the attempt it is from."""
+    if config is None:
+        _fact("config", "no config declared")
+        return
+    of = f" (attempt {shown['attempt_number']} ran with it)" if shown is not None else ""
+    _fact("config", f"{short_sha(config_sha)}{of}")
+    values = flat_config(config)
+    for key, value in values[:CONFIG_SHOWN]:
+        fact(console, "", f"{key} = {value}", 0, indent=4)
+    if len(values) > CONFIG_SHOWN:
+        ref = run["name"] or run["run_id"]
+        say(console, app.hint(f"    … {len(values) - CONFIG_SHOWN} more (`trackway show {ref} --json`)"))
+
+
+def flat_config(config, prefix: str = "") -> list[tuple[str, str]]:
+    """(dotted key, value as JSON text) for each leaf: the value exactly as stored, never rounded for display."""
+    if isinstance(config, dict) and config:
+        out: list[tuple[str, str]] = []
+        for key in sorted(config):
+            out += flat_config(config[key], f"{prefix}{key}.")
+        return out
+    return [(prefix[:-1] or "(value)", json.dumps(config, ensure_ascii=False))]
+
+
+def _print_attempt(a) -> None:
     evidence = json.loads(a["termination_evidence"]) if a["termination_evidence"] else {}
-    lines = [
-        f"state         {a['state']}" + (f": {a['termination_reason']} (rule {evidence.get('rule')})" if a["termination_reason"] else ""),
-        f"executor      {a['executor']} job {a['executor_job_id'] or '-'} on {a['host'] or '-'}",
-        f"gpus          {a['gpu_count']} {a['gpu_model'] or ''} {('ids ' + a['gpu_ids']) if a['gpu_ids'] else ''}",
-        f"time          {short_time(a['started_at'])} → {short_time(a['ended_at'])} UTC ({duration(_wall(a))})",
-        f"gpu-seconds   {_number(a['gpu_seconds'])}   cost ${a['cost_usd'] or 0:.2f}",
-        f"exit          code {a['exit_code'] if a['exit_code'] is not None else '-'}, signal {a['signal'] or '-'}",
-        f"environment   {short_sha(a['environment_sha256'])}   config {short_sha(a['config_sha256'])}"
-        f"   data {short_sha(a['data_manifest_sha256'])}",
-        f"log           {a['log_path']}",
-    ]
-    body: list = ["\n".join(lines)]
+    ending = a["state"]
+    if a["termination_reason"]:
+        ending += f": {a['termination_reason']} (rule {evidence.get('rule') or 'not recorded'})"
+    gpus = f"{a['gpu_count']} {a['gpu_model'] or ''}".strip() + (f", ids {a['gpu_ids']}" if a["gpu_ids"] else "")
+    # With no GPU the ledger counts the attempt's wall seconds on one CPU: said as such, not as GPU time.
+    compute = "gpu-seconds" if a["gpu_count"] else "cpu-seconds"
+    say(console, plain(f"attempt {a['attempt_id']}", style="bold"))
+    for label, value in (
+        ("state", ending),
+        ("started by", a["started_by"] or "not recorded"),
+        ("executor", f"{a['executor']} job {a['executor_job_id'] or 'not started'} on {a['host'] or 'no host yet'}"),
+        ("gpus", gpus if a["gpu_count"] else "none"),
+        ("time", f"{short_time(a['started_at'])} → {short_time(a['ended_at'])} UTC ({duration(_wall(a))})"
+         if a["ended_at"] else f"{short_time(a['started_at'])} UTC, not ended"),
+        (compute, f"{_number(a['gpu_seconds'])}   cost ${a['cost_usd'] or 0:.2f}"),
+        ("exit", f"{'no exit code' if a['exit_code'] is None else 'code ' + str(a['exit_code'])}, "
+                 f"{signal_name(a['signal']) or 'no signal'}"),
+        ("steps", "none logged" if a["first_step"] is None else f"{a['first_step']}..{a['last_step']}"),
+        ("resumed from", a["resumed_from_checkpoint"] or "the start (no checkpoint)"),
+        ("environment", f"{short_sha(a['environment_sha256'])}   config {short_sha(a['config_sha256'])}"
+                        f"   data {short_sha(a['data_manifest_sha256'])}"),
+        ("log", a["log_path"]),
+    ):
+        _fact(label, value)
+    # Evidence is what the script printed: `[rank0]: ...` must reach the screen as it was written.
     if evidence.get("lines"):
-        body.append("evidence:\n" + "\n".join(f"  {line}" for line in evidence["lines"]))
-    return Panel(Group(*body), title=f"attempt {a['attempt_id']}", title_align="left", expand=False)
+        say(console, "  evidence:")
+        for line in evidence["lines"]:
+            fact(console, "", line, 0, indent=4)
 
 
 def cancel(ctx: typer.Context, run: str = typer.Argument(..., help="A run id or name.")) -> None:
@@ -198,9 +309,9 @@ def cancel(ctx: typer.Context, run: str = typer.Argument(..., help="A run id or 
     supervisor = reconcile(app)
     cancelled = supervisor.cancel(run)
     if cancelled:
-        console.print(f"cancel requested for {', '.join(cancelled)}; the end is recorded as user_cancelled", highlight=False)
+        say(console, f"cancel requested for {', '.join(cancelled)}; the end is recorded as user_cancelled")
     else:
-        console.print(f"run {run} had no running attempt; marked cancelled", highlight=False)
+        say(console, f"run {run} had no running attempt; marked cancelled")
 
 
 def register(app: typer.Typer) -> None:

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import csv
+import json
+import re
 import sys
+from datetime import date, datetime
+from decimal import Decimal
 
 import typer
 
 from trackway.cli.context import app_context
-from trackway.cli.render import console, print_json, table, to_jsonable
+from trackway.cli.render import KEY, Column, console, print_json, table, to_jsonable
+
+_TIME_TEXT = re.compile(r"^\d{4}-\d\d-\d\d([ T]\d\d:\d\d|$)")
 
 
 def sql(
@@ -16,20 +22,59 @@ def sql(
     query: str = typer.Argument(..., help="One read-only statement, e.g. \"select * from training_attempts limit 5\"."),
     as_json: bool = typer.Option(False, "--json", help="Print rows as JSON objects."),
     as_csv: bool = typer.Option(False, "--csv", help="Print CSV with a header row."),
+    timeout: float | None = typer.Option(
+        None, "--timeout", metavar="SECONDS",
+        help="Stop the query after this many seconds (above 0, at most 86400; default 30).",
+    ),
 ) -> None:
     """Run a read-only query (PostgreSQL dialect; transpiled for SQLite)."""
-    from trackway.ledger.readonly_sql import run_readonly_query  # sqlglot is slow to import; only sql needs it
+    # sqlglot is slow to import; only sql needs it
+    from trackway.ledger.readonly_sql import DEFAULT_TIMEOUT_S, check_timeout, run_readonly_query
 
+    # Checked before the ledger is opened: a bad option is the answer whatever state the ledger is in.
+    timeout_s = check_timeout(DEFAULT_TIMEOUT_S if timeout is None else timeout)
     app = app_context(ctx)
-    result = run_readonly_query(app.ledger, query)
+    result = run_readonly_query(app.ledger, query, timeout_s=timeout_s)
     if as_json:
         print_json([dict(zip(result.columns, row)) for row in result.rows])
     elif as_csv:
         writer = csv.writer(sys.stdout)
         writer.writerow(result.columns)
-        writer.writerows([[to_jsonable(v) for v in row] for row in result.rows])
+        writer.writerows([[_csv_value(v) for v in row] for row in result.rows])
     else:
-        console.print(table(None, result.columns, result.rows))
+        console.print(table(None, sql_columns(result.columns, result.rows), result.rows))
+
+
+def _csv_value(value):
+    """A CSV field: JSON values (PostgreSQL hands back dicts and lists) as JSON text, not Python's repr."""
+    if isinstance(value, dict | list):
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
+    return to_jsonable(value)
+
+
+def sql_columns(names: list[str], rows: list) -> list[Column]:
+    """Columns of a query's result: the first one stays; the rest give way from the right on a narrow terminal.
+
+    A column of numbers or times is shown whole or not at all. Text (JSON included) is shortened with
+    an ellipsis before any column is dropped: every column asked for stays in view as long as it can.
+    """
+    count = len(names)
+    return [
+        Column(name, KEY if i == 0 else count - i, right=_numeric(rows, i), shorten_at=0,
+               shorten_to=0 if i == 0 or _numeric(rows, i) or _times(rows, i) else 16)
+        for i, name in enumerate(names)
+    ]
+
+
+def _numeric(rows: list, i: int) -> bool:
+    values = [row[i] for row in rows if row[i] is not None]
+    return bool(values) and all(isinstance(v, int | float | Decimal) for v in values)
+
+
+def _times(rows: list, i: int) -> bool:
+    # SQLite hands times back as text: a time is a time whichever backend answered.
+    values = [row[i] for row in rows if row[i] is not None]
+    return bool(values) and all(isinstance(v, datetime | date) or _TIME_TEXT.match(str(v)) for v in values)
 
 
 def register(app: typer.Typer) -> None:

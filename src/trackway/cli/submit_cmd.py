@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import time
 from pathlib import Path
 
@@ -9,11 +10,13 @@ import typer
 from rich.text import Text
 
 from trackway.cli.context import AppContext, app_context
-from trackway.cli.render import console, duration, err_console
-from trackway.ledger.records import get_attempt, resolve_run
+from trackway.cli.render import console, duration, err_console, printable, say
+from trackway.cli.supervise_cmd import ensure_background_supervisor
+from trackway.ledger.records import get_attempt, latest_attempt, resolve_run
 from trackway.taxonomy import RunState
 
 FOLLOW_INTERVAL_S = 0.25
+INTERRUPTED = 130  # follow()'s code after Ctrl-C: the run goes on without this command
 
 
 def submit(
@@ -36,9 +39,12 @@ def submit(
 ) -> None:
     """Submit COMMAND as a run: capture its receipt, start an attempt and follow it (exit 0 iff it completed)."""
     # Imported on use, so that the other commands do not pay for receipts and executors at start-up.
-    from trackway.supervisor.launch import RunSpec, start_attempt, submit_run
+    from trackway.supervisor.launch import RunSpec, command_by, start_attempt, submit_run
     from trackway.supervisor.loop import Supervisor
+    from trackway.validation import existing_file
 
+    for path in eval_specs:
+        existing_file(path, "--eval", "an eval spec file (TOML)")
     app = app_context(ctx)
     spec = RunSpec(
         command=list(command or []),
@@ -61,16 +67,25 @@ def submit(
     run_id = submit_run(app.ledger, app.settings, spec, console=err_console)
     with app.ledger.read() as conn:
         run = resolve_run(conn, run_id)
-    attempt_id = start_attempt(app.ledger, app.settings, run_id, supervisor.executor(run["executor"]))
+    attempt_id = start_attempt(
+        app.ledger, app.settings, run_id, supervisor.executor(run["executor"]), first=True,
+        started_by=command_by("trackway submit"),
+    )
+    if attempt_id is None:
+        # A supervisor took over a launch it judged abandoned (this process was stopped that long).
+        with app.ledger.read() as conn:
+            attempt_id = latest_attempt(conn, run_id)["attempt_id"]
     console.print(run_id, highlight=False)
     if detach:
-        err_console.print(
-            f"attempt {attempt_id} started; follow it with `trackway logs {attempt_id} -f`; "
-            "retries need a supervisor: `trackway supervise` (or any trackway command) applies the policy",
-            highlight=False,
-        )
+        err_console.print(app.hint(f"attempt {attempt_id} started; follow it with `trackway logs {attempt_id} -f`"),
+                          highlight=False)
+        ensure_background_supervisor(app)
         return
-    raise typer.Exit(follow(app, supervisor, run_id, attempt_id))
+    code = follow(app, supervisor, run_id, attempt_id)
+    if eval_specs or code == INTERRUPTED or _pending_evaluations(app, run_id):
+        # Evaluations (and, after Ctrl-C, the run itself) go on after this command returns.
+        ensure_background_supervisor(app)
+    raise typer.Exit(code)
 
 
 def resume(
@@ -81,7 +96,7 @@ def resume(
 ) -> None:
     """Start a new attempt of RUN, from its latest committed checkpoint (exit 0 iff it completes)."""
     from trackway.errors import InputError
-    from trackway.supervisor.launch import start_attempt
+    from trackway.supervisor.launch import command_by, start_attempt
     from trackway.supervisor.loop import Supervisor
 
     app = app_context(ctx)
@@ -92,21 +107,26 @@ def resume(
     if record["state"] in (RunState.RUNNING.value, RunState.QUEUED.value, RunState.COMPLETED.value):
         raise InputError(f"run {run!r}: is {record['state']}; only a run that ended without completing can be resumed")
     attempt_id = start_attempt(
-        app.ledger, app.settings, record["run_id"], supervisor.executor(record["executor"]), overrides=list(overrides)
+        app.ledger, app.settings, record["run_id"], supervisor.executor(record["executor"]), overrides=list(overrides),
+        started_by=command_by(shlex.join(["trackway", "resume", *(a for o in overrides for a in ("--set", o))])),
     )
     with app.ledger.read() as conn:
         resumed_from = get_attempt(conn, attempt_id)["resumed_from_checkpoint"]
     console.print(attempt_id, highlight=False)
-    err_console.print(f"resuming from {resumed_from or 'the start (no committed checkpoint)'}", highlight=False)
-    if not detach:
-        raise typer.Exit(follow(app, supervisor, record["run_id"], attempt_id))
+    say(err_console, f"resuming from {resumed_from or 'the start (no committed checkpoint)'}")
+    if detach:
+        ensure_background_supervisor(app)
+        return
+    code = follow(app, supervisor, record["run_id"], attempt_id)
+    if code == INTERRUPTED or _pending_evaluations(app, record["run_id"]):
+        ensure_background_supervisor(app)
+    raise typer.Exit(code)
 
 
 def follow(app: AppContext, supervisor, run_id: str, attempt_id: str) -> int:
     """Show a live status line until the run ends, across the retries the policy decides; 0 iff it completed."""
     import json
 
-    from trackway.ledger.records import latest_attempt
     from trackway.supervisor.loop import read_log_tail
 
     started = time.monotonic()
@@ -117,15 +137,15 @@ def follow(app: AppContext, supervisor, run_id: str, attempt_id: str) -> int:
                 ends = supervisor.tick()
                 for watched_attempt, finding in supervisor.findings:
                     if watched_attempt.startswith(f"{run_id}/"):
-                        err_console.print(f"{watched_attempt} watch: {finding}", highlight=False)
+                        say(err_console, f"{watched_attempt} watch: {finding}")
                 for end in ends:
                     if end.run_id == run_id:
                         reported.add(end.attempt_id)
                         decision = end.decision
-                        err_console.print(
-                            f"{end.attempt_id} ended: {end.reason.value} (exit {end.exit_code}, signal {end.signal}); "
+                        say(
+                            err_console,
+                            f"{end.attempt_id} ended: {end.reason.value} ({_exit_and_signal(end.exit_code, end.signal)}); "
                             f"{decision.action}: {decision.message} [{decision.rule}]",
-                            highlight=False,
                         )
                 with app.ledger.read() as conn:
                     run = resolve_run(conn, run_id)
@@ -134,42 +154,49 @@ def follow(app: AppContext, supervisor, run_id: str, attempt_id: str) -> int:
                     break
                 if attempt is not None and attempt["attempt_id"] != attempt_id:
                     attempt_id = attempt["attempt_id"]
-                    err_console.print(
-                        f"{attempt_id} started, resuming from {attempt['resumed_from_checkpoint'] or 'the start'}",
-                        highlight=False,
-                    )
+                    resumed_from = attempt["resumed_from_checkpoint"] or "the start"
+                    say(err_console, f"{attempt_id} started, resuming from {resumed_from}")
                 line = Text(f"{attempt_id} {attempt['state'] if attempt else run['state']} {duration(time.monotonic() - started)}  ")
                 if attempt is not None:
                     tail = read_log_tail(Path(attempt["log_path"]), max_bytes=4096, max_lines=1)
-                    line.append((tail[-1].split(" ", 2)[-1] if tail else "")[:100], style="dim")
+                    line.append(printable(tail[-1].split(" ", 2)[-1] if tail else "")[:100], style="dim")
                 status.update(line)
                 time.sleep(FOLLOW_INTERVAL_S)
     except KeyboardInterrupt:
-        err_console.print(f"stopped following; {run_id} goes on (`trackway cancel {run_id}` ends it)", highlight=False)
-        return 130
+        err_console.print(
+            app.hint(f"stopped following; {run_id} goes on (`trackway cancel {run_id}` ends it)"), highlight=False
+        )
+        ensure_background_supervisor(app)  # this process was driving its retries
+        return INTERRUPTED
     if attempt is not None and attempt["attempt_id"] not in reported:
         # Another process recorded the end: say it the same way.
         decision = json.loads(attempt["retry_decision"]) if attempt["retry_decision"] else {}
-        err_console.print(
-            f"{attempt['attempt_id']} ended: {attempt['termination_reason']} (exit {attempt['exit_code']}, "
-            f"signal {attempt['signal']}); {decision.get('action', 'none')}: {decision.get('message', '')}",
-            highlight=False,
+        say(
+            err_console,
+            f"{attempt['attempt_id']} ended: {attempt['termination_reason']} "
+            f"({_exit_and_signal(attempt['exit_code'], attempt['signal'])}); "
+            f"{decision.get('action', 'none')}: {decision.get('message', '')}"
+            + (f" [{decision['rule']}]" if decision.get("rule") else ""),
         )
     err_console.print(f"run {run_id} {run['state']} after {duration(time.monotonic() - started)}", highlight=False)
     _say_pending_evaluations(app, run_id)
     return 0 if run["state"] == RunState.COMPLETED.value else 1
 
 
-def _say_pending_evaluations(app: AppContext, run_id: str) -> None:
-    """Training is done; its evaluations may not be. Say where they go on, rather than wait for them."""
+def _pending_evaluations(app: AppContext, run_id: str) -> int:
+    """How many evaluations of `run_id` are still in flight."""
     from trackway.evals.records import IN_FLIGHT, evaluations_of_run
 
     with app.ledger.read() as conn:
-        pending = [e for e in evaluations_of_run(conn, run_id) if e["state"] == IN_FLIGHT]
+        return sum(1 for e in evaluations_of_run(conn, run_id) if e["state"] == IN_FLIGHT)
+
+
+def _say_pending_evaluations(app: AppContext, run_id: str) -> None:
+    """Training is done; its evaluations may not be. Say where they go on, rather than wait for them."""
+    pending = _pending_evaluations(app, run_id)
     if pending:
         err_console.print(
-            f"{len(pending)} evaluation(s) of {run_id} still running: `trackway supervise` finishes them, "
-            f"`trackway evals {run_id}` shows them",
+            app.hint(f"{pending} evaluation(s) of {run_id} still running; `trackway evals {run_id}` shows them"),
             highlight=False,
         )
 
@@ -177,3 +204,10 @@ def _say_pending_evaluations(app: AppContext, run_id: str) -> None:
 def register(app: typer.Typer) -> None:
     app.command("submit", context_settings={"allow_interspersed_args": False})(submit)
     app.command("resume")(resume)
+
+
+def _exit_and_signal(exit_code: int | None, signal: int | None) -> str:
+    """`exit code 1` or `SIGKILL (9)`: how an attempt's process ended, never shown as None."""
+    from trackway.display import exit_text, signal_text
+
+    return signal_text(signal) if signal is not None else exit_text(exit_code)

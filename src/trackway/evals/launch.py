@@ -32,7 +32,7 @@ from trackway.evals.records import (
 from trackway.evals.spec import EvalSpec, spec_from_record
 from trackway.ledger import Ledger
 from trackway.ledger.blobs import get_blob
-from trackway.ledger.records import insert_run, latest_attempt, new_run_id, resolve_run
+from trackway.ledger.records import insert_run, latest_attempt, name_taken, new_run_id, resolve_run
 from trackway.ledger.schema import (
     checkpoints,
     evaluation_seeds,
@@ -43,6 +43,7 @@ from trackway.ledger.schema import (
 from trackway.receipts.canonical import canonical_json, sha256_hex
 from trackway.settings import Settings
 from trackway.taxonomy import RunKind, RunState
+from trackway.validation import MAX_TEXT
 
 PARAMS_FILE = "eval-params.json"
 
@@ -99,15 +100,19 @@ def eval_key(checkpoint: PinnedCheckpoint, spec: EvalSpec, evaluator_version: st
 
 
 def seeds_for(spec: EvalSpec, count: int | None) -> list[int]:
-    """The spec's seeds, or its first `count` (continued past its list when more are asked for)."""
+    """The spec's seeds, or its first `count`.
+
+    Never more than the spec lists: a seed it does not name would be an evaluation nobody
+    specified, aggregated with the ones they did.
+    """
     if count is None:
         return list(spec.seeds)
-    if count < 1:
-        raise InputError(f"--seeds {count}: expected a whole number ≥ 1")
-    seeds = list(spec.seeds[:count])
-    while len(seeds) < count:
-        seeds.append(max(seeds) + 1)
-    return seeds
+    if not 1 <= count <= len(spec.seeds):
+        raise InputError(
+            f"--seeds {count}: expected a whole number from 1 to {len(spec.seeds)}; "
+            f"{spec.name} lists the seeds {', '.join(str(s) for s in spec.seeds)}"
+        )
+    return list(spec.seeds[:count])
 
 
 def request_evaluation(
@@ -236,7 +241,7 @@ def queue_seeds(conn: Connection, settings: Settings, evaluation, run: RowMappin
             conn,
             dict(
                 run_id=eval_run_id,
-                name=None,
+                name=seed_run_name(conn, run, int(evaluation["checkpoint_step"]), evaluation["spec_name"], seed),
                 project=run["project"],
                 model_family=run["model_family"],
                 kind=RunKind.EVAL.value,
@@ -249,6 +254,8 @@ def queue_seeds(conn: Connection, settings: Settings, evaluation, run: RowMappin
                 time_limit_s=spec.time_limit_hours * 3600 if spec.time_limit_hours else None,
                 created_at=now,
                 env=json.dumps(env, sort_keys=True),
+                # The evaluator runs with the environment its training run was submitted with.
+                environ_sha256=run["environ_sha256"],
             ),
         )
         conn.execute(
@@ -256,6 +263,22 @@ def queue_seeds(conn: Connection, settings: Settings, evaluation, run: RowMappin
                 eval_id=evaluation["eval_id"], seed=seed, eval_run_id=eval_run_id, state=SEED_PENDING, created_at=now
             )
         )
+
+
+def seed_run_name(conn: Connection, run: RowMapping, step: int, spec_name: str, seed: int) -> str:
+    """`RUN@STEP/SPEC/seed-N`, the name a seed's run is listed by (RUN: the training run's name, else its id).
+
+    A person's run name holds neither '@' nor '/', so this never takes one. The same checkpoint,
+    spec and seed evaluated again (a changed evaluator) gets `~2`, `~3`: names are unique.
+    """
+    base = f"{run['name'] or run['run_id']}@{step}/{spec_name}/seed-{seed}"
+    if len(base) > MAX_TEXT - 8:  # room for `~N` within the name column
+        base = f"{run['run_id']}@{step}/{spec_name}/seed-{seed}"
+    name, n = base, 1
+    while name_taken(conn, name):
+        n += 1
+        name = f"{base}~{n}"
+    return name
 
 
 def evaluate_new_checkpoints(ledger: Ledger, settings: Settings) -> tuple[list[EvalRequest], list[tuple[str, str]]]:

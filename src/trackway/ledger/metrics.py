@@ -13,9 +13,13 @@ def metric_keys(conn: Connection, run_id: str) -> list[str]:
 
 
 def metric_points_for_run(
-    conn: Connection, run_id: str, key: str | None = None, limit: int | None = None
+    conn: Connection, run_id: str, key: str | None = None, limit: int | None = None, first: bool = False
 ) -> list[RowMapping]:
-    """(key, step, value, attempt_number, logged_at) rows ordered by key, then step."""
+    """(key, step, value, attempt_number, logged_at) rows ordered by key, then step.
+
+    With `limit`, the latest `limit` points by step (what a person watching a run wants), or the
+    earliest with `first`.
+    """
     query = (
         select(
             metric_series.c.key,
@@ -26,13 +30,14 @@ def metric_points_for_run(
         )
         .join(metric_points, metric_points.c.series_id == metric_series.c.series_id)
         .where(metric_series.c.run_id == run_id)
-        .order_by(metric_series.c.key, metric_points.c.step)
     )
     if key is not None:
         query = query.where(metric_series.c.key == key)
-    if limit:
-        query = query.limit(limit)
-    return list(conn.execute(query).mappings())
+    if not limit:
+        return list(conn.execute(query.order_by(metric_series.c.key, metric_points.c.step)).mappings())
+    step = metric_points.c.step if first else metric_points.c.step.desc()
+    rows = list(conn.execute(query.order_by(step, metric_series.c.key).limit(limit)).mappings())
+    return sorted(rows, key=lambda row: (row["key"], row["step"]))
 
 
 def recent_points(conn: Connection, run_id: str, key: str, attempt_number: int, limit: int) -> list[RowMapping]:

@@ -5,6 +5,7 @@ A run is addressed by its id or its unique name; an attempt as `RUN/N` (N from 1
 
 from __future__ import annotations
 
+import json
 import secrets
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -13,6 +14,7 @@ from sqlalchemy import Connection, RowMapping, func, insert, select, update
 
 from trackway.errors import Ambiguous, InputError, NotFound
 from trackway.ledger.schema import attempts, checkpoints, runs
+from trackway.redaction import redact, redact_structure
 from trackway.taxonomy import AttemptState, RunState, TerminationReason
 
 
@@ -53,6 +55,9 @@ def resolve_run(conn: Connection, ref: str) -> RowMapping:
 def resolve_attempt(conn: Connection, ref: str) -> RowMapping:
     """The attempt addressed as `RUN/N`, or the latest attempt of `RUN`."""
     run_ref, _, number_text = ref.rpartition("/") if "/" in ref else (ref, "", "")
+    if number_text and not number_text.isdigit():
+        # A name may hold a slash (an evaluation seed is RUN@STEP/SPEC/seed-N): the whole ref is a run.
+        run_ref, number_text = ref, ""
     run = resolve_run(conn, run_ref)
     if not number_text:
         row = latest_attempt(conn, run["run_id"])
@@ -97,7 +102,24 @@ def insert_attempt(conn: Connection, values: Mapping[str, Any]) -> str:
 
 
 def update_attempt(conn: Connection, attempt_id: str, **values: Any) -> None:
+    if values.get("termination_evidence") is not None:
+        values["termination_evidence"] = redacted_evidence(values["termination_evidence"])
     conn.execute(update(attempts).where(attempts.c.attempt_id == attempt_id).values(**values))
+
+
+def redacted_evidence(evidence_json: str) -> str:
+    """Termination evidence with secret shapes hidden, still valid JSON.
+
+    Evidence quotes what the process printed (log lines, the SDK note's message, an executor's
+    error), and the ledger is readable by everyone who can run `trackway sql`: a script that
+    prints its token must not publish it there. The strings inside the structure are redacted,
+    not the serialized text, so the JSON stays parseable.
+    """
+    try:
+        evidence = json.loads(evidence_json)
+    except ValueError:
+        return redact(evidence_json)
+    return json.dumps(redact_structure(evidence), ensure_ascii=False)
 
 
 def get_attempt(conn: Connection, attempt_id: str) -> RowMapping:
@@ -181,7 +203,7 @@ def record_attempt_end(
             exit_code=exit_code,
             signal=signal,
             termination_reason=reason.value,
-            termination_evidence=evidence_json,
+            termination_evidence=redacted_evidence(evidence_json),
         )
     ).rowcount
     if not changed:

@@ -1,21 +1,37 @@
-"""`trackway explain`: everything needed to understand one attempt, gathered from the ledger and storage.
+"""`trackway explain`: everything needed to understand a run and one of its attempts, from the ledger alone.
 
-`explain()` returns plain data (so `--json` is the same facts as the screen); `to_markdown()`
-lays it out for a person who never saw the run.
+`explain()` gathers the facts as plain data (what `--json` prints: full hashes, every value).
+`document()` lays them out for a person as blocks, in the order a reader asks: a timeline of
+every attempt, then one attempt in full answering seven questions (config, data, placement,
+checkpoints, retries, evaluations, what happens next). `to_markdown()` renders the blocks for
+pasting into an issue; the CLI renders the same blocks as text that fits the terminal.
+Every people-facing value comes from `trackway.display`: short hashes, times to the second with
+an age, CPU-hours when no GPU was used, and words where a value is missing.
 """
 
 from __future__ import annotations
 
 import json
+import shlex
+from datetime import datetime, timezone
 from typing import Any
 
 from sqlalchemy import Connection, RowMapping, select
 
+from trackway import display as d
 from trackway.ledger.blobs import get_blob
-from trackway.ledger.records import list_attempts, resolve_attempt, resolve_run
 from trackway.ledger.ingest import SUPERVISOR_RANK
-from trackway.ledger.schema import attempt_events, checkpoints
+from trackway.ledger.records import list_attempts, resolve_attempt, resolve_run
+from trackway.ledger.schema import attempt_events, checkpoints, run_eval_specs
+from trackway.receipts import submitted_env
+from trackway.redaction import redact_structure
 from trackway.taxonomy import RunState
+from trackway.taxonomy import TerminationReason as R
+
+# Beyond these, a list says how many more there are and that --json has them all.
+CONFIG_SHOWN = 20
+FILES_SHOWN = 20
+ABSENT = "<absent>"
 
 
 def _blob_json(conn: Connection, sha: str | None) -> Any:
@@ -32,206 +48,713 @@ def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def config_diff(before: Any, after: Any) -> list[str]:
+    """`key: old → new` for each flattened key whose value differs (values as JSON, as stored)."""
     a, b = _flatten(before or {}), _flatten(after or {})
     lines = []
     for key in sorted(a.keys() | b.keys()):
-        if a.get(key, "<absent>") != b.get(key, "<absent>"):
-            lines.append(f"{key}: {json.dumps(a.get(key, '<absent>'))} → {json.dumps(b.get(key, '<absent>'))}")
+        if a.get(key, ABSENT) != b.get(key, ABSENT):
+            lines.append(f"{key}: {json.dumps(a.get(key, ABSENT))} → {json.dumps(b.get(key, ABSENT))}")
     return lines
 
 
 def data_diff(before: Any, after: Any) -> list[str]:
+    """Files added, removed or changed (by content) between two data manifests."""
     a = {f["path"]: f for f in (before or {}).get("files", [])}
     b = {f["path"]: f for f in (after or {}).get("files", [])}
     lines = [f"added {p}" for p in sorted(b.keys() - a.keys())]
     lines += [f"removed {p}" for p in sorted(a.keys() - b.keys())]
-    lines += [f"changed {p} ({a[p]['sha256'][:12]} → {b[p]['sha256'][:12]})" for p in sorted(a.keys() & b.keys()) if a[p]["sha256"] != b[p]["sha256"]]
+    lines += [
+        f"changed {p} ({d.short_hash(a[p]['sha256'])} → {d.short_hash(b[p]['sha256'])})"
+        for p in sorted(a.keys() & b.keys())
+        if a[p]["sha256"] != b[p]["sha256"]
+    ]
     return lines
 
 
 def environment_diff(before: Any, after: Any) -> list[str]:
+    """What differs between two environment descriptions: the image, versions, installed distributions."""
     if before == after:
         return []
+    before, after = before or {}, after or {}
+    if before.get("kind") == "image" or after.get("kind") == "image":
+        return [f"image {d.text_or(before.get('image_digest'))} → {d.text_or(after.get('image_digest'))}"]
     lines = []
-    if (before or {}).get("kind") == "image" or (after or {}).get("kind") == "image":
-        return [f"image {(before or {}).get('image_digest')} → {(after or {}).get('image_digest')}"]
     for key in ("python", "torch", "nvidia_driver", "platform"):
-        if (before or {}).get(key) != (after or {}).get(key):
-            lines.append(f"{key}: {json.dumps((before or {}).get(key))} → {json.dumps((after or {}).get(key))}")
-    a, b = (before or {}).get("distributions", {}), (after or {}).get("distributions", {})
+        if before.get(key) != after.get(key):
+            lines.append(f"{key}: {json.dumps(before.get(key))} → {json.dumps(after.get(key))}")
+    a, b = before.get("distributions", {}), after.get("distributions", {})
     for name in sorted(a.keys() | b.keys()):
         if a.get(name) != b.get(name):
             lines.append(f"{name} {a.get(name, '-')} → {b.get(name, '-')}")
     return lines
 
 
-def explain(conn: Connection, ref: str) -> dict[str, Any]:
-    """The facts about one attempt (the latest, for a run) and its run."""
+# -- gathering ---------------------------------------------------------------------------------
+
+
+def explain(conn: Connection, ref: str, now: datetime | None = None) -> dict[str, Any]:
+    """The facts about one attempt (the latest, for a run), its run and every attempt of the run."""
+    now = now or datetime.now(timezone.utc)
     attempt = resolve_attempt(conn, ref)
     run = resolve_run(conn, attempt["run_id"])
     history = list_attempts(conn, run_id=run["run_id"], limit=None)
-    previous = next((a for a in history if a["attempt_number"] == attempt["attempt_number"] - 1), None)
+    number = attempt["attempt_number"]
+    previous = next((a for a in history if a["attempt_number"] == number - 1), None)
+    first = history[0] if history and history[0]["attempt_number"] != number else None
+    run_checkpoints = _run_checkpoints(conn, run["run_id"])
     evidence = json.loads(attempt["termination_evidence"]) if attempt["termination_evidence"] else {}
-    committed = [
-        dict(row)
-        for row in conn.execute(
-            select(checkpoints.c.name, checkpoints.c.state, checkpoints.c.committed_at)
-            .where(checkpoints.c.attempt_id == attempt["attempt_id"])
-            .order_by(checkpoints.c.step)
-        ).mappings()
-    ]
-    watched = [
-        json.loads(payload)["message"]
-        for payload in conn.execute(
-            select(attempt_events.c.payload)
-            .where(attempt_events.c.attempt_id == attempt["attempt_id"], attempt_events.c.rank == SUPERVISOR_RANK)
-            .order_by(attempt_events.c.seq)
-        ).scalars()
-    ]
-    changes: dict[str, list[str]] = {}
-    if previous is not None:
-        changes = {
-            "config": config_diff(_config_of(conn, previous), _config_of(conn, attempt)),
-            "data": data_diff(_blob_json(conn, previous["data_manifest_sha256"]), _blob_json(conn, attempt["data_manifest_sha256"])),
-            "environment": environment_diff(
-                _blob_json(conn, previous["environment_sha256"]), _blob_json(conn, attempt["environment_sha256"])
-            ),
-            "code": _code_diff(previous, attempt),
-        }
-    return {
-        "run": {k: run[k] for k in ("run_id", "name", "project", "model_family", "kind", "state", "command", "workdir", "resource")},
+    config = _config_of(conn, attempt)
+    facts = {
+        "now": now,
+        "run": {k: run[k] for k in ("run_id", "name", "project", "model_family", "kind", "state", "command", "workdir",
+                                    "resource", "created_at", "ended_at", "not_before")}
+        | {"own_retry_policy": bool(run["retry_policy"]), "attempts": len(history)},
         "attempt": {
             k: attempt[k]
             for k in (
-                "attempt_id", "attempt_number", "state", "executor", "executor_job_id", "host", "gpu_ids", "gpu_model",
-                "gpu_count", "started_at", "ended_at", "last_heartbeat_at", "exit_code", "signal", "first_step",
-                "last_step", "gpu_seconds", "useful_gpu_seconds", "wasted_gpu_seconds", "cost_usd", "log_path",
+                "attempt_id", "attempt_number", "state", "started_by", "executor", "executor_job_id", "host", "gpu_ids",
+                "gpu_model", "gpu_count", "started_at", "ended_at", "last_heartbeat_at", "exit_code", "signal",
+                "first_step", "last_step", "gpu_seconds", "useful_gpu_seconds", "wasted_gpu_seconds", "cost_usd",
+                "log_path",
             )
         },
-        "ended_by": {"reason": attempt["termination_reason"], "rule": evidence.get("rule"), "evidence": evidence.get("lines", []),
-                     "executor": evidence.get("executor", [])},
+        "ended_by": {"reason": attempt["termination_reason"], "rule": evidence.get("rule"),
+                     "evidence": evidence.get("lines", []), "executor": evidence.get("executor", [])},
         "receipt": {
             "config_sha256": attempt["config_sha256"],
             "data_manifest_sha256": attempt["data_manifest_sha256"],
             "environment_sha256": attempt["environment_sha256"],
+            "environment": _environment_summary(_blob_json(conn, attempt["environment_sha256"])),
+            "environ": _environ_summary(conn, attempt["environ_sha256"]),
             "code": {"repo": run["code_repo"], "branch": run["code_branch"], "commit": attempt["code_commit"],
                      "dirty_sha256": attempt["code_dirty_sha256"]},
         },
+        "config": _config_facts(conn, attempt, config, previous, first),
+        "data": _data_facts(conn, attempt, previous),
+        "placement": {k: attempt[k] for k in ("host", "executor", "executor_job_id", "gpu_count", "gpu_model", "gpu_ids")},
         "compared_with": previous["attempt_id"] if previous is not None else None,
-        "changes": changes,
-        "checkpoints": {"resumed_from": attempt["resumed_from_checkpoint"], "committed": committed},
-        "watchers": watched,
-        "history": [
-            {
-                "attempt_id": a["attempt_id"],
-                "reason": a["termination_reason"],
-                "started_at": a["started_at"],
-                "gpu_seconds": a["gpu_seconds"],
-                "useful_gpu_seconds": a["useful_gpu_seconds"],
-                "wasted_gpu_seconds": a["wasted_gpu_seconds"],
-                "decision": json.loads(a["retry_decision"]) if a["retry_decision"] else None,
-            }
-            for a in history
-        ],
-        "next": _next(run, history),
-        "evaluations": _evaluations(conn, run),
+        "changes": _changes(conn, previous, attempt) if previous is not None else {},
+        "checkpoints": _checkpoint_facts(attempt, run_checkpoints),
+        "watchers": _watched(conn, attempt["attempt_id"]),
+        "incidents": incidents(conn, attempt["attempt_id"]),
+        "history": [_timeline_row(a, run_checkpoints) for a in history],
+        "evaluations": _evaluations(conn, run, run_checkpoints),
+    }
+    # Advice is about the run's latest attempt, whichever attempt is explained.
+    latest_config = _config_of(conn, history[-1]) if history else None
+    facts["next_steps"] = _next(run, history, run_checkpoints, latest_config)
+    facts["next"] = "; ".join(part for part in facts["next_steps"].values() if part)
+    return facts
+
+
+def _run_checkpoints(conn: Connection, run_id: str) -> list[dict[str, Any]]:
+    """The ledger's mirror of the run's checkpoints, oldest step first."""
+    query = (
+        select(checkpoints.c.name, checkpoints.c.step, checkpoints.c.state, checkpoints.c.attempt_id,
+               checkpoints.c.committed_at)
+        .where(checkpoints.c.run_id == run_id)
+        .order_by(checkpoints.c.step)
+    )
+    return [dict(row) for row in conn.execute(query).mappings()]
+
+
+def _config_of(conn: Connection, attempt: RowMapping) -> Any:
+    # A config may hold a token a person pasted into it: what explain shows (and what gets pasted
+    # into an issue) carries it masked.
+    config = _blob_json(conn, attempt["config_sha256"])
+    return None if config is None else redact_structure(config)
+
+
+def _config_facts(conn: Connection, attempt: RowMapping, config: Any, previous: RowMapping | None,
+                  first: RowMapping | None) -> dict[str, Any]:
+    """The config the attempt ran with, every value, and the keys that differ from the previous and first attempts."""
+    def against(other: RowMapping | None) -> dict[str, Any] | None:
+        if other is None:
+            return None
+        return {"attempt_id": other["attempt_id"], "keys": config_diff(_config_of(conn, other), config)}
+
+    return {
+        "sha256": attempt["config_sha256"],
+        "values": None if config is None else _flatten(config),
+        "differs_from_previous": against(previous),
+        "differs_from_first": against(first),
     }
 
 
-def _evaluations(conn: Connection, run: RowMapping) -> list[str]:
-    """For a training run: its checkpoints' evaluations; for an evaluation seed: what it evaluates."""
-    from trackway.evals.records import evaluations_of_run, metrics_of, resolve_evaluation
+def _data_facts(conn: Connection, attempt: RowMapping, previous: RowMapping | None) -> dict[str, Any]:
+    """The data manifest the attempt ran with: every file with its size, and what changed since the previous attempt."""
+    manifest = _blob_json(conn, attempt["data_manifest_sha256"])
+    files = (manifest or {}).get("files", [])
+    changes = None
+    if previous is not None:
+        changes = data_diff(_blob_json(conn, previous["data_manifest_sha256"]), manifest)
+    return {
+        "sha256": attempt["data_manifest_sha256"],
+        "files": [{"path": f["path"], "size": f.get("size"), "sha256": f.get("sha256")} for f in files],
+        "total_bytes": sum(f.get("size") or 0 for f in files),
+        "changed_since_previous": changes,
+    }
+
+
+def _changes(conn: Connection, previous: RowMapping, attempt: RowMapping) -> dict[str, list[str]]:
+    """Everything an attempt ran with that differs from the previous attempt, by kind."""
+    return {
+        "config": config_diff(_config_of(conn, previous), _config_of(conn, attempt)),
+        "data": data_diff(_blob_json(conn, previous["data_manifest_sha256"]), _blob_json(conn, attempt["data_manifest_sha256"])),
+        "environment": environment_diff(
+            _blob_json(conn, previous["environment_sha256"]), _blob_json(conn, attempt["environment_sha256"])
+        ),
+        "environment variables": submitted_env.diff(
+            _blob_json(conn, previous["environ_sha256"]), _blob_json(conn, attempt["environ_sha256"])
+        ),
+        "code": _code_diff(previous, attempt),
+    }
+
+
+def _checkpoint_facts(attempt: RowMapping, run_checkpoints: list[dict[str, Any]]) -> dict[str, Any]:
+    """Resumed from, committed during this attempt, and the newest committed checkpoint of the run."""
+    committed = [c for c in run_checkpoints if c["attempt_id"] == attempt["attempt_id"]]
+    newest = [c for c in run_checkpoints if c["state"] == "committed"]
+    return {
+        "resumed_from": attempt["resumed_from_checkpoint"],
+        "committed": committed,
+        "newest_of_run": newest[-1] if newest else None,
+    }
+
+
+def _watched(conn: Connection, attempt_id: str) -> list[str]:
+    """What the supervisor's watchers noticed while the attempt ran."""
+    query = (
+        select(attempt_events.c.payload)
+        .where(attempt_events.c.attempt_id == attempt_id, attempt_events.c.rank == SUPERVISOR_RANK)
+        .order_by(attempt_events.c.seq)
+    )
+    return [json.loads(payload)["message"] for payload in conn.execute(query).scalars()]
+
+
+def _timeline_row(a: RowMapping, run_checkpoints: list[dict[str, Any]]) -> dict[str, Any]:
+    """One attempt as one row of the run's timeline: who started it, where, what it did, how it ended, what followed."""
+    evidence = json.loads(a["termination_evidence"]) if a["termination_evidence"] else {}
+    return {
+        "attempt_id": a["attempt_id"],
+        "number": a["attempt_number"],
+        "started_by": a["started_by"],
+        "started_at": a["started_at"],
+        "ended_at": a["ended_at"],
+        "placement": {k: a[k] for k in ("host", "executor", "executor_job_id", "gpu_count", "gpu_model", "gpu_ids")},
+        "first_step": a["first_step"],
+        "last_step": a["last_step"],
+        "resumed_from": a["resumed_from_checkpoint"],
+        "committed": [c["name"] for c in run_checkpoints if c["attempt_id"] == a["attempt_id"]],
+        "state": a["state"],
+        "reason": a["termination_reason"],
+        "rule": evidence.get("rule"),
+        "evidence": (evidence.get("lines") or evidence.get("executor") or [None])[0],
+        "gpu_seconds": a["gpu_seconds"],
+        "useful_gpu_seconds": a["useful_gpu_seconds"],
+        "wasted_gpu_seconds": a["wasted_gpu_seconds"],
+        "decision": json.loads(a["retry_decision"]) if a["retry_decision"] else None,
+    }
+
+
+# What the training process or the ingester recorded that a reader of a failure must not miss.
+INCIDENT_KINDS = ("checkpoint_restored", "spool_line_quarantined", "spool_write_failed")
+
+
+def incidents(conn: Connection, attempt_id: str) -> list[str]:
+    """Checkpoints set aside on restore, spool lines quarantined, spool writes that failed: one line each."""
+    lines = []
+    query = (
+        select(attempt_events.c.payload)
+        .where(attempt_events.c.attempt_id == attempt_id, attempt_events.c.kind.in_(INCIDENT_KINDS))
+        .order_by(attempt_events.c.at, attempt_events.c.rank, attempt_events.c.seq)
+    )
+    for payload in conn.execute(query).scalars():
+        event = json.loads(payload)
+        line = _incident_line(event)
+        if line:
+            lines.append(line)
+    return lines
+
+
+def _incident_line(event: dict[str, Any]) -> str | None:
+    kind = event.get("kind")
+    if kind == "checkpoint_restored":
+        skipped = event.get("fallback_from") or []
+        if not skipped:
+            return None
+        set_aside = "; ".join(f"{s.get('name')} set aside ({s.get('reason')})" for s in skipped)
+        return f"restore fell back to {event.get('name') or 'the start (no usable checkpoint)'}: {set_aside}"
+    if kind == "spool_line_quarantined":
+        return (f"a spool line was quarantined: {event.get('file')} at byte {event.get('offset')} "
+                f"({event.get('error')}): {str(event.get('preview', ''))[:120]!r}")
+    if kind == "spool_write_failed":
+        details = ", ".join(f"{k} {v}" for k, v in event.items() if k not in ("kind", "t", "seq", "rank"))
+        return f"the spool could not be written for a while: {details}"
+    return None
+
+
+def _environ_summary(conn: Connection, sha: str | None) -> dict[str, Any] | None:
+    description = _blob_json(conn, sha)
+    if description is None:
+        return None
+    return {
+        "sha256": sha,
+        "variables": len(description.get("variables") or {}),
+        "secrets": sorted(description.get("secrets") or {}),
+    }
+
+
+def _environment_summary(description: dict[str, Any] | None) -> str:
+    """The software an attempt ran in, in one line: the image, or python, torch and the NVIDIA driver."""
+    if description is None:
+        return "not recorded"
+    python = (description.get("python") or {}).get("version")
+    if description.get("kind") == "image":
+        return f"image {description.get('image_digest')}, python {d.text_or(python)}"
+    torch = description.get("torch") or {}
+    parts = [f"python {d.text_or(python)}"]
+    if torch.get("version"):
+        parts.append(f"torch {torch['version']}" + (f" (CUDA {torch['cuda']})" if torch.get("cuda") else " (no CUDA)"))
+    else:
+        parts.append("no torch")
+    driver = description.get("nvidia_driver")
+    parts.append(f"NVIDIA driver {driver}" if driver else "no NVIDIA driver")
+    parts.append(d.plural(len(description.get("distributions") or {}), "distribution"))
+    return ", ".join(parts)
+
+
+def _evaluations(conn: Connection, run: RowMapping, run_checkpoints: list[dict[str, Any]]) -> dict[str, Any]:
+    """For a training run: the specs attached, each evaluation's state and headline metric, checkpoints not
+    evaluated; for an evaluation seed: what it evaluates. `lines` says it for people."""
     from trackway.errors import NotFound
+    from trackway.evals.records import evaluations_of_run, metrics_of, resolve_evaluation
 
     if run["kind"] == "eval":
         try:
             evaluation = resolve_evaluation(conn, run["run_id"])
         except NotFound:
-            return []
+            return {"of": None, "lines": ["an evaluation run whose evaluation is not recorded"]}
         env = json.loads(run["env"]) if run["env"] else {}
-        return [f"seed {env.get('TRACKWAY_EVAL_SEED')} of evaluation {evaluation['eval_id']} ({evaluation['spec_name']}, "
-                f"{evaluation['state']}): checkpoint {evaluation['checkpoint_name']} of run {evaluation['run_id']}, "
-                f"evaluator {evaluation['evaluator_version']}, task set {evaluation['task_set_sha256']}"]
-    lines = []
+        line = (f"seed {d.text_or(env.get('TRACKWAY_EVAL_SEED'))} of evaluation {evaluation['eval_id']} "
+                f"({evaluation['spec_name']}, {evaluation['state']}): checkpoint {evaluation['checkpoint_name']} of run "
+                f"{evaluation['run_id']}, evaluator {evaluation['evaluator_version']}, "
+                f"task set {d.short_hash(evaluation['task_set_sha256'])}")
+        return {"of": dict(evaluation), "lines": [line]}
+    specs = [dict(row) for row in conn.execute(
+        select(run_eval_specs.c.name, run_eval_specs.c.trigger).where(run_eval_specs.c.run_id == run["run_id"])
+        .order_by(run_eval_specs.c.name)
+    ).mappings()]
+    results = []
     for evaluation in evaluations_of_run(conn, run["run_id"]):
-        metrics = ", ".join(f"{m} {v['mean']:.4f}" for m, v in metrics_of(conn, evaluation["eval_id"]).items())
-        lines.append(f"{evaluation['checkpoint_name']} by {evaluation['spec_name']}: {evaluation['state']}"
-                     + (f", {metrics}" if metrics else "") + f" ({evaluation['eval_id']})")
+        metrics = metrics_of(conn, evaluation["eval_id"])
+        results.append({k: evaluation[k] for k in ("eval_id", "checkpoint_name", "checkpoint_step", "spec_name", "state",
+                                                    "primary_metric", "created_at", "ended_at")} | {"metrics": metrics})
+    evaluated = {r["checkpoint_name"] for r in results}
+    waiting = [c["name"] for c in run_checkpoints if c["state"] == "committed" and c["name"] not in evaluated]
+    facts = {"specs": specs, "results": results, "not_evaluated": waiting if specs else []}
+    facts["lines"] = _evaluation_lines(facts)
+    return facts
+
+
+def _evaluation_lines(facts: dict[str, Any]) -> list[str]:
+    """Each evaluation with its state and headline metric; or why there is none."""
+    specs, results = facts["specs"], facts["results"]
+    if not specs and not results:
+        return ["no evaluation configured for this run"]
+    lines = []
+    if specs:
+        lines.append("configured: " + ", ".join(f"{s['name']} ({s['trigger']})" for s in specs))
+    for r in results:
+        headline = r["metrics"].get(r["primary_metric"])
+        # The mean as stored, not rounded: 0.925 and 0.9249 are different results.
+        metric = f", {r['primary_metric']} {headline['mean']!r} over {d.plural(headline['seeds'], 'seed')}" if headline else ""
+        lines.append(f"{r['checkpoint_name']} by {r['spec_name']}: {r['state']}{metric} ({r['eval_id']})")
+    if facts["not_evaluated"]:
+        lines.append("not evaluated (yet): " + ", ".join(facts["not_evaluated"]))
+    if specs and not results and not facts["not_evaluated"]:
+        lines.append("nothing evaluated: no checkpoint was committed")
     return lines
-
-
-def _config_of(conn: Connection, attempt: RowMapping) -> Any:
-    return _blob_json(conn, attempt["config_sha256"])
 
 
 def _code_diff(before: RowMapping, after: RowMapping) -> list[str]:
     lines = []
     if before["code_commit"] != after["code_commit"]:
-        lines.append(f"commit {before['code_commit'] or '-'} → {after['code_commit'] or '-'}")
+        lines.append(f"commit {d.short_hash(before['code_commit'], 'none')} → {d.short_hash(after['code_commit'], 'none')}")
     if before["code_dirty_sha256"] != after["code_dirty_sha256"]:
-        lines.append(f"uncommitted diff {before['code_dirty_sha256'] or 'none'} → {after['code_dirty_sha256'] or 'none'}")
+        lines.append(f"uncommitted diff {d.short_hash(before['code_dirty_sha256'], 'none')} → "
+                     f"{d.short_hash(after['code_dirty_sha256'], 'none')}")
     return lines
 
 
-def _next(run: RowMapping, history: list[RowMapping]) -> str:
+# -- what happens next -------------------------------------------------------------------------
+
+
+def _next(run: RowMapping, history: list[RowMapping], run_checkpoints: list[dict[str, Any]], config: Any) -> dict[str, str | None]:
+    """What trackway will do with the run, and what a person should change (only advice that can apply)."""
     state = RunState(run["state"])
     last = history[-1] if history else None
     decision = json.loads(last["retry_decision"]) if last is not None and last["retry_decision"] else None
+    newest = next((c for c in reversed(run_checkpoints) if c["state"] == "committed"), None)
+    start = f"from {newest['name']}, the newest committed checkpoint" if newest else "from the start: no checkpoint was committed"
+    rule = f" (rule `{decision['rule']}`)" if decision else ""
     if state is RunState.QUEUED:
-        when = f" at {run['not_before'].isoformat()}" if run["not_before"] else ""
-        return f"a new attempt will start{when}, resuming from the latest committed checkpoint ({decision['rule'] if decision else 'retry'})"
+        at = f" at {d.utc(run['not_before'])}" if run["not_before"] else ""
+        return {"trackway": f"the supervisor will start attempt {len(history) + 1}{at}, {start}{rule}", "person": None}
     if state is RunState.RUNNING:
-        return f"{last['attempt_id'] if last else 'an attempt'} is running; its end will be classified and decided by the policy"
+        running = last["attempt_id"] if last is not None else "an attempt"
+        return {"trackway": f"{running} is running; when it ends, its ending is classified and the retry policy decides",
+                "person": None}
+    if state is RunState.COMPLETED:
+        return {"trackway": f"nothing: the run is {state.value}", "person": None}
+    ref = run["name"] or run["run_id"]
+    reason = R(last["termination_reason"]) if last is not None and last["termination_reason"] in set(R) else None
+    stopped = f"nothing: the run is {state.value}"
+    if decision and decision["action"] == "stop":
+        stopped += f"; the retry policy stopped it{rule}"
+    return {"trackway": stopped, "person": _advice(ref, reason, decision, start, config)}
+
+
+def _advice(ref: str, reason: R | None, decision: dict[str, Any] | None, start: str, config: Any) -> str:
+    """What a person should change before the run can go on, and the command that goes on (and where from)."""
+    resume = f"`trackway resume {ref}`"
+    if decision and decision["rule"].endswith("disk full"):
+        return decision["message"]  # names where to free space and the command
+    if reason is R.NAN_LOSS:
+        keys = _keys_like(config, ("lr", "learning_rate"))
+        return (f"lower the learning rate{_values(keys)} or fix the data, then "
+                f"`trackway resume {ref} --set {keys[0][0] if keys else 'KEY'}=...`; it resumes {start}")
+    if reason is R.OOM:
+        keys = _keys_like(config, ("batch",))
+        return (f"lower the memory footprint{_values(keys)}: a smaller batch, activation checkpointing, lower precision "
+                f"or a resource with more GPU memory, then `trackway resume {ref} --set {keys[0][0] if keys else 'KEY'}=...`; "
+                f"it resumes {start}")
+    if reason is R.BAD_DATA:
+        return ("fix or exclude the input the evidence names, then submit the run again: `trackway submit` hashes the "
+                "data anew, while a resume would record this run's data manifest")
+    if reason is R.CODE_ERROR:
+        return f"fix the exception the evidence shows, then {resume}; it resumes {start}"
+    if reason is R.CONFIG_ERROR:
+        return f"the command could not start as configured: fix the import, path or argument the evidence names, then {resume}"
+    if reason is R.UNKNOWN:
+        return f"read the evidence and the log before spending more GPU time; {resume} goes on {start}"
+    if reason is R.USER_CANCELLED:
+        return f"{resume} starts it again, {start}"
     if decision:
-        return f"nothing: the run is {state.value}; {decision['message']} [{decision['rule']}]"
-    return f"nothing: the run is {state.value}"
+        return f"{decision['message']}; to go on anyway: {resume}, {start}"
+    return f"{resume} starts a new attempt, {start}"
 
 
-def to_markdown(facts: dict[str, Any]) -> str:
-    run, attempt, ended = facts["run"], facts["attempt"], facts["ended_by"]
-    hours = lambda s: "-" if s is None else f"{s / 3600:.3f}"  # noqa: E731
-    out = [
-        f"# {attempt['attempt_id']} ({run['name'] or run['run_id']}, project {run['project']}, {run['kind']})",
-        "",
-        f"- **Ended:** {ended['reason'] or 'not yet'}" + (f" (rule `{ended['rule']}`)" if ended["rule"] else ""),
-        f"- **Command:** `{' '.join(json.loads(run['command']))}` in `{run['workdir']}`",
-        f"- **Placement:** {attempt['executor']} job {attempt['executor_job_id']} on {attempt['host']}, "
-        f"{attempt['gpu_count']} GPU(s) {attempt['gpu_model'] or ''} {attempt['gpu_ids'] or ''}".rstrip(),
-        f"- **Time:** {attempt['started_at']} → {attempt['ended_at']}; steps {attempt['first_step']}..{attempt['last_step']}; "
-        f"exit {attempt['exit_code']}, signal {attempt['signal']}",
-        f"- **GPU-hours:** {hours(attempt['gpu_seconds'])} (useful {hours(attempt['useful_gpu_seconds'])}, "
-        f"wasted {hours(attempt['wasted_gpu_seconds'])}), cost ${attempt['cost_usd'] or 0:.2f}",
-        f"- **Log:** `{attempt['log_path']}`",
-        "",
+def _keys_like(config: Any, names: tuple[str, ...]) -> list[tuple[str, Any]]:
+    """The config keys whose last part is, or contains as a word, one of `names` (`optim.lr`, `train.batch_size`)."""
+    found = []
+    for key, value in _flatten(config or {}).items():
+        words = key.rsplit(".", 1)[-1].lower().split("_")
+        last = "_".join(words)
+        if any(name == last or name in words or (len(name) > 3 and name in last) for name in names):
+            found.append((key, value))
+    return found
+
+
+def _values(keys: list[tuple[str, Any]]) -> str:
+    """` (optim.lr is 10)`: the values advice is about, as stored."""
+    return " (" + ", ".join(f"{k} is {d.as_stored(v)}" for k, v in keys) + ")" if keys else ""
+
+
+# -- layout: blocks both renderers share -------------------------------------------------------
+
+# ("title", text) | ("heading", text) | ("item", depth, label, text) | ("para", label, text)
+# | ("code", lines) | ("timeline", rows)
+Block = tuple
+
+
+def who_started(started_by: str | None) -> str:
+    """Who started an attempt, said as such: the supervisor and the rule, or a person's command."""
+    if not started_by:
+        return "not recorded"
+    if started_by.startswith("supervisor"):
+        rest = started_by.partition(":")[2].strip()
+        return f"the supervisor ({rest})" if rest else "the supervisor"
+    return f"a person: {started_by}"
+
+
+def _placement_text(p: dict[str, Any]) -> str:
+    job = f"job {p['executor_job_id']}" if p["executor_job_id"] else "no job id yet"
+    return f"{p['executor']} {job} on {d.text_or(p['host'], 'no host yet')}, {d.gpus_text(p['gpu_count'], p['gpu_model'], p['gpu_ids'])}"
+
+
+def _ending_text(row: dict[str, Any]) -> str:
+    return row["reason"] or row["state"]
+
+
+def _decision_text(decision: dict[str, Any] | None, ended: bool) -> str:
+    if decision is None:
+        return "no decision recorded" if ended else "none yet"
+    return f"{_action(decision)} (retry policy: `{decision['rule']}`)"
+
+
+def _action(decision: dict[str, Any]) -> str:
+    return "nothing to do" if decision["action"] == "none" else decision["action"]
+
+
+def document(facts: dict[str, Any]) -> list[Block]:
+    """The facts laid out for a person: the run, its timeline, then one attempt answering the seven questions."""
+    run, attempt = facts["run"], facts["attempt"]
+    blocks: list[Block] = [
+        ("title", f"{run['name'] or run['run_id']}: attempt {attempt['attempt_number']} of {run['attempts']} "
+                  f"({attempt['attempt_id']})"),
+        ("item", 0, "Run", f"{run['run_id']}, project {run['project']}, model family "
+                           f"{d.text_or(run['model_family'], 'not set')}, kind {run['kind']}, {run['state']}"),
+        ("item", 0, "Command", f"`{shlex.join(json.loads(run['command']))}` in `{run['workdir']}`"),
+        ("heading", "Attempts and decisions"),
+        ("timeline", facts["history"]),
+    ]
+    blocks += _attempt_blocks(facts)
+    blocks += _config_blocks(facts)
+    blocks += _data_blocks(facts)
+    blocks += _placement_blocks(facts)
+    blocks += _checkpoint_blocks(facts)
+    blocks += _retry_blocks(facts)
+    blocks += [("heading", "Evaluations")] + [("item", 0, None, line) for line in facts["evaluations"]["lines"]]
+    # What trackway will do, then what a person should change: each said once, here.
+    blocks += [("para", "Next", facts["next_steps"]["trackway"])]
+    if facts["next_steps"]["person"]:
+        blocks.append(("para", "To go on", facts["next_steps"]["person"]))
+    return blocks
+
+
+def _attempt_blocks(facts: dict[str, Any]) -> list[Block]:
+    """How the attempt ended, with its evidence, when it ran, what it cost, and what was noticed on the way."""
+    attempt, ended, now = facts["attempt"], facts["ended_by"], facts["now"]
+    n, total = attempt["attempt_number"], facts["run"]["attempts"]
+    why = "the latest" if n == total else f"attempt {total} is the latest"
+    blocks: list[Block] = [("heading", f"Attempt {n} in full ({why})")]
+    failed = [h for h in facts["history"] if h["reason"] not in (None, R.COMPLETED.value) and h["number"] != n]
+    if n == total and attempt["state"] == "ended" and ended["reason"] == R.COMPLETED.value and failed:
+        last = failed[-1]
+        ref = facts["run"]["name"] or facts["run"]["run_id"]
+        blocks.append(("item", 0, None, f"attempt {last['number']} is the last that did not complete ({last['reason']}): "
+                                        f"`trackway explain {ref}/{last['number']}` shows it in full"))
+    ending = "not yet: " + attempt["state"] if not ended["reason"] else ended["reason"]
+    ending += f" (rule `{ended['rule']}`)" if ended["rule"] else ""
+    if ended["reason"]:
+        ending += f", {d.exit_text(attempt['exit_code'])}, {d.signal_text(attempt['signal'])}"
+    ran = f"{d.when(attempt['started_at'], now)} → " + (
+        f"{d.utc(attempt['ended_at'])}, {d.span((attempt['ended_at'] - attempt['started_at']).total_seconds())}"
+        if attempt["ended_at"] and attempt["started_at"] else "not ended"
+    )
+    blocks += [
+        ("item", 0, "Ended", ending),
+        ("item", 0, "Started by", who_started(attempt["started_by"])),
+        ("item", 0, "Ran", f"{ran}; steps logged: {d.steps_text(attempt['first_step'], attempt['last_step'])}"),
+        ("item", 0, "Compute", _compute_text(attempt)),
+        ("item", 0, "Log", f"`{attempt['log_path']}`"),
     ]
     evidence = ended["evidence"] + ended["executor"]
     if evidence:
-        out += ["Evidence:", "", "```", *evidence, "```", ""]
-    out += [
-        "## Receipt",
-        f"- config `{facts['receipt']['config_sha256']}`",
-        f"- data manifest `{facts['receipt']['data_manifest_sha256']}`",
-        f"- environment `{facts['receipt']['environment_sha256']}`",
-        f"- code {facts['receipt']['code']['repo']} @ {facts['receipt']['code']['branch']} "
-        f"`{facts['receipt']['code']['commit']}`, uncommitted diff `{facts['receipt']['code']['dirty_sha256']}`",
-        "",
-        f"## Changes against {facts['compared_with'] or 'nothing (first attempt)'}",
+        blocks += [("para", "Evidence", ""), ("code", evidence)]
+    if facts["incidents"]:
+        blocks += [("heading", "Incidents")] + [("item", 0, None, line) for line in facts["incidents"]]
+    if facts["watchers"]:
+        blocks += [("heading", "What the watchers noticed")] + [("item", 0, None, line) for line in facts["watchers"]]
+    return blocks
+
+
+def _compute_text(attempt: dict[str, Any]) -> str:
+    """GPU-hours (CPU-hours without a GPU), how much of it was useful, and the cost; counted once it ended."""
+    if attempt["gpu_seconds"] is None:
+        return "counted when the attempt ends"
+    return (f"{d.hours(attempt['gpu_seconds'], attempt['gpu_count'])}; useful {d.span(attempt['useful_gpu_seconds'])}, "
+            f"wasted {d.span(attempt['wasted_gpu_seconds'])}; cost ${attempt['cost_usd'] or 0:.2f}")
+
+
+def _more(count: int, shown: int, ref: str) -> list[Block]:
+    if count <= shown:
+        return []
+    return [("item", 1, None, f"… {count - shown} more (`trackway explain {ref} --json` for all)")]
+
+
+def _config_blocks(facts: dict[str, Any]) -> list[Block]:
+    """Question 1, which config: every value when it fits, the keys that differ; with the code and environment."""
+    config, receipt, code = facts["config"], facts["receipt"], facts["receipt"]["code"]
+    blocks: list[Block] = [("heading", "Config")]
+    values = config["values"]
+    if values is None:
+        blocks.append(("item", 0, None, "no config declared"))
+    else:
+        blocks.append(("item", 0, None, f"config `{d.short_hash(config['sha256'])}`, {d.plural(len(values), 'value')}:"))
+        blocks += [("item", 1, None, f"{key} = {d.as_stored(values[key])}") for key in sorted(values)[:CONFIG_SHOWN]]
+        blocks += _more(len(values), CONFIG_SHOWN, facts["attempt"]["attempt_id"])
+    blocks += _differs(config["differs_from_previous"], config["differs_from_first"])
+    blocks += [
+        ("item", 0, None, f"code: {d.code_text(code['repo'], code['branch'], code['commit'], code['dirty_sha256'])}"),
+        ("item", 0, None, f"environment `{d.short_hash(receipt['environment_sha256'])}`: {receipt['environment']}"),
+        ("item", 0, None, _environ_line(receipt["environ"])),
     ]
-    for kind, lines in facts["changes"].items():
-        out.append(f"- {kind}: " + ("none" if not lines else ""))
-        out += [f"  - {line}" for line in lines]
-    ckpt = facts["checkpoints"]
-    out += ["", "## Checkpoints", f"- resumed from: {ckpt['resumed_from'] or 'the start'}"]
-    out += [f"- committed {c['name']} ({c['state']}) at {c['committed_at']}" for c in ckpt["committed"]] or ["- committed none"]
-    out += ["", "## What the watchers noticed"]
-    out += [f"- {line}" for line in facts["watchers"]] or ["- nothing"]
-    out += ["", "## Attempts and decisions"]
-    for h in facts["history"]:
-        d = h["decision"]
-        out.append(
-            f"- {h['attempt_id']}: {h['reason'] or 'running'}, {hours(h['gpu_seconds'])} GPU-h "
-            f"(wasted {hours(h['wasted_gpu_seconds'])})" + (f" → {d['action']} [{d['rule']}]: {d['message']}" if d else "")
-        )
-    out += ["", f"- **Next:** {facts['next']}", "", "## Evaluations"]
-    out += [f"- {line}" for line in facts["evaluations"]] or ["- none"]
+    if facts["compared_with"]:
+        blocks.append(("item", 0, None, f"other changes since {facts['compared_with']}:"))
+        for kind in ("environment", "environment variables", "code"):
+            lines = facts["changes"][kind]
+            blocks.append(("item", 1, None, f"{kind}:" + ("" if lines else " none")))
+            blocks += [("item", 2, None, line) for line in lines]
+    return blocks
+
+
+def _differs(previous: dict[str, Any] | None, first: dict[str, Any] | None) -> list[Block]:
+    """The config keys that differ from the previous attempt and from the first (once when they are one)."""
+    if previous is None:
+        return [("item", 0, None, "differs from: nothing (the first attempt)")]
+    blocks: list[Block] = []
+    same_attempt = first is None or first["attempt_id"] == previous["attempt_id"]
+    against = [(previous, "the previous and the first" if same_attempt else "the previous")]
+    if not same_attempt:
+        against.append((first, "the first"))
+    for other, role in against:
+        keys = other["keys"]
+        blocks.append(("item", 0, None, f"differs from {other['attempt_id']} ({role}):" + ("" if keys else " no key")))
+        blocks += [("item", 1, None, line) for line in keys]
+    return blocks
+
+
+def _environ_line(environ: dict[str, Any] | None) -> str:
+    if environ is None:
+        return "environment variables: not recorded (run submitted before trackway kept them)"
+    secrets = environ["secrets"]
+    kept = f"; secret, kept outside the ledger: {', '.join(secrets)}" if secrets else ""
+    return f"environment variables `{d.short_hash(environ['sha256'])}` ({environ['variables']} as submitted{kept})"
+
+
+def _data_blocks(facts: dict[str, Any]) -> list[Block]:
+    """Question 2, which data: the files with their sizes, and what changed since the previous attempt."""
+    data = facts["data"]
+    blocks: list[Block] = [("heading", "Data")]
+    if data["sha256"] is None:
+        return blocks + [("item", 0, None, "no data declared")]
+    files = data["files"]
+    blocks.append(("item", 0, None, f"data manifest `{d.short_hash(data['sha256'])}`: {d.plural(len(files), 'file')}, "
+                                    f"{d.size_text(data['total_bytes'])}"))
+    blocks += [("item", 1, None, f"{f['path']}  {d.size_text(f['size'])}") for f in files[:FILES_SHOWN]]
+    blocks += _more(len(files), FILES_SHOWN, facts["attempt"]["attempt_id"])
+    changes = data["changed_since_previous"]
+    if changes is not None:
+        blocks.append(("item", 0, None, f"since {facts['compared_with']}:" + ("" if changes else " no file changed")))
+        blocks += [("item", 1, None, line) for line in changes]
+    return blocks
+
+
+def _placement_blocks(facts: dict[str, Any]) -> list[Block]:
+    """Question 3, which machine: host, GPUs and their model, executor and its job id."""
+    p = facts["placement"]
+    return [
+        ("heading", "Placement"),
+        ("item", 0, "host", d.text_or(p["host"], "no host yet (the attempt had not started)")),
+        ("item", 0, "GPUs", d.gpus_text(p["gpu_count"], p["gpu_model"], p["gpu_ids"])),
+        ("item", 0, "executor", f"{p['executor']}, job {d.text_or(p['executor_job_id'], 'not started')}"),
+    ]
+
+
+def _checkpoint_blocks(facts: dict[str, Any]) -> list[Block]:
+    """Question 4, which checkpoint: resumed from, committed during, the newest committed one of the run."""
+    ckpt, now = facts["checkpoints"], facts["now"]
+    committed = ", ".join(c["name"] + ("" if c["state"] == "committed" else f" ({c['state']})") for c in ckpt["committed"])
+    newest = ckpt["newest_of_run"]
+    newest_text = (
+        f"{newest['name']} (step {newest['step']}, by {d.text_or(newest['attempt_id'])}, "
+        f"{d.when(newest['committed_at'], now)})" if newest else "none: the run has no committed checkpoint"
+    )
+    return [
+        ("heading", "Checkpoints"),
+        ("item", 0, "resumed from", ckpt["resumed_from"] or "the start (no checkpoint)"),
+        ("item", 0, "committed during this attempt", committed or "none"),
+        ("item", 0, "newest committed of the run", newest_text),
+    ]
+
+
+def _retry_blocks(facts: dict[str, Any]) -> list[Block]:
+    """Question 5, what was retried and why: each decision, who made it and its rule, and who started what followed."""
+    rows = facts["history"]
+    policy = ("this run's own --retry-policy, over trackway.toml's [retry] and the defaults"
+              if facts["run"]["own_retry_policy"] else "trackway.toml's [retry] over the defaults")
+    blocks: list[Block] = [("heading", "Retries"), ("item", 0, "decided by", f"the supervisor's retry policy ({policy})")]
+    for row, following in zip(rows, rows[1:] + [None]):
+        if row["state"] != "ended":
+            continue
+        decision = row["decision"]
+        said = (f"{_action(decision)}, rule `{decision['rule']}`" if decision else "no decision recorded")
+        then = (f"; attempt {following['number']} was started by {who_started(following['started_by'])}" if following
+                else ("; a new attempt is queued" if facts["run"]["state"] == RunState.QUEUED.value else ""))
+        blocks.append(("item", 0, None, f"after attempt {row['number']} ({_ending_text(row)}): {said}{then}"))
+    return blocks
+
+
+# -- markdown --------------------------------------------------------------------------------------
+
+
+def to_markdown(facts: dict[str, Any]) -> str:
+    """The facts as Markdown, for pasting into an issue or a notebook."""
+    out: list[str] = []
+    previous = None
+    for block in document(facts):
+        kind = block[0]
+        if kind != "item" or previous != "item":
+            if out:
+                out.append("")
+        if kind == "title":
+            out.append(f"# {block[1]}")
+        elif kind == "heading":
+            out.append(f"## {block[1]}")
+        elif kind == "item":
+            _, depth, label, text = block
+            out.append("  " * depth + "- " + (f"**{label}:** " if label else "") + text)
+        elif kind == "para":
+            out.append(f"**{block[1]}:** {block[2]}".rstrip())
+        elif kind == "code":
+            out += ["```", *block[1], "```"]
+        elif kind == "timeline":
+            out += _markdown_timeline(block[1])
+        previous = kind
     return "\n".join(out) + "\n"
+
+
+TIMELINE_HEADERS = ("#", "started by", "placement", "steps", "resumed from", "committed", "ending", "decision")
+
+
+def timeline_cells(row: dict[str, Any]) -> dict[str, str]:
+    """One timeline row as the texts people read, by column."""
+    ending = _ending_text(row)
+    if row["evidence"] and row["reason"] != R.COMPLETED.value:
+        ending += f": {row['evidence']}"
+    return {
+        "#": str(row["number"]),
+        "started by": who_started(row["started_by"]),
+        "placement": _placement_text(row["placement"]),
+        "steps": d.steps_text(row["first_step"], row["last_step"]),
+        "resumed from": row["resumed_from"] or "the start",
+        "committed": ", ".join(row["committed"]) or "none",
+        "ending": ending,
+        "decision": _decision_text(row["decision"], row["state"] == "ended"),
+    }
+
+
+def timeline_entry(row: dict[str, Any]) -> tuple[str, list[str]]:
+    """One timeline row as text lines for a narrow screen: the ending and decision first, then the rest."""
+    cells = timeline_cells(row)
+    lines = [
+        f"started by {cells['started by']}",
+        f"{cells['placement']}; " + (f"steps {cells['steps']}" if row["last_step"] is not None else "no step logged"),
+        f"resumed from {cells['resumed from']}; committed {cells['committed']}",
+    ]
+    if row["evidence"] and row["reason"] != R.COMPLETED.value:
+        lines.append(f"evidence: {row['evidence']}")
+    return f"{_ending_text(row)} → {cells['decision']}", lines
+
+
+def _markdown_timeline(rows: list[dict[str, Any]]) -> list[str]:
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|")
+
+    lines = ["| " + " | ".join(TIMELINE_HEADERS) + " |", "|" + "---|" * len(TIMELINE_HEADERS)]
+    for row in rows:
+        cells = timeline_cells(row)
+        lines.append("| " + " | ".join(cell(cells[h]) for h in TIMELINE_HEADERS) + " |")
+    return lines

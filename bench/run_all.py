@@ -10,9 +10,11 @@ BENCHES = [
     "bench_submit.py",
     "bench_ledger.py",
     "bench_sdk.py",
+    "bench_capture.py",
     "bench_checkpoint_speed.py",
     "bench_checkpoint_kills.py",
     "bench_supervisor.py",
+    "bench_supervisor_kills.py",
     "bench_evals.py",
 ]
 

@@ -11,6 +11,8 @@ trackway runs it once per (checkpoint, seed) with
     TRACKWAY_EVAL_OUTPUT    where to write one JSON line per sample:
                             {"task_id", "sample", "correct", "output", "prompt", "expected"}
     TRACKWAY_EVAL_PARAMS    a JSON file holding all of the above, plus the checkpoint's step
+    TRACKWAY_RUN_CONFIG     a JSON file: the config the checkpoint's training attempt ran with
+                            (the model's sizes come from it; by hand, from the weights' shapes)
 
 and it exits 0 once every line is written. Each setting also has a flag, so it runs by hand:
 
@@ -36,7 +38,8 @@ import torch
 # The script's own directory is on sys.path: the evaluator builds the very model it trained, not a copy.
 from train_tiny import CharLM
 
-from trackway.checkpoints.torch_state import load_state
+import trackway.checkpoints
+from trackway.errors import TrackwayError
 
 # train_tiny.py's vocabulary is sorted(set(corpus text)) and is not stored in the checkpoint. Every
 # make_corpus.py corpus ("a+b=c" lines) has exactly this alphabet; the embedding's row count is
@@ -89,13 +92,19 @@ def parse_args() -> argparse.Namespace:
 
 def load_model(checkpoint: Path) -> tuple[CharLM, int]:
     """The CharLM saved in `checkpoint` (sizes read from the weights' shapes) and the step it was saved at."""
-    # trackway hands over committed checkpoints only; by hand, refuse a half-written one.
-    if not (checkpoint / "COMMITTED").is_file():
-        raise SystemExit(f"{checkpoint} is not a committed checkpoint (no COMMITTED marker)")
+    # trackway hands over committed checkpoints only; by hand, load() refuses a half-written or altered one.
+    try:
+        state = trackway.checkpoints.load(checkpoint)  # verified, then torch.load(weights_only=True)
+    except TrackwayError as exc:
+        raise SystemExit(str(exc)) from None
     step = json.loads((checkpoint / "MANIFEST.json").read_text())["step"]
-    weights = load_state(checkpoint / "state.pt")["model"]  # torch.load(weights_only=True)
-    vocab, embed = weights["embed.weight"].shape
-    hidden = weights["rnn.weight_hh_l0"].shape[1]
+    weights = state["model"]
+    vocab = weights["embed.weight"].shape[0]
+    # The sizes the checkpoint was trained with: $TRACKWAY_RUN_CONFIG under trackway, else the weights' shapes.
+    config_path = os.environ.get("TRACKWAY_RUN_CONFIG")
+    model_cfg = json.loads(Path(config_path).read_text()).get("model", {}) if config_path else {}
+    embed = model_cfg.get("embed", weights["embed.weight"].shape[1])
+    hidden = model_cfg.get("hidden", weights["rnn.weight_hh_l0"].shape[1])
     if vocab != len(VOCAB):
         raise SystemExit(
             f"{checkpoint}: the model has {vocab} characters, the arithmetic corpus has {len(VOCAB)} "

@@ -7,5 +7,67 @@
     manager      `run.checkpoints` in the SDK
     mirror       the ledger's copy of what storage holds (storage is the truth)
 
-Nothing is imported here, so `import trackway.checkpoints.protocol` never pulls in torch.
+The public entry point is `trackway.checkpoints.load(path)` (for evaluators and notebooks).
+Nothing is imported at module level, so `import trackway.checkpoints.protocol` never pulls in torch.
 """
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+__all__ = ["load"]
+
+
+def load(path: str | os.PathLike[str], *, rank: int = 0, map_location: Any = "cpu") -> dict[str, Any]:
+    """Load the PyTorch state that `run.checkpoints.save(...)` committed, after verifying it.
+
+    `path` is a checkpoint directory (`.../checkpoints/step-00001234`, what an evaluator gets in
+    `$TRACKWAY_CHECKPOINT`) or one state file inside it (`.../step-00001234/state.pt`). The
+    checkpoint must be committed (its COMMITTED marker verifies against MANIFEST.json) and every
+    file the manifest lists must have its recorded size and sha256; otherwise a
+    `trackway.checkpoints.protocol.CheckpointError` (a `trackway.errors.TrackwayError`) says what
+    is wrong, and nothing is loaded.
+
+    Returns the saved state as a dict, loaded with `torch.load(weights_only=True)` (so loading
+    never runs code from the file), tensors on `map_location` (default "cpu"):
+
+        state = trackway.checkpoints.load(os.environ["TRACKWAY_CHECKPOINT"])
+        model.load_state_dict(state["model"])
+
+    Keys: "model", "optimizer", "scheduler", "scaler" (each None when not saved), "data_state",
+    "extra", "rng" and "format". `rank` picks one rank's shard of a multi-rank save (rank 0 is
+    `state.pt`). Checkpoints written with `run.checkpoints.writing(step)` hold your own files:
+    this verifies nothing for them; open the files in the directory yourself.
+    """
+    from pathlib import Path
+
+    from trackway.checkpoints.manager import shard_name
+    from trackway.checkpoints.protocol import CheckpointError, CheckpointStore, parse_step
+    from trackway.checkpoints.torch_state import load_state
+
+    given = Path(path).expanduser()
+    if given.is_file():
+        directory, filename = given.parent, given.name
+    else:
+        directory, filename = given, shard_name(rank)
+    step = parse_step(directory.name)
+    if step is None or not directory.is_dir():
+        raise CheckpointError(
+            f"{given}: expected a checkpoint directory (step-N under a run's checkpoints/) or a file in one")
+    store = CheckpointStore(directory.parent)
+    info = store.get(step)
+    if info is None or info.path.resolve() != directory.resolve() or not info.state.readable:
+        state = "not a checkpoint" if info is None else info.state.value
+        problems = f" ({'; '.join(info.problems)})" if info is not None and info.problems else ""
+        raise CheckpointError(f"checkpoint {directory} is {state}, not committed{problems}; only committed "
+                              "checkpoints are read")
+    problems = store.verify(info)
+    if problems:
+        raise CheckpointError(f"checkpoint {directory} does not match its manifest: {'; '.join(problems)}")
+    listed = (info.manifest or {}).get("files") or {}
+    if filename not in listed:
+        raise CheckpointError(
+            f"checkpoint {directory} holds no {filename} (its files: {', '.join(sorted(listed)) or 'none'}); "
+            "load() reads what run.checkpoints.save() wrote")
+    return load_state(directory / filename, map_location=map_location)

@@ -183,10 +183,14 @@ def _print_detail(app: AppContext, ref: str) -> None:
         ("checkpoint", f"{label}@{d['step']} ({d['checkpoint']}, manifest {d['checkpoint_manifest_sha256'][:12]})"),
         ("spec", f"{d['spec']} ({d['spec_path']}), trigger {d['trigger']}"),
         ("evaluator", f"{d['evaluator_version']}  {' '.join(d['command'])}"),
-        ("task set", f"{d['task_set_sha256']}  {d['task_set']}"),
+        ("task set", f"{d['task_set_sha256']}  {d['task_set']}" if d["task_set"] is not None
+         else "bundled with the evaluator (its version covers the tasks)"),
         ("decoding", ", ".join(f"{k}={v}" for k, v in sorted(d["decoding"].items())) or "-"),
         ("time", f"{short_time(d['created_at'])} → {short_time(d['ended_at'])}"),
     ]
+    if d.get("output_fields"):
+        facts.append(("output", ", ".join(
+            f"{k} = {'(none)' if v is False else v}" for k, v in sorted(d["output_fields"].items()))))
     if d["escalation"]:
         e = d["escalation"]
         if e.get("decided") is None:

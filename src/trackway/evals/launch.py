@@ -34,6 +34,7 @@ from trackway.ledger import Ledger
 from trackway.ledger.blobs import get_blob
 from trackway.ledger.records import insert_run, latest_attempt, name_taken, new_run_id, resolve_run
 from trackway.ledger.schema import (
+    attempts,
     checkpoints,
     evaluation_seeds,
     evaluations,
@@ -45,7 +46,9 @@ from trackway.settings import Settings
 from trackway.taxonomy import RunKind, RunState
 from trackway.validation import MAX_TEXT
 
-PARAMS_FILE = "eval-params.json"
+from trackway.evals.outputs import PARAMS_FILE  # noqa: E402  (one name for the writer and the reader)
+
+RUN_CONFIG_FILE = "run-config.json"  # the training config the checkpoint was made with ($TRACKWAY_RUN_CONFIG)
 
 
 @dataclass
@@ -211,6 +214,7 @@ def requeue_failed_seeds(conn: Connection, eval_id: str) -> list[int]:
 def queue_seeds(conn: Connection, settings: Settings, evaluation, run: RowMapping, seeds: list[int], now: datetime) -> None:
     """One queued run of kind eval per seed; the supervisor starts them (`[evals] max_running` at once)."""
     spec = spec_from_record(json.loads(get_blob(conn, evaluation["spec_sha256"])))
+    config = training_config(conn, run, Path(evaluation["checkpoint_path"]))
     for seed in seeds:
         eval_run_id = new_run_id()
         params_path = settings.runs_dir / eval_run_id / PARAMS_FILE
@@ -219,22 +223,29 @@ def queue_seeds(conn: Connection, settings: Settings, evaluation, run: RowMappin
             "checkpoint": evaluation["checkpoint_path"],
             "step": int(evaluation["checkpoint_step"]),
             "seed": seed,
-            "task_set": str(spec.task_set),
+            "task_set": None if spec.task_set is None else str(spec.task_set),
             "decoding": spec.decoding,
             "evaluator_version": evaluation["evaluator_version"],
             "task_set_sha256": evaluation["task_set_sha256"],
+            "output_fields": spec.output_fields,
         }
         params_path.parent.mkdir(parents=True, exist_ok=True)
         params_path.write_text(json.dumps(params, indent=2, sort_keys=True))
+        config_path = params_path.parent / RUN_CONFIG_FILE
+        if config is not None:
+            config_path.write_bytes(config)
         env = {
             "TRACKWAY_EVAL_ID": evaluation["eval_id"],
             "TRACKWAY_CHECKPOINT": evaluation["checkpoint_path"],
             "TRACKWAY_EVAL_STEP": str(evaluation["checkpoint_step"]),
             "TRACKWAY_EVAL_SEED": str(seed),
-            "TRACKWAY_EVAL_TASKS": str(spec.task_set),
             "TRACKWAY_EVAL_DECODING": json.dumps(spec.decoding, sort_keys=True),
             "TRACKWAY_EVAL_PARAMS": str(params_path),
         }
+        if spec.task_set is not None:
+            env["TRACKWAY_EVAL_TASKS"] = str(spec.task_set)
+        if config is not None:
+            env["TRACKWAY_RUN_CONFIG"] = str(config_path)
         for key, value in spec.decoding.items():
             env[f"TRACKWAY_DECODING_{key.upper()}"] = json.dumps(value) if not isinstance(value, str) else value
         insert_run(
@@ -263,6 +274,39 @@ def queue_seeds(conn: Connection, settings: Settings, evaluation, run: RowMappin
                 eval_id=evaluation["eval_id"], seed=seed, eval_run_id=eval_run_id, state=SEED_PENDING, created_at=now
             )
         )
+
+
+def training_config(conn: Connection, run: RowMapping, checkpoint_path: Path) -> bytes | None:
+    """The config (JSON) the checkpoint's training attempt ran with; the run's config when the attempt has none.
+
+    The attempt is the one the checkpoint's manifest names (storage is the truth for checkpoints),
+    else the one the ledger's checkpoint row names. None when the run was submitted without a config.
+    """
+    attempt_id = None
+    try:
+        attempt_id = json.loads((checkpoint_path / "MANIFEST.json").read_text()).get("attempt_id")
+    except (OSError, ValueError, AttributeError):
+        pass
+    if attempt_id is None:
+        attempt_id = conn.execute(select(checkpoints.c.attempt_id).where(
+            checkpoints.c.run_id == run["run_id"], checkpoints.c.path == str(checkpoint_path))).scalar()
+    digests = []
+    if attempt_id is not None:
+        digests.append(conn.execute(select(attempts.c.config_sha256).where(attempts.c.attempt_id == attempt_id)).scalar())
+    digests.append(run["config_sha256"])
+    for digest in digests:
+        if not digest:
+            continue
+        try:
+            content = get_blob(conn, digest)
+        except (LookupError, NotFound):
+            continue
+        try:
+            json.loads(content)
+        except ValueError:
+            continue
+        return content
+    return None
 
 
 def seed_run_name(conn: Connection, run: RowMapping, step: int, spec_name: str, seed: int) -> str:

@@ -3,7 +3,8 @@
     name = "arith"
     command = ["{python}", "eval_arith.py"]   # {python}: the interpreter trackway runs under
     code = ["eval_arith.py"]                  # hashed into the evaluator's version (or: image = "repo@sha256:...")
-    task_set = "arith_tasks.jsonl"            # hashed into the task set's version
+    task_set = "arith_tasks.jsonl"            # optional: hashed into the task set's version; without it the
+                                              # tasks are bundled with the evaluator (its version covers them)
     seeds = [0, 1, 2]
     metrics = ["pass@1", "pass@2"]            # pass@k for every k ≤ samples is stored; these are shown
     trigger = "every_commit"                  # or "on_demand", or every_n_commits = 2
@@ -14,6 +15,11 @@
     [escalation]                              # optional: one seed first, the rest only if it clears
     first_seeds = 1
     escalate_if = "pass@1 >= 0.05"
+    [output]                                  # optional: the output lines' field names (evals/outputs.py)
+    task_id = "doc_id"                        # e.g. lm-eval's per-sample lines
+    correct = "acc"                           # true/false or 1/0
+    sample = false                            # no such field: a task's lines are its samples, in order
+    output = "filtered_resps"
 
 Relative paths (`workdir`, `code`, `task_set` and arguments that name files) resolve against
 the spec file's directory; the command runs in `workdir` (default: that directory). Every error
@@ -33,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from trackway.errors import InputError
+from trackway.evals.outputs import FIELDS
 from trackway.evals.passk import metric_k
 from trackway.evals.versions import content_version
 from trackway.validation import MAX_GPUS, TEN_YEARS_HOURS
@@ -40,7 +47,7 @@ from trackway.validation import MAX_GPUS, TEN_YEARS_HOURS
 TRIGGERS = ("every_commit", "every_n_commits", "on_demand")
 KNOWN_KEYS = frozenset(
     {"name", "command", "workdir", "code", "image", "task_set", "seeds", "metrics", "trigger", "every_n_commits",
-     "decoding", "escalation", "time_limit_hours", "gpus"}
+     "decoding", "escalation", "time_limit_hours", "gpus", "output"}
 )
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 CONDITION_PATTERN = re.compile(r"^\s*(pass@[0-9]+)\s*(>=|<=|==|>|<)\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*$")
@@ -71,7 +78,7 @@ class EvalSpec:
     workdir: Path
     code: list[Path]
     image: str | None
-    task_set: Path
+    task_set: Path | None  # None: the tasks are bundled with the evaluator
     seeds: list[int]
     metrics: list[str]
     trigger: str
@@ -80,6 +87,7 @@ class EvalSpec:
     escalation: Escalation | None = None
     time_limit_hours: float | None = None
     gpus: int = 0
+    output_fields: dict[str, Any] = field(default_factory=dict)  # [output]: contract field → the evaluator's name
 
     def record(self) -> dict[str, Any]:
         """The spec as stored in the ledger (a blob), with every path resolved."""
@@ -90,7 +98,7 @@ class EvalSpec:
             "workdir": str(self.workdir),
             "code": [str(p) for p in self.code],
             "image": self.image,
-            "task_set": str(self.task_set),
+            "task_set": None if self.task_set is None else str(self.task_set),
             "seeds": self.seeds,
             "metrics": self.metrics,
             "trigger": self.trigger,
@@ -100,6 +108,7 @@ class EvalSpec:
                 "first_seeds": self.escalation.first_seeds, "escalate_if": self.escalation.condition},
             "time_limit_hours": self.time_limit_hours,
             "gpus": self.gpus,
+            **({"output": dict(self.output_fields)} if self.output_fields else {}),
         }
 
     def evaluator_version(self) -> str:
@@ -109,6 +118,9 @@ class EvalSpec:
         return "sha256:" + content_version(self.code, f"{self.path}: code")
 
     def task_set_version(self) -> str:
+        """The task set's content hash; with no task_set (tasks bundled with the evaluator), the evaluator's version."""
+        if self.task_set is None:
+            return self.evaluator_version()
         return "sha256:" + content_version([self.task_set], f"{self.path}: task_set")
 
     def due_for_commit(self, ordinal: int) -> bool:
@@ -185,11 +197,15 @@ def spec_from_mapping(doc: Mapping[str, Any], path: Path, placeholders: bool = T
     if not code_paths and image is None:
         raise bad("code", "the evaluator's files (hashed into its version) or `image` with a digest; none found in command")
     task_set_value = doc.get("task_set")
-    if not isinstance(task_set_value, str) or not task_set_value:
-        raise bad("task_set", "the path of the task set (a file or a directory)")
-    task_set = _resolve(workdir, task_set_value, "task_set", bad)
-    if not task_set.exists():
-        raise bad("task_set", f"a file or directory that exists (no such path: {task_set})")
+    task_set: Path | None = None
+    if task_set_value is not None:
+        if not isinstance(task_set_value, str) or not task_set_value:
+            raise bad("task_set", "the path of the task set (a file or a directory), or no task_set when the "
+                                  "evaluator bundles its tasks")
+        task_set = _resolve(workdir, task_set_value, "task_set", bad)
+        if not task_set.exists():
+            raise bad("task_set", f"a file or directory that exists (no such path: {task_set})")
+    output_fields = _output_fields(doc.get("output"), bad)
     seeds = doc.get("seeds", [0])
     if (not isinstance(seeds, list) or not seeds or len(set(seeds)) != len(seeds)
             or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)):
@@ -226,7 +242,34 @@ def spec_from_mapping(doc: Mapping[str, Any], path: Path, placeholders: bool = T
         name=name, path=path, command=command, workdir=workdir, code=code_paths, image=image, task_set=task_set,
         seeds=seeds, metrics=metrics, trigger=trigger, every_n_commits=every_n, decoding=dict(decoding),
         escalation=escalation, time_limit_hours=float(time_limit) if time_limit is not None else None, gpus=gpus,
+        output_fields=output_fields,
     )
+
+
+def _output_fields(doc: Any, bad) -> dict[str, Any]:
+    if doc is None:
+        return {}
+    if not isinstance(doc, Mapping):
+        raise bad("output", "a table mapping task_id, sample, correct, output to the evaluator's field names")
+    unknown = sorted(set(doc) - set(FIELDS))
+    if unknown:
+        raise bad(f"output.{unknown[0]}", f"one of {', '.join(FIELDS)}")
+    fields: dict[str, Any] = {}
+    for key, value in doc.items():
+        optional = key in ("sample", "output")
+        if value is False and optional:
+            fields[key] = False
+        elif isinstance(value, str) and value:
+            fields[key] = value
+        else:
+            also = " or false (the lines have no such field)" if optional else ""
+            raise bad(f"output.{key}", f"the name of the evaluator's field (a non-empty string){also}")
+    names = [v for v in fields.values() if isinstance(v, str)]
+    renamed = {**{k: k for k in FIELDS}, **fields}
+    used = [v for v in renamed.values() if isinstance(v, str)]
+    if len(used) != len(set(used)):
+        raise bad("output", f"a different field for each of {', '.join(FIELDS)} (got {sorted(names)})")
+    return fields
 
 
 def _trigger(doc: Mapping[str, Any], bad) -> tuple[str, int]:

@@ -43,6 +43,14 @@ keep_last = 2          # at least 2
 # keep_best = 1        # also keep the best N by a metric recorded at save time
 # best_metric = "loss"
 # best_mode = "min"
+# For a script without the SDK: its own checkpoint file(s), committed and restored by trackway
+# (a glob relative to the run's working directory; `submit --checkpoint-path` overrides).
+# path = "out/ckpt.pt"
+
+[logs]
+# For a script without the SDK: metrics read from its output, one regex per line format; the named
+# group `step` is the step, every other named group a metric (`submit --metric-pattern` overrides).
+# metrics = ['iter (?P<step>\\d+): loss (?P<loss>\\S+)']
 
 [supervisor]
 # An attempt whose SDK heartbeat stops, or that logs no new step, for this long is stalled:
@@ -91,6 +99,9 @@ class Settings:
     stop_on: tuple[str, ...] = ()  # [supervisor] stop_on: watcher findings that end the attempt
     eval_max_running: int = 2  # [evals] max_running: evaluation attempts running at once
     idle_exit_seconds: float = 300.0  # [supervisor] idle_exit_seconds: when a background supervisor exits
+    # Scripts without the SDK: defaults for `submit --metric-pattern` and `--checkpoint-path`.
+    log_metric_patterns: tuple[str, ...] = ()  # [logs] metrics: regexes with a (?P<step>...) group
+    checkpoint_paths: tuple[str, ...] = ()  # [checkpoints] path: globs relative to the run's working directory
 
     def resource(self, name: str = "local") -> Resource:
         return self.resources.get(name) or Resource(name=name)
@@ -148,6 +159,14 @@ def load_settings(home: str | Path | None = None, db: str | None = None, cwd: Pa
     retention = doc.get("checkpoints") or {}
     if not isinstance(retention, dict):
         raise InputError(f"{toml_path}: [checkpoints] must be a table")
+    retention = dict(retention)
+    checkpoint_paths = _strings(
+        retention.pop("path", []), f"{toml_path}: [checkpoints] path", "paths relative to the run's working directory"
+    )
+    logs = doc.get("logs") or {}
+    if not isinstance(logs, dict):
+        raise InputError(f"{toml_path}: [logs] must be a table")
+    log_metric_patterns = _strings(logs.get("metrics", []), f"{toml_path}: [logs] metrics", "regular expressions")
     retry = doc.get("retry") or {}
     if not isinstance(retry, dict):
         raise InputError(f"{toml_path}: [retry] must be a table")
@@ -179,4 +198,15 @@ def load_settings(home: str | Path | None = None, db: str | None = None, cwd: Pa
         stop_on=tuple(stop_on),
         eval_max_running=max_running,
         idle_exit_seconds=idle_exit_seconds,
+        log_metric_patterns=log_metric_patterns,
+        checkpoint_paths=checkpoint_paths,
     )
+
+
+def _strings(value: Any, field: str, what: str) -> tuple[str, ...]:
+    """A string or a list of strings from trackway.toml (checked further where they are used)."""
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(item, str) and item for item in value):
+        raise InputError(f"{field}: expected a string or a list of {what}")
+    return tuple(value)

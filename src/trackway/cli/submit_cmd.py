@@ -35,6 +35,17 @@ def submit(
     branch: str = typer.Option(None, "--branch", help="The branch of --repo to clone."),
     retry_policy: str = typer.Option(None, "--retry-policy", help="A TOML retry policy for this run (over trackway.toml's [retry])."),
     eval_specs: list[str] = typer.Option([], "--eval", help="An eval spec (TOML) run on committed checkpoints by its trigger (repeatable)."),
+    metric_patterns: list[str] = typer.Option(
+        [], "--metric-pattern",
+        help="For a script without the SDK: a regex read from its output; group (?P<step>...) is the step, every other "
+             "named group a metric, e.g. 'iter (?P<step>\\d+): loss (?P<loss>\\S+)' (repeatable; over [logs] metrics).",
+    ),
+    checkpoint_paths: list[str] = typer.Option(
+        [], "--checkpoint-path",
+        help="For a script without the SDK: its checkpoint file or directory (a glob relative to the working directory, "
+             "e.g. out/ckpt.pt), committed by trackway once complete and restored before a retry; `{resume_from}` in "
+             "COMMAND becomes the restored path (a word holding it is dropped when there is none) (repeatable).",
+    ),
     detach: bool = typer.Option(False, "--detach", help="Print the run id and return; do not follow the attempt."),
 ) -> None:
     """Submit COMMAND as a run: capture its receipt, start an attempt and follow it (exit 0 iff it completed)."""
@@ -62,6 +73,8 @@ def submit(
         branch=branch,
         retry_policy_path=retry_policy,
         eval_spec_paths=list(eval_specs),
+        metric_patterns=list(metric_patterns) or None,
+        checkpoint_paths=list(checkpoint_paths) or None,
     )
     supervisor = Supervisor(app.ledger, app.settings)
     run_id = submit_run(app.ledger, app.settings, spec, console=err_console)
@@ -76,6 +89,7 @@ def submit(
         with app.ledger.read() as conn:
             attempt_id = latest_attempt(conn, run_id)["attempt_id"]
     console.print(run_id, highlight=False)
+    _say_declared_paths(app, attempt_id)
     if detach:
         err_console.print(app.hint(f"attempt {attempt_id} started; follow it with `trackway logs {attempt_id} -f`"),
                           highlight=False)
@@ -114,6 +128,7 @@ def resume(
         resumed_from = get_attempt(conn, attempt_id)["resumed_from_checkpoint"]
     console.print(attempt_id, highlight=False)
     say(err_console, f"resuming from {resumed_from or 'the start (no committed checkpoint)'}")
+    _say_declared_paths(app, attempt_id)
     if detach:
         ensure_background_supervisor(app)
         return
@@ -156,6 +171,7 @@ def follow(app: AppContext, supervisor, run_id: str, attempt_id: str) -> int:
                     attempt_id = attempt["attempt_id"]
                     resumed_from = attempt["resumed_from_checkpoint"] or "the start"
                     say(err_console, f"{attempt_id} started, resuming from {resumed_from}")
+                    _say_declared_paths(app, attempt_id)
                 line = Text(f"{attempt_id} {attempt['state'] if attempt else run['state']} {duration(time.monotonic() - started)}  ")
                 if attempt is not None:
                     tail = read_log_tail(Path(attempt["log_path"]), max_bytes=4096, max_lines=1)
@@ -181,6 +197,30 @@ def follow(app: AppContext, supervisor, run_id: str, attempt_id: str) -> int:
     err_console.print(f"run {run_id} {run['state']} after {duration(time.monotonic() - started)}", highlight=False)
     _say_pending_evaluations(app, run_id)
     return 0 if run["state"] == RunState.COMPLETED.value else 1
+
+
+def _say_declared_paths(app: AppContext, attempt_id: str) -> None:
+    """What the launch did to a `--checkpoint-path`: restored a committed checkpoint, or moved a left-over aside."""
+    import json
+
+    from sqlalchemy import select
+
+    from trackway.ledger.schema import attempt_events
+
+    with app.ledger.read() as conn:
+        payload = conn.execute(
+            select(attempt_events.c.payload).where(
+                attempt_events.c.attempt_id == attempt_id, attempt_events.c.kind == "checkpoint_path_restored"
+            )
+        ).scalar()
+    if payload is None:
+        return
+    done = json.loads(payload)
+    if done.get("restored"):
+        say(err_console, f"restored {done.get('checkpoint')} to {', '.join(done['restored'])}")
+    if done.get("moved_aside"):
+        say(err_console, "nothing committed yet, so this attempt starts from the start; moved aside: "
+            + ", ".join(done["moved_aside"]))
 
 
 def _pending_evaluations(app: AppContext, run_id: str) -> int:

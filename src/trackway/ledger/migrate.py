@@ -12,7 +12,7 @@ from sqlalchemy import Connection, inspect, text
 
 from trackway.ledger.store import Ledger
 
-HEAD_REVISION = "0006"
+HEAD_REVISION = "0007"
 SCRIPT_LOCATION = "trackway.ledger:migrations"
 # Any constant works; it only has to be the same for every trackway process.
 _PG_MIGRATION_LOCK = 0x7472_6B77

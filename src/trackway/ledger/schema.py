@@ -94,6 +94,9 @@ runs = Table(
     Column("env", Text),  # JSON object: extra environment for every attempt (an evaluation's TRACKWAY_EVAL_*)
     # The submitter's environment variables (receipts/submitted_env.py): every attempt gets them.
     Column("environ_sha256", String(64), ForeignKey("blobs.sha256")),
+    # Scripts without the SDK (supervisor/log_metrics.py, supervisor/outside_checkpoints.py):
+    Column("log_patterns", Text),  # JSON list of regexes read from output.log; group `step` is the step
+    Column("checkpoint_paths", Text),  # JSON list of globs (relative to workdir) committed as checkpoints
 )
 
 attempts = Table(

@@ -67,6 +67,9 @@ class RunSpec:
     retry_policy_path: str | None = None
     eval_spec_paths: list[str] = field(default_factory=list)  # evaluate committed checkpoints with these
     environ: dict[str, str] | None = None  # the submitter's environment variables; None: this process's
+    # Scripts without the SDK; None: trackway.toml's [logs] metrics / [checkpoints] path.
+    metric_patterns: list[str] | None = None  # regexes read from output.log (supervisor/log_metrics.py)
+    checkpoint_paths: list[str] | None = None  # globs committed as checkpoints (supervisor/outside_checkpoints.py)
 
 
 def _validate(spec: RunSpec) -> None:
@@ -89,6 +92,13 @@ def _validate(spec: RunSpec) -> None:
     validation.printable_text(spec.project, "--project")
     if spec.model_family is not None:
         validation.printable_text(spec.model_family, "--model-family")
+    from trackway.supervisor.log_metrics import compile_patterns
+    from trackway.supervisor.outside_checkpoints import validate_paths
+
+    if spec.metric_patterns:
+        compile_patterns(spec.metric_patterns, "--metric-pattern")
+    if spec.checkpoint_paths:
+        validate_paths(spec.checkpoint_paths, "--checkpoint-path")
     if spec.gpus > 0:
         available = len(gpu_inventory())
         if available < spec.gpus:
@@ -108,6 +118,7 @@ def submit_run(ledger: Ledger, settings: Settings, spec: RunSpec, console: Conso
     from trackway.supervisor.retry import read_policy_file
 
     load_policy(None, settings.retry)  # a broken [retry] in trackway.toml is refused now, not after an attempt
+    log_patterns, checkpoint_paths = _outside_sdk(spec, settings)
     retry_policy = read_policy_file(spec.retry_policy_path)
     eval_specs = _load_eval_specs(spec.eval_spec_paths)
     config = load_config(spec.config_path, spec.overrides)
@@ -150,6 +161,8 @@ def submit_run(ledger: Ledger, settings: Settings, spec: RunSpec, console: Conso
                     created_at=datetime.now(timezone.utc),
                     retry_policy=retry_policy,
                     environ_sha256=environ_sha,
+                    log_patterns=json.dumps(log_patterns) if log_patterns else None,
+                    checkpoint_paths=json.dumps(checkpoint_paths) if checkpoint_paths else None,
                 ),
             )
             if eval_specs:
@@ -163,6 +176,18 @@ def submit_run(ledger: Ledger, settings: Settings, spec: RunSpec, console: Conso
         make_private_dirs(run_dir)  # a run's files hold what it printed and was given: only its owner reads them
         (run_dir / "config.json").write_bytes(config.canonical)
     return run_id
+
+
+def _outside_sdk(spec: RunSpec, settings: Settings) -> tuple[list[str], list[str]]:
+    """The run's log patterns and checkpoint paths: the submit options, else trackway.toml's, validated."""
+    from trackway.supervisor.log_metrics import compile_patterns
+    from trackway.supervisor.outside_checkpoints import validate_paths
+
+    patterns = list(spec.metric_patterns) if spec.metric_patterns else list(settings.log_metric_patterns)
+    compile_patterns(patterns, "--metric-pattern" if spec.metric_patterns else "[logs] metrics")
+    paths = list(spec.checkpoint_paths) if spec.checkpoint_paths else list(settings.checkpoint_paths)
+    paths = validate_paths(paths, "--checkpoint-path" if spec.checkpoint_paths else "[checkpoints] path")
+    return patterns, paths
 
 
 def _load_eval_specs(paths: Sequence[str]):
@@ -180,7 +205,8 @@ def _load_eval_specs(paths: Sequence[str]):
 def _prepare_code(spec: RunSpec, run_dir: Path) -> tuple[Path, CodeRef]:
     """Where the command runs and the code reference it runs with (cloning `--repo` when given)."""
     if not spec.repo_url:
-        return spec.cwd, capture_code(spec.cwd)
+        # run_dir is HOME/runs/RUN: trackway's own home never counts as the user's uncommitted work.
+        return spec.cwd, capture_code(spec.cwd, home=run_dir.parent.parent)
     make_private_dirs(run_dir.parent)
     # Clone beside the final place and move it in, so a failed clone leaves no run directory.
     staging = Path(tempfile.mkdtemp(prefix=f".{run_dir.name}-", dir=run_dir.parent))
@@ -203,17 +229,18 @@ def _prepare_code(spec: RunSpec, run_dir: Path) -> tuple[Path, CodeRef]:
     )
 
 
-def resume_target(checkpoint_dir: Path) -> str | None:
+def resume_target(checkpoint_dir: Path, verify_files: bool = False) -> str | None:
     """The checkpoint a new attempt resumes from: the newest whose commit marker verifies.
 
     Storage is the truth; the SDK's `restore_latest` also verifies every file before loading,
-    and falls back to an older checkpoint if this one turns out corrupt.
+    and falls back to an older checkpoint if this one turns out corrupt. Checkpoints trackway
+    restores itself (a run's `--checkpoint-path`) are verified here, with `verify_files`.
     """
     if not checkpoint_dir.is_dir():
         return None
     from trackway.checkpoints.protocol import CheckpointStore
 
-    latest = CheckpointStore(checkpoint_dir).latest_committed(verify_files=False)
+    latest = CheckpointStore(checkpoint_dir).latest_committed(verify_files=verify_files)
     return latest.name if latest else None
 
 
@@ -225,8 +252,9 @@ def attempt_environment(
     state_dir: Path,
     resume_from: str | None = None,
     config_path: Path | None = None,
+    restored_path: str | None = None,
 ) -> dict[str, str]:
-    """The TRACKWAY_* variables an attempt's process sees."""
+    """The TRACKWAY_* variables an attempt's process sees (TRACKWAY_RESUME_PATH: a declared checkpoint path restored)."""
     run_dir = settings.runs_dir / run_id
     env = {
         "TRACKWAY_RUN_ID": run_id,
@@ -241,6 +269,8 @@ def attempt_environment(
         env["TRACKWAY_CONFIG"] = str(config_path)
     if resume_from:
         env["TRACKWAY_RESUME_FROM"] = resume_from
+    if restored_path:
+        env["TRACKWAY_RESUME_PATH"] = restored_path
     return env
 
 
@@ -281,8 +311,13 @@ def start_attempt(
     from trackway.supervisor.policy import memory_fingerprint
     from trackway.supervisor.retry import effective_config_path
 
+    from trackway.supervisor.outside_checkpoints import paths_of, restore_declared, substitute_command
+
     environment = capture_environment()
-    resume_from = resume_target(settings.runs_dir / run_id / "checkpoints")
+    with ledger.read() as conn:
+        declared = paths_of(resolve_run(conn, run_id))
+    checkpoint_root = settings.runs_dir / run_id / "checkpoints"
+    resume_from = resume_target(checkpoint_root, verify_files=bool(declared))
     config_path = effective_config_path(settings, run_id)
     config = load_config(config_path, overrides) if overrides else None
     with ledger.write() as conn:
@@ -333,14 +368,22 @@ def start_attempt(
         if config is not None:
             config_path.write_bytes(config.canonical)
         submitted = _submitted_environment(settings, run, environ_description)
+        # A script without the SDK finds its own checkpoint file where it left it (or none, if none was committed).
+        restored = restore_declared(checkpoint_root, Path(run["workdir"]), declared, resume_from, number) if declared else None
+        command = substitute_command(
+            json.loads(run["command"]), restored, checkpoint_root / resume_from if resume_from else None
+        )
         request = LaunchRequest(
             attempt_id=attempt_id,
-            command=json.loads(run["command"]),
+            command=command,
             cwd=Path(run["workdir"]),
             env={
                 **(submitted.variables if submitted is not None else {}),
                 **run_environment(run, state_dir),
-                **attempt_environment(settings, run_id, attempt_id, number, state_dir, resume_from, config_path),
+                **attempt_environment(
+                    settings, run_id, attempt_id, number, state_dir, resume_from, config_path,
+                    restored.restored[0] if restored is not None and restored.restored else None,
+                ),
             },
             state_dir=state_dir,
             log_path=state_dir / "output.log",
@@ -372,6 +415,10 @@ def start_attempt(
                 started_at=submission.started_at,
             )
         )
+        if restored is not None and (restored.restored or restored.moved_aside):
+            from trackway.ledger.ingest import add_supervisor_event
+
+            add_supervisor_event(conn, attempt_id, "checkpoint_path_restored", restored.as_event())
     return attempt_id
 
 

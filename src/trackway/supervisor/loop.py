@@ -28,7 +28,10 @@ from trackway.supervisor.classify import Classification, Evidence, classify
 from trackway.supervisor.launch import start_attempt
 from trackway.supervisor.policy import Decision
 from trackway.supervisor.retry import decide_after_end, due_retries
+from trackway.supervisor.log_metrics import LogReport, NonFiniteLoss, ingest_log_metrics
+from trackway.supervisor.outside_checkpoints import OutsideCheckpoints
 from trackway.supervisor.watchers import (
+    ALWAYS_STOP,
     STOP_MARKER,
     gpu_underused,
     loss_rising,
@@ -103,6 +106,9 @@ class Supervisor:
         self.findings: list[tuple[str, str]] = []  # (attempt, what a watcher noticed), for live status lines
         self._first_rss: dict[str, int | None] = {}
         self._cursor = ""  # the attempt a time-bounded tick stopped at
+        # Scripts without the SDK: each run's log patterns and declared checkpoint paths (fixed at submit).
+        self._outside_sdk: dict[str, RowMapping] = {}
+        self.outside_checkpoints = OutsideCheckpoints()
         self._executor_for = executor_for or (lambda name: get_executor(name, settings.home))
 
     def executor(self, name: str) -> Executor:
@@ -132,9 +138,17 @@ class Supervisor:
             status = self.executor(attempt["executor"]).poll(handle_of(attempt))
             # Ingest after polling: an attempt seen ended has written all it will write.
             report = ingest_attempt(self.ledger, attempt)
+            run = self._run_outside_sdk(attempt["run_id"])
+            logged = self._ingest_log(attempt, run)
             if status.phase is JobPhase.RUNNING:
-                self._watch(attempt, new_points=report.points > 0)
+                self._watch(attempt, new_points=report.points > 0 or logged.points > 0, nan=logged.nan)
+                self._look_at_checkpoint_paths(run, attempt)
                 continue
+            if logged.nan is not None:
+                # It ended before a tick saw the NaN (exit 0 included): the end is the NaN's, not `completed`.
+                self._mark_stop(attempt, "nan_in_log", logged.nan.why())
+            self._look_at_checkpoint_paths(run, attempt, final=True, exit_code=status.exit_code)
+            self.outside_checkpoints.forget(attempt["attempt_id"])
             with self.ledger.read() as conn:
                 attempt = get_attempt(conn, attempt["attempt_id"])
             end = self._record_end(attempt, status, report.note)
@@ -283,12 +297,67 @@ class Supervisor:
                 ends.append(end)
         return ends
 
-    def _watch(self, attempt: RowMapping, new_points: bool) -> None:
+    def _run_outside_sdk(self, run_id: str) -> RowMapping:
+        """The run's columns for scripts without the SDK (log patterns, checkpoint paths, workdir), cached."""
+        if run_id not in self._outside_sdk:
+            with self.ledger.read() as conn:
+                self._outside_sdk[run_id] = conn.execute(
+                    select(runs.c.run_id, runs.c.workdir, runs.c.log_patterns, runs.c.checkpoint_paths)
+                    .where(runs.c.run_id == run_id)
+                ).mappings().one()
+        return self._outside_sdk[run_id]
+
+    def _ingest_log(self, attempt: RowMapping, run: RowMapping) -> LogReport:
+        """Metrics from the run's log patterns (a script without the SDK); never stops the tick."""
+        if not run["log_patterns"]:
+            return LogReport()
+        import json
+
+        try:
+            return ingest_log_metrics(self.ledger, attempt, json.loads(run["log_patterns"]))
+        except (OSError, ValueError, InputError) as exc:
+            self._note_once(attempt, "log_metrics_failed", f"reading metrics from {attempt['log_path']}: {exc}")
+            return LogReport()
+
+    def _look_at_checkpoint_paths(self, run: RowMapping, attempt: RowMapping, final: bool = False,
+                                  exit_code: int | None = None) -> None:
+        """Commit what the run's declared checkpoint paths hold once complete (supervisor/outside_checkpoints.py)."""
+        if not run["checkpoint_paths"]:
+            return
+        try:
+            info = self.outside_checkpoints.look(
+                self.ledger, self.settings.runs_dir, run, attempt, final=final, exit_code=exit_code
+            )
+        except (OSError, TrackwayError) as exc:
+            self._note_once(attempt, "checkpoint_path_failed", f"committing the declared checkpoint path: {exc}")
+            return
+        if info is not None:
+            self.findings.append((attempt["attempt_id"], f"committed {info.name} from the declared checkpoint path"))
+
+    def _note_once(self, attempt: RowMapping, kind: str, message: str) -> None:
+        with self.ledger.write() as conn:
+            if add_supervisor_event(conn, attempt["attempt_id"], kind, {"message": message}):
+                self.findings.append((attempt["attempt_id"], message))
+
+    def _mark_stop(self, attempt: RowMapping, kind: str, why: str) -> bool:
+        """Write the stop marker (unless one is there); True if this call wrote it."""
+        marker = Path(attempt["state_dir"]) / STOP_MARKER
+        if marker.exists():
+            return False
+        write_json_atomic(marker, {"t": time.time(), "kind": kind, "why": why})
+        with self.ledger.write() as conn:
+            add_supervisor_event(conn, attempt["attempt_id"], kind, {"message": why})
+        return True
+
+    def _watch(self, attempt: RowMapping, new_points: bool, nan: NonFiniteLoss | None = None) -> None:
         """Run the watchers over a live attempt: record each finding once per kind as an event, and end
-        the attempt when it stalled or a finding's kind is in `[supervisor] stop_on` (marked first, so
-        its end is classified by what the watcher saw, not as a cancel)."""
+        the attempt when it stalled, its log showed a non-finite loss, or a finding's kind is in
+        `[supervisor] stop_on` (marked first, so its end is classified by what the watcher saw, not as
+        a cancel)."""
         heartbeat = read_json(spool_dir_of(attempt) / HEARTBEAT_FILE)
         findings = self._trend_findings(attempt, heartbeat, new_points)
+        if nan is not None:
+            findings.insert(0, ("nan_in_log", nan.why()))
         if attempt["started_at"] is not None:
             why = stall_evidence(heartbeat, attempt["started_at"].timestamp(), time.time(), self.settings.stall_seconds)
             if why is not None:
@@ -299,7 +368,7 @@ class Supervisor:
                 for kind, message in findings:
                     if add_supervisor_event(conn, attempt["attempt_id"], kind, {"message": message}):
                         self.findings.append((attempt["attempt_id"], message))
-                    if stop is None and (kind == "stalled" or kind in self.settings.stop_on):
+                    if stop is None and (kind in ALWAYS_STOP or kind in self.settings.stop_on):
                         stop = (kind, message)
         marker = Path(attempt["state_dir"]) / STOP_MARKER
         if stop is not None and not marker.exists():

@@ -1,7 +1,8 @@
 """Watchers over a running attempt: stalls (no heartbeat or no new step) and trends in what it logged.
 
 Pure functions of what the spool says and the time; the control loop acts on what they return:
-a stall always ends the attempt; any other kind does when `[supervisor] stop_on` lists it.
+a stall and a non-finite loss in the log (`nan_in_log`) always end the attempt; any other kind
+does when `[supervisor] stop_on` lists it.
 """
 
 from __future__ import annotations
@@ -9,7 +10,13 @@ from __future__ import annotations
 from typing import Any
 
 STOP_MARKER = "supervisor-stop.json"  # written before the supervisor ends an attempt: {kind, why}
-WATCHER_KINDS = ("stalled", "loss_rising", "plateau", "throughput_falling", "memory_growing", "gpu_underused")
+WATCHER_KINDS = (
+    "stalled", "loss_rising", "plateau", "throughput_falling", "memory_growing", "gpu_underused", "nan_in_log",
+)
+# Kinds that end the attempt whatever `[supervisor] stop_on` says. `nan_in_log`: a log pattern
+# (supervisor/log_metrics.py) read a NaN or infinite loss-named metric, which the SDK would have
+# refused (NonFiniteLoss); classified `nan_loss`.
+ALWAYS_STOP = ("stalled", "nan_in_log")
 
 
 def stall_evidence(heartbeat: dict[str, Any] | None, started_at: float, now: float, stall_seconds: float) -> str | None:

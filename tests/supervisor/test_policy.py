@@ -52,6 +52,30 @@ def test_oom_retries_only_when_the_memory_footprint_changed():
     assert changed.action == "resume"
 
 
+def test_the_resume_message_says_where_the_next_attempt_starts():
+    assert decide(DEFAULT, [outcome(R.PREEMPTED, committed=True)]).message == "resume from the latest committed checkpoint"
+    # An unchanged script saving nothing trackway can see restarts from scratch: say so, never "latest committed".
+    fresh = decide(DEFAULT, [outcome(R.PREEMPTED, committed=False)])
+    assert fresh.message == "resume from the start: no checkpoint was committed"
+    earlier = [outcome(R.PREEMPTED, committed=True), outcome(R.PREEMPTED, committed=False)]
+    assert decide(DEFAULT, earlier).message == "resume from the latest committed checkpoint"
+
+
+def test_nan_advice_points_at_a_checkpoint_only_when_one_exists():
+    assert "last good checkpoint" in decide(DEFAULT, [outcome(R.NAN_LOSS, committed=True)]).message
+    none = decide(DEFAULT, [outcome(R.NAN_LOSS, committed=False)]).message
+    assert "last good checkpoint" not in none and "no checkpoint was committed" in none
+
+
+def test_a_broken_evaluator_output_is_not_retried_whatever_the_budget():
+    broken = AttemptOutcome(R.EVALUATOR_CRASH, rule="evaluator:bad-output")
+    decision = decide(DEFAULT, [broken])
+    assert (decision.action, decision.rule) == ("stop", "evaluator_crash: evaluator:bad-output")
+    assert "[output] mapping" in decision.message
+    crashed = AttemptOutcome(R.EVALUATOR_CRASH, rule="evaluator:log:traceback")
+    assert decide(DEFAULT, [crashed]).action == "resume"
+
+
 def test_transient_failures_back_off_exponentially():
     delays = [decide(DEFAULT, [outcome(R.INFRA_TRANSIENT)] * n).delay_s for n in (1, 2, 3)]
     assert delays == [30.0, 60.0, 120.0]

@@ -71,13 +71,20 @@ DEFAULT_RULES: dict[R, ReasonRule] = {
 # Why a stop is the right call, said to the person reading `trackway explain`.
 STOP_ADVICE: dict[R, str] = {
     R.NAN_LOSS: "the loss diverged; retrying replays the same numbers: lower the learning rate or fix the data, "
-    "then resume from the last good checkpoint",
+    "then `trackway resume` (it starts from the last good checkpoint)",
     R.BAD_DATA: "retrying bad data is wishful thinking with a GPU attached: fix or exclude the input",
     R.CONFIG_ERROR: "the command cannot start as configured: fix the import, path or argument",
     R.CODE_ERROR: "an uncaught exception in the training code: fix it, then `trackway resume`",
     R.UNKNOWN: "nothing explained the ending; read the evidence before spending more GPU time",
     R.OOM: "a retry would need the same memory and run out of it again: lower the batch, enable activation "
     "checkpointing, lower precision, or pick a resource with more GPU memory, then `trackway resume --set ...`",
+}
+
+# Classification rules whose failure repeats exactly on a retry: stopped at once, whatever the budget.
+DETERMINISTIC_RULES: dict[str, str] = {
+    "evaluator:bad-output": "the evaluator's output breaks the contract (see the evidence for the first bad line); "
+    "the same evaluator on the same checkpoint writes it again: fix the evaluator or the spec's [output] mapping, "
+    "then ask for the evaluation again",
 }
 
 
@@ -98,6 +105,7 @@ class AttemptOutcome:
     committed_checkpoint: bool = False
     memory_fingerprint: str | None = None
     disk_full: DiskFull | None = None  # the attempt met a full disk (from its termination evidence)
+    rule: str | None = None  # the classification rule that decided its reason (`evaluator:bad-output`)
 
 
 @dataclass(frozen=True)
@@ -130,7 +138,10 @@ def decide(
         # Whatever the policy allows: a retry would meet the same full disk within seconds, again and again.
         return Decision("stop", f"{name}: disk full", disk_full_advice(last.disk_full, run_ref))
     if rule.action == "stop":
-        return Decision("stop", f"{name}: stop", STOP_ADVICE.get(reason, f"{name} is not retried"))
+        return Decision("stop", f"{name}: stop", _stop_advice(reason, history))
+    if last.rule in DETERMINISTIC_RULES:
+        # Whatever the budget: the same evaluator on the same checkpoint writes the same bad line again.
+        return Decision("stop", f"{name}: {last.rule}", DETERMINISTIC_RULES[last.rule])
     used = sum(1 for outcome in history[:-1] if outcome.reason is reason)
     if used >= rule.budget:
         return Decision(
@@ -154,9 +165,23 @@ def decide(
     return Decision(
         "resume",
         f"{name}: resume ({used + 1} of {rule.budget})",
-        "resume from the latest committed checkpoint" + (f" after {delay:.0f} s" if delay else ""),
+        _resume_from(history) + (f" after {delay:.0f} s" if delay else ""),
         delay_s=delay,
     )
+
+
+def _resume_from(history: Sequence[AttemptOutcome]) -> str:
+    """Where the next attempt starts, said truthfully: nothing committed means from the start."""
+    if any(outcome.committed_checkpoint for outcome in history):
+        return "resume from the latest committed checkpoint"
+    return "resume from the start: no checkpoint was committed"
+
+
+def _stop_advice(reason: R, history: Sequence[AttemptOutcome]) -> str:
+    advice = STOP_ADVICE.get(reason, f"{reason.value} is not retried")
+    if reason is R.NAN_LOSS and not any(outcome.committed_checkpoint for outcome in history):
+        advice = advice.replace("(it starts from the last good checkpoint)", "(no checkpoint was committed: it starts over)")
+    return advice
 
 
 class _RuleOverride(BaseModel):

@@ -73,6 +73,7 @@ def decide_after_end(conn: Connection, settings: Settings, run: RowMapping, atte
             committed_checkpoint=bool(row["checkpoints_committed"]),
             memory_fingerprint=row["memory_fingerprint"],
             disk_full=disk_full_of(row["termination_evidence"]),
+            rule=rule_of(row["termination_evidence"]),
         )
         for row in rows
         if row["termination_reason"]
@@ -128,15 +129,26 @@ def due_retries(conn: Connection, now: datetime) -> list[str]:
     return list(conn.execute(query).scalars())
 
 
-def disk_full_of(evidence_json: str | None) -> DiskFull | None:
-    """Whether an attempt's stored termination evidence says it met a full disk, and where."""
+def _evidence(evidence_json: str | None) -> dict | None:
     if not evidence_json:
         return None
     try:
         evidence = json.loads(evidence_json)
     except ValueError:
         return None
-    if not isinstance(evidence, dict):
+    return evidence if isinstance(evidence, dict) else None
+
+
+def rule_of(evidence_json: str | None) -> str | None:
+    """The classification rule stored in an attempt's termination evidence."""
+    rule = (_evidence(evidence_json) or {}).get("rule")
+    return rule if isinstance(rule, str) else None
+
+
+def disk_full_of(evidence_json: str | None) -> DiskFull | None:
+    """Whether an attempt's stored termination evidence says it met a full disk, and where."""
+    evidence = _evidence(evidence_json)
+    if evidence is None:
         return None
     found = evidence.get("disk_full")
     if isinstance(found, dict):

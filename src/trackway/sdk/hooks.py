@@ -1,8 +1,10 @@
 """Process hooks the SDK installs: preemption notices (SIGTERM/SIGUSR1) and the uncaught-exception note.
 
-A preemption notice only sets a flag: the script decides when to checkpoint and call
-`run.exit_preempted()`. An uncaught exception is written down as the attempt's own termination
-note before Python prints the traceback, so classification does not have to guess from logs.
+A preemption notice sets a flag: the script decides when to checkpoint and call
+`run.exit_preempted()`. A script that never reads the flag is ended by `Run` itself (see
+`Run.should_stop`), through `redeliver_notice`. An uncaught exception is written down as the
+attempt's own termination note before Python prints the traceback, so classification does not
+have to guess from logs.
 """
 
 from __future__ import annotations
@@ -128,6 +130,15 @@ def install_notice_handlers(on_notice: Callable[[int], None]) -> dict[int, Any]:
     for signum in NOTICE_SIGNALS:
         previous[signum] = signal.signal(signum, handler)
     return previous
+
+
+def redeliver_notice(signum: int) -> bool:
+    """Send `signum` to the main thread, from another thread: its handler runs there, waking a sleep or a wait."""
+    try:
+        signal.pthread_kill(threading.main_thread().ident, signum)
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def restore_handlers(previous: dict[int, Any]) -> None:

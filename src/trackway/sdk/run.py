@@ -3,6 +3,14 @@
 Inside an attempt started by trackway, `init()` joins it from the `TRACKWAY_*` environment.
 Run alone (a laptop, a notebook), it records its own run and attempt in the ledger and ingests
 its spool itself, so the same script works in both places.
+
+A preemption notice (SIGTERM, SIGUSR1) is never swallowed. Its endings, by what the script does next:
+
+    reads run.should_stop in time, then exit_preempted()     -> preempted (the script saved first)
+    reads run.should_stop, then finish() or just exits       -> preempted: the work was cut short
+    logs a second step without reading it                    -> preempted by trackway at that run.log
+    neither, for $TRACKWAY_NOTICE_POLL_S (10 s)              -> preempted by trackway, from any call
+    any notice after finish()                                -> ignored: nothing ends, nothing resumes
 """
 
 from __future__ import annotations
@@ -12,6 +20,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -24,9 +33,10 @@ from trackway.sdk.hooks import (
     install_excepthook,
     install_notice_handlers,
     reason_for_exception,
+    redeliver_notice,
     restore_handlers,
 )
-from trackway.sdk.writer import SpoolWriter
+from trackway.sdk.writer import DEFAULT_LOSS_KEYS, LossKeys, SpoolWriter
 from trackway.spool import NOTE_FILE, write_json_atomic
 from trackway.taxonomy import TerminationReason
 
@@ -36,7 +46,11 @@ if TYPE_CHECKING:
 
 # EX_TEMPFAIL: "try again later", which is what a preempted attempt asks of its supervisor.
 EXIT_PREEMPTED = 75
-FINITE_KEYS = ("loss", "grad_norm")
+# How long a script has after a notice to read `run.should_stop` before the SDK ends the attempt
+# itself: long enough for a slow training step to reach its poll, and a third of the 30 s grace
+# executors give by default, so the forced ending (a checkpoint in flight, the note) fits in the rest.
+NOTICE_POLL_S = 10.0
+_NO_STEP = object()
 
 
 @dataclass(frozen=True)
@@ -86,6 +100,7 @@ class Run:
         log_all_ranks: bool = False,
         install_hooks: bool = True,
         standalone: StandaloneSession | None = None,
+        loss_keys: str | None = None,
     ):
         self.context = context
         self.run_id = context.run_id
@@ -96,42 +111,60 @@ class Run:
         self._checkpoint_every = (checkpoint_every_steps, checkpoint_every_minutes)
         self._checkpoints: CheckpointManager | None = None
         self._logging = log_all_ranks or context.rank == 0
+        self._is_loss = LossKeys(loss_keys or os.environ.get("TRACKWAY_LOSS_KEYS") or DEFAULT_LOSS_KEYS)
         self._writer = SpoolWriter(
             context.spool_dir,
             rank=context.rank,
             heartbeat_interval_s=_heartbeat_interval(context.rank),
-            finite_keys=FINITE_KEYS,
+            loss_keys=self._is_loss,
         )
         self._append = self._writer.queue.append
         self._step: int | None = None
         self._notice: int | None = None
+        self._notice_seen = False  # the script read `should_stop` after the notice: it handles it
+        self._notice_step: Any = _NO_STEP  # the step of the first `log` after the notice
+        self._notice_poll_s = _env_seconds("TRACKWAY_NOTICE_POLL_S", NOTICE_POLL_S)
+        self._unanswered = False  # set by the watchdog: the next notice handler call ends the attempt
+        self._noticed = threading.Event()  # wakes the watchdog (set from the handler: no thread starts there)
+        self._done = threading.Event()  # finished or closed: the watchdog has nothing left to do
+        self._ending = False
+        self._finished = False
         self._closed = False
         self._previous_handlers: dict[int, Any] = {}
         self._uninstall_excepthook = None
         if install_hooks:
             self._previous_handlers = install_notice_handlers(self._on_notice)
             self._uninstall_excepthook = install_excepthook(self._on_uncaught)
+        if self._previous_handlers:
+            threading.Thread(target=self._watch_notice, name="trackway-notice", daemon=True).start()
         atexit.register(self._at_exit)
         self._writer.event("started", pid=os.getpid(), resume_from=context.resume_from, world_size=context.world_size)
+        if config and standalone is None and self._logging:
+            # Under `trackway submit` the receipt holds the submitted config; the ingester merges this into it.
+            self._writer.event("init_config", config=_json_safe(config))
 
     # -- logging ---------------------------------------------------------------------------
 
     def log(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
-        """Record scalar metrics at `step` (default: the last step + 1). Never blocks on I/O."""
+        """Record scalar metrics at `step` (default: the last step + 1). Never blocks on I/O.
+
+        A non-finite value under a key naming a loss (`loss`, `*_loss`, `*/loss`, and `grad_norm`;
+        `init(loss_keys=REGEX)` or $TRACKWAY_LOSS_KEYS to change) ends the attempt as nan_loss.
+        """
         if step is None:
             step = 0 if self._step is None else self._step + 1
         self._step = step
-        if not self._logging:
-            return
-        for key in FINITE_KEYS:
-            value = metrics.get(key)
-            # A plain float is checked here (v - v is NaN for NaN and ±inf). Anything else (a tensor)
-            # would force a device sync, so the writer thread checks it and reports on the next call.
-            if value.__class__ is float and value - value != 0.0:
-                self._non_finite(key, value, step)
-        if self._writer.non_finite is not None:
-            self._non_finite(*self._writer.non_finite)
-        self._append((step, time.time(), dict(metrics)))
+        if self._logging:
+            for key, value in metrics.items():
+                # A plain float is checked here (v - v is NaN for NaN and ±inf), and its key only then.
+                # Anything else (a tensor) would force a device sync: the writer thread checks it.
+                if value.__class__ is float and value - value != 0.0 and self._is_loss(key):
+                    self._non_finite(key, value, step)
+            if self._writer.non_finite is not None:
+                self._non_finite(*self._writer.non_finite)
+            self._append((step, time.time(), dict(metrics)))
+        if self._notice is not None and not self._notice_seen:
+            self._logged_after_notice(step)
 
     def _non_finite(self, key: str, value: Any, step: int) -> NoReturn:
         self._writer.non_finite = None
@@ -197,15 +230,69 @@ class Run:
 
     @property
     def should_stop(self) -> bool:
-        """True once a preemption notice (SIGTERM or SIGUSR1) arrived: checkpoint, then `exit_preempted()`."""
-        return self._notice is not None
+        """True once a preemption notice (SIGTERM or SIGUSR1) arrived: checkpoint, then `exit_preempted()`.
+
+        Reading it is how the script says it handles the notice. One that has not read it within
+        $TRACKWAY_NOTICE_POLL_S seconds (default 10), or that logs a second step after the notice
+        without reading it, is ended by trackway as preempted (exit code 75, after any checkpoint in
+        flight), rather than training on until the executor's SIGKILL.
+        """
+        if self._notice is None:
+            return False
+        self._notice_seen = True
+        return True
 
     def _on_notice(self, signum: int) -> None:
-        first = self._notice is None
-        self._notice = signum
-        if first:
+        if self._finished or self._closed or self._ending:
+            return  # the work is done (or ending): a notice now ends nothing and resumes nothing
+        if self._unanswered and not self._notice_seen:
+            self._end_unanswered(f"did not read run.should_stop within {self._notice_poll_s:g} s")
+        if self._notice is None:
+            self._notice = signum
             # Written from the signal handler on purpose: a notice is rare and must not be lost.
             self._writer.event("preemption_notice", signal=signal.Signals(signum).name, step=self._step)
+            self._noticed.set()
+
+    def _logged_after_notice(self, step: int) -> None:
+        # The step under way when the notice came may still be polled after its log; a second one will not be.
+        if self._notice_step is _NO_STEP:
+            self._notice_step = step
+        elif step != self._notice_step:
+            self._end_unanswered(f"logged step {step} without reading run.should_stop")
+
+    def _watch_notice(self) -> None:
+        """Off the main thread: end an attempt whose script has not read `should_stop` in time after a notice."""
+        self._noticed.wait()
+        if self._done.wait(self._notice_poll_s) or self._notice_seen:
+            return
+        self._unanswered = True
+        # The handler, run in the main thread, ends the attempt there: checkpoints and finally blocks behave.
+        redeliver_notice(self._notice)
+        if self._done.wait(self._notice_poll_s) or self._ending:
+            # Ended there (or waiting on a checkpoint in flight): the process is gone within a window, unless
+            # the script swallowed the SystemExit and trains on, unrecorded.
+            self._done.wait()
+            time.sleep(self._notice_poll_s)
+        elif self._notice_seen:
+            return  # read at the last moment: the script handles it after all
+        else:
+            # The handler never ran (the main thread is stuck in native code): end the attempt from here.
+            self._end_preempted(
+                f"the script did not read run.should_stop within {self._notice_poll_s:g} s nor stop when told, "
+                "so trackway ended the attempt", exit_code=EXIT_PREEMPTED, strict=False,
+            )
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(EXIT_PREEMPTED)
+
+    def _end_unanswered(self, why: str) -> NoReturn:
+        print(f"trackway: the script {why} after a preemption notice; ending the attempt as preempted",
+              file=sys.stderr, flush=True)
+        self._end_preempted(f"the script {why}, so trackway ended the attempt", exit_code=EXIT_PREEMPTED)
+        sys.exit(EXIT_PREEMPTED)
 
     def note(self, reason: TerminationReason | str, message: str, **extra: Any) -> None:
         """Write the attempt's own termination note: the most trusted evidence of why it ends."""
@@ -220,19 +307,50 @@ class Run:
 
     def exit_preempted(self, code: int = EXIT_PREEMPTED) -> NoReturn:
         """End this attempt as preempted, after any checkpoint in flight is durable."""
-        if self._checkpoints is not None:
-            self._checkpoints.wait()
-        name = self._last_committed_name()
-        cause = signal.Signals(self._notice).name if self._notice else "exit_preempted()"
-        self.note(
-            TerminationReason.PREEMPTED,
-            f"preemption notice ({cause}) at step {self._step}; resume from {name or 'the start (no checkpoint yet)'}",
-        )
-        self._close(TerminationReason.PREEMPTED, exit_code=code)
+        self._end_preempted(None, exit_code=code)
         sys.exit(code)
 
+    def _end_preempted(self, forced: str | None, exit_code: int | None, strict: bool = True) -> None:
+        """Write the preempted note and close; `forced` says why trackway ended it, not the script's exit_preempted().
+
+        A checkpoint in flight is waited for first, so the note names it. Not `strict`: a failed save
+        is told and the attempt still ends preempted (from the watchdog or at exit, nobody could catch it).
+        """
+        if self._closed:
+            return
+        self._ending = True
+        if self._checkpoints is not None:
+            try:
+                self._checkpoints.wait()
+            except Exception as exc:  # noqa: BLE001 - see the docstring
+                if strict:
+                    raise
+                self._save_failed(exc)
+        name = self._last_committed_name()
+        cause = signal.Signals(self._notice).name if self._notice else "exit_preempted()"
+        detail = f"; {forced}" if forced else ""
+        self.note(
+            TerminationReason.PREEMPTED,
+            f"preemption notice ({cause}) at step {self._step}{detail}; "
+            f"resume from {name or 'the start (no checkpoint yet)'}",
+            **({"ended_by": "trackway"} if forced else {}),
+        )
+        self._close(TerminationReason.PREEMPTED, exit_code=exit_code)
+
     def finish(self) -> None:
-        """The script is done: wait for checkpoints, flush the spool, and (alone) record the end."""
+        """The script is done: wait for checkpoints, flush the spool, and (alone) record the end.
+
+        After a preemption notice the attempt did not finish its work, whatever the loop thinks (a
+        framework's own SIGTERM handling ends fit() early and the script goes on to `finish()`; a
+        script saves on the notice and breaks out of its loop): `finish()` then ends the attempt as
+        preempted, exit code 75, so it is resumed. An attempt that got a notice is never `completed`.
+        After `finish()`, a notice is ignored: it ends nothing and resumes nothing.
+        """
+        if self._notice is not None and not self._finished:
+            self._end_preempted("run.finish() came after it, with the work cut short", exit_code=EXIT_PREEMPTED)
+            sys.exit(EXIT_PREEMPTED)
+        self._finished = True
+        self._done.set()
         if self._checkpoints is not None:
             self._checkpoints.wait()
         if self._standalone is not None:
@@ -248,34 +366,71 @@ class Run:
             return
         if not isinstance(exc, NonFiniteLoss):
             reason = reason_for_exception(exc, made_progress=self._step is not None)
+            if reason is TerminationReason.CODE_ERROR and self._notice is not None and not self._finished:
+                # An unexplained error after a notice is most often its doing (a DataLoader worker it killed).
+                self._end_preempted(f"then the script raised {describe_exception(exc)}", exit_code=1, strict=False)
+                return
             self.note(reason, describe_exception(exc), exception=type(exc).__name__)
         self._close(None, exit_code=1)
 
     def _at_exit(self) -> None:
-        if not self._closed:
+        if self._closed:
+            return
+        if self._notice is not None and not self._finished:
+            # Exit code 0 or not, an attempt that got a notice and never finished was cut short.
+            self._end_preempted("the script exited without run.finish()", exit_code=None, strict=False)
+        else:
             self._close(None, exit_code=None)
 
     def _close(self, reason: TerminationReason | None, exit_code: int | None) -> None:
         if self._closed:
             return
         self._closed = True
+        self._done.set()
+        self._noticed.set()  # lets the watchdog thread return
         if self._checkpoints is not None:
             try:
                 self._checkpoints.close()
             except Exception as exc:  # noqa: BLE001 - a failed final save must not hide the real ending
-                # Not silent: the log says it too (a full disk keeps its errno in the event).
-                error = f"{type(exc).__name__}: {exc}"
-                print(f"trackway: the last checkpoint save failed: {error}", file=sys.stderr, flush=True)
-                self._writer.event("checkpoint_error", error=error, errno=getattr(exc, "errno", None))
+                self._save_failed(exc)
         self._writer.close()
         if self._writer.points_lost and exit_code == 0:
             exit_code = 1  # alone, the standalone receipt must not say completed either
-        restore_handlers(self._previous_handlers)
+        if not (self._finished and self._standalone is None):
+            # Under `trackway submit` the handlers stay after finish(): SIGTERM's default action would
+            # kill a finished process by a signal, which reads as a preemption and resumes the run.
+            restore_handlers(self._previous_handlers)
         if self._uninstall_excepthook is not None:
             self._uninstall_excepthook()
         atexit.unregister(self._at_exit)
         if self._standalone is not None:
             self._standalone.close(exit_code=exit_code)
+
+    def _save_failed(self, exc: Exception) -> None:
+        # Not silent: the log says it too (a full disk keeps its errno in the event).
+        error = f"{type(exc).__name__}: {exc}"
+        print(f"trackway: the last checkpoint save failed: {error}", file=sys.stderr, flush=True)
+        self._writer.event("checkpoint_error", error=error, errno=getattr(exc, "errno", None))
+
+
+def _env_seconds(name: str, default: float) -> float:
+    """A positive number of seconds from the environment; `default` when unset or not one."""
+    try:
+        value = float(os.environ.get(name, default))
+    except ValueError:
+        return default
+    return value if value > 0 else default
+
+
+def _json_safe(node: Any) -> Any:
+    """`node` as JSON can hold it: tables and lists kept, any other value that is not JSON as its repr."""
+    if isinstance(node, Mapping):
+        return {str(key): _json_safe(value) for key, value in node.items()}
+    if isinstance(node, (list, tuple)):
+        return [_json_safe(value) for value in node]
+    if node is None or isinstance(node, (str, bool, int, float)):
+        return node
+    return repr(node)
 
 
 def _heartbeat_interval(rank: int) -> float:
@@ -303,8 +458,13 @@ def init(
     checkpoint_every_minutes: float | None = None,
     log_all_ranks: bool = False,
     install_hooks: bool = True,
+    loss_keys: str | None = None,
 ) -> Run:
-    """Join the attempt trackway started for this process, or (run alone) record a new run and attempt."""
+    """Join the attempt trackway started for this process, or (run alone) record a new run and attempt.
+
+    `loss_keys`: a regular expression over whole metric keys whose non-finite values end the attempt
+    as nan_loss, case-insensitive (default: $TRACKWAY_LOSS_KEYS, else `loss`, `*_loss`, `*/loss`, `grad_norm`).
+    """
     context = AttemptContext.from_env()
     standalone = None
     if context is None:
@@ -325,4 +485,5 @@ def init(
         log_all_ranks=log_all_ranks,
         install_hooks=install_hooks,
         standalone=standalone,
+        loss_keys=loss_keys,
     )

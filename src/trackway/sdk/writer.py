@@ -21,6 +21,7 @@ import errno
 import json
 import math
 import os
+import re
 import shutil
 import sys
 import threading
@@ -43,6 +44,30 @@ from trackway.spool import (
 
 FLUSH_INTERVAL_S = 0.25
 HEARTBEAT_INTERVAL_S = 5.0
+# Metric keys whose non-finite values end the attempt as nan_loss: `loss`, `*_loss`, `*/loss` (and
+# Lightning's `*_loss_step` / `*_loss_epoch`), and `grad_norm`. Matched against the whole key.
+DEFAULT_LOSS_KEYS = r"(?:.*[_/])?loss(?:_step|_epoch)?|grad_norm"
+
+
+class LossKeys:
+    """Which metric keys must stay finite: a regex over the whole key, case-insensitive, decided once per key."""
+
+    _MAX_KNOWN = 10_000  # a script that puts a counter in its key names must not grow this forever
+
+    def __init__(self, pattern: str = DEFAULT_LOSS_KEYS):
+        try:
+            self.pattern = re.compile(pattern, re.IGNORECASE)
+        except re.error as exc:
+            raise ValueError(f"loss_keys: {pattern!r} is not a regular expression ({exc})") from None
+        self._known: dict[str, bool] = {}
+
+    def __call__(self, key: str) -> bool:
+        known = self._known.get(key)
+        if known is None:
+            if len(self._known) >= self._MAX_KNOWN:
+                self._known.clear()
+            known = self._known[key] = self.pattern.fullmatch(str(key)) is not None
+        return known
 
 
 def _env_bytes(name: str, default: int) -> int:
@@ -124,7 +149,7 @@ class SpoolWriter:
         rank: int = 0,
         flush_interval_s: float = FLUSH_INTERVAL_S,
         heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S,
-        finite_keys: tuple[str, ...] = (),
+        loss_keys: LossKeys | None = None,
         max_pending_bytes: int = MAX_PENDING_BYTES,
     ):
         self.spool_dir = spool_dir
@@ -139,8 +164,8 @@ class SpoolWriter:
         self.queue: deque[tuple[int, float, dict[str, Any]]] = deque()
         self.last_step: int | None = None
         self.last_progress_t: float | None = None  # wall time of the newest logged step: stall detection reads it
-        self.finite_keys = finite_keys
-        # (key, value, step) of the first non-finite value of a `finite_keys` metric that was not a
+        self.loss_keys = loss_keys
+        # (key, value, step) of the first non-finite value of a `loss_keys` metric that was not a
         # plain float (those the training thread checks itself); `Run.log` raises it on its next call.
         self.non_finite: tuple[str, float, int] | None = None
         self.points_lost = 0  # metric points neither the spool nor a fallback took: `Run` must say so
@@ -309,12 +334,12 @@ class SpoolWriter:
         self._write(self._events, fsync=True)
 
     def _check_finite(self, rows) -> None:
-        if self.non_finite is not None or not self.finite_keys:
+        is_loss = self.loss_keys
+        if self.non_finite is not None or is_loss is None:
             return
         for step, _, metrics in rows:
-            for key in self.finite_keys:
-                value = metrics.get(key)
-                if value is not None and value.__class__ is not float:
+            for key, value in metrics.items():
+                if value is not None and value.__class__ is not float and is_loss(key):
                     number = as_float(value)
                     if number is not None and not math.isfinite(number):
                         self.non_finite = (key, number, step)

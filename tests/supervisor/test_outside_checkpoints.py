@@ -192,6 +192,10 @@ def test_sigterm_resumes_from_the_last_complete_ckpt(cli):
     explained = cli("explain", "nano")
     assert explained.code == 0, explained.err
     assert f"restored {resumed} from the declared checkpoint path" in explained.out
+    # The reader is told plainly what trackway could not see, in explain itself.
+    flat = " ".join(explained.out.split())
+    assert "What trackway could see" in explained.out and "no trackway SDK seen in this attempt" in flat
+    assert "checkpoints from --checkpoint-path out/ckpt.pt" in flat
 
 
 def test_checkpoint_path_from_trackway_toml_is_stored_with_the_run(cli):

@@ -29,6 +29,7 @@ from sqlalchemy import Connection, RowMapping, case, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from trackway.ledger.schema import attempt_events, attempts, checkpoints, metric_series, spool_cursors
+from trackway.ledger.script_config import merge_script_config
 from trackway.ledger.store import Ledger
 from trackway.redaction import redact, redact_structure
 from trackway.spool import (
@@ -329,6 +330,8 @@ def _check_kind_fields(record: dict[str, Any]) -> None:
             datetime.fromisoformat(record["committed_at"])
     elif kind == "started" and record.get("resume_from") is not None and not isinstance(record["resume_from"], str):
         raise ValueError("field 'resume_from': expected a string or null")
+    elif kind == "init_config" and not isinstance(record.get("config"), dict):
+        raise ValueError("field 'config': expected an object")
     elif kind == "checkpoint_restored":
         if record.get("name") is not None and not isinstance(record["name"], str):
             raise ValueError("field 'name': expected a string or null")
@@ -391,6 +394,10 @@ def _ingest_events(conn: Connection, attempt: RowMapping, records: list[dict[str
             from trackway.checkpoints.mirror import mirror_restored  # mirror.py imports this module
 
             mirror_restored(conn, attempt["run_id"], attempt["attempt_id"], record)
+        elif kind == "init_config":
+            # Read fresh: an earlier event in this batch (or an earlier pass) may have merged already.
+            current = conn.execute(select(attempts).where(attempts.c.attempt_id == attempt["attempt_id"])).mappings().one()
+            merge_script_config(conn, current, record["config"])
     if committed:
         count = conn.execute(
             select(func.count()).where(

@@ -21,10 +21,12 @@ from sqlalchemy import Connection, RowMapping, select
 from trackway import display as d
 from trackway.ledger.blobs import get_blob
 from trackway.ledger.ingest import SUPERVISOR_RANK
+from trackway.ledger.script_config import CONFLICTS_EVENT
 from trackway.ledger.records import list_attempts, resolve_attempt, resolve_run
 from trackway.ledger.schema import attempt_events, checkpoints, run_eval_specs
 from trackway.receipts import submitted_env
 from trackway.redaction import redact_structure
+from trackway.supervisor.outside_sdk import visibility
 from trackway.taxonomy import RunState
 from trackway.taxonomy import TerminationReason as R
 
@@ -139,6 +141,8 @@ def explain(conn: Connection, ref: str, now: datetime | None = None) -> dict[str
         "incidents": incidents(conn, attempt["attempt_id"]),
         "history": [_timeline_row(a, run_checkpoints) for a in history],
         "evaluations": _evaluations(conn, run, run_checkpoints),
+        # An evaluator answers through its output file, never the SDK: its missing heartbeat is no news.
+        "visibility": visibility(conn, run, attempt) if run["kind"] != "eval" else [],
     }
     # Advice is about the run's latest attempt, whichever attempt is explained.
     latest_config = _config_of(conn, history[-1]) if history else None
@@ -178,6 +182,7 @@ def _config_facts(conn: Connection, attempt: RowMapping, config: Any, previous: 
         "values": None if config is None else _flatten(config),
         "differs_from_previous": against(previous),
         "differs_from_first": against(first),
+        "from_script": _script_config(conn, attempt["attempt_id"]),
     }
 
 
@@ -226,10 +231,28 @@ def _watched(conn: Connection, attempt_id: str) -> list[str]:
     """What the supervisor's watchers noticed while the attempt ran."""
     query = (
         select(attempt_events.c.payload)
-        .where(attempt_events.c.attempt_id == attempt_id, attempt_events.c.rank == SUPERVISOR_RANK)
+        .where(
+            attempt_events.c.attempt_id == attempt_id,
+            attempt_events.c.rank == SUPERVISOR_RANK,
+            attempt_events.c.kind != CONFLICTS_EVENT,  # shown with the config it is about
+        )
         .order_by(attempt_events.c.seq)
     )
     return [json.loads(payload)["message"] for payload in conn.execute(query).scalars()]
+
+
+def _script_config(conn: Connection, attempt_id: str) -> dict[str, Any]:
+    """Whether the script handed trackway.init() a config (merged into the receipt), and where it overrode."""
+    kinds = {
+        kind: payload
+        for kind, payload in conn.execute(
+            select(attempt_events.c.kind, attempt_events.c.payload).where(
+                attempt_events.c.attempt_id == attempt_id, attempt_events.c.kind.in_(("init_config", CONFLICTS_EVENT))
+            )
+        )
+    }
+    conflicts = json.loads(kinds[CONFLICTS_EVENT])["conflicts"] if CONFLICTS_EVENT in kinds else []
+    return {"merged": "init_config" in kinds, "conflicts": redact_structure(conflicts)}
 
 
 def _timeline_row(a: RowMapping, run_checkpoints: list[dict[str, Any]]) -> dict[str, Any]:
@@ -513,6 +536,8 @@ def document(facts: dict[str, Any]) -> list[Block]:
     blocks += _config_blocks(facts)
     blocks += _data_blocks(facts)
     blocks += _placement_blocks(facts)
+    if facts["visibility"]:
+        blocks += [("heading", "What trackway could see")] + [("item", 0, None, line) for line in facts["visibility"]]
     blocks += _checkpoint_blocks(facts)
     blocks += _retry_blocks(facts)
     blocks += [("heading", "Evaluations")] + [("item", 0, None, line) for line in facts["evaluations"]["lines"]]
@@ -585,6 +610,13 @@ def _config_blocks(facts: dict[str, Any]) -> list[Block]:
         blocks.append(("item", 0, None, f"config `{d.short_hash(config['sha256'])}`, {d.plural(len(values), 'value')}:"))
         blocks += [("item", 1, None, f"{key} = {d.as_stored(values[key])}") for key in sorted(values)[:CONFIG_SHOWN]]
         blocks += _more(len(values), CONFIG_SHOWN, facts["attempt"]["attempt_id"])
+    script = config["from_script"]
+    if script["merged"]:
+        blocks.append(("item", 0, None, "includes what the script passed to trackway.init(config=...)"
+                       + ("; where it overrides the submitted config, the script's value is what ran:"
+                          if script["conflicts"] else "; no key conflicts with the submitted config")))
+        blocks += [("item", 1, None, f"{c['key']}: submitted {d.as_stored(c['submitted'])}, script {d.as_stored(c['script'])}")
+                   for c in script["conflicts"]]
     blocks += _differs(config["differs_from_previous"], config["differs_from_first"])
     blocks += [
         ("item", 0, None, f"code: {d.code_text(code['repo'], code['branch'], code['commit'], code['dirty_sha256'])}"),

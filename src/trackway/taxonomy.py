@@ -52,6 +52,18 @@ class TerminationReason(str, Enum):
     UNKNOWN = "unknown"
 
 
+# An exception message that says the command's configuration is wrong, not the code: raised before
+# the first step (nanoGPT's configurator: `ValueError: Unknown config key: lrr`), it is config_error.
+# Read by the SDK (the exception itself) and by classification (the log line, for scripts without it).
+CONFIG_MESSAGE_PATTERN = (
+    r"\b(unknown|unrecognized|unrecognised|invalid|unexpected|missing|required|bad|unsupported)\b"
+    r".{0,40}\b(config(uration)?|argument|option|flag|setting|parameter|hyperparameter|key)s?\b"
+    r"|\b(config(uration)?|argument|option|flag|setting|parameter)s?\b.{0,40}"
+    r"\b(unknown|unrecognized|unrecognised|invalid|not (allowed|supported|recognized|recognised|found)|missing|required)\b"
+)
+CONFIG_EXCEPTIONS = ("ValueError", "KeyError", "TypeError", "AssertionError", "TOMLDecodeError", "ArgumentError")
+
+
 class RunKind(str, Enum):
     TEST = "test"
     FULL = "full"

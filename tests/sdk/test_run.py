@@ -134,3 +134,13 @@ def test_a_script_run_alone_records_its_own_run(home, ledger_url):
     assert run["state"] == "completed" and run["executor"] == "inline" and run["config_sha256"]
     assert attempt["termination_reason"] == "completed" and attempt["environment_sha256"]
     assert len(points) == 30
+
+
+def test_a_config_refused_before_the_first_step_is_a_config_error_after_it_a_code_error():
+    from trackway.sdk.hooks import reason_for_exception
+    from trackway.taxonomy import TerminationReason
+
+    refused = ValueError("Unknown config key: lrr")
+    assert reason_for_exception(refused, made_progress=False) is TerminationReason.CONFIG_ERROR
+    assert reason_for_exception(refused, made_progress=True) is TerminationReason.CODE_ERROR
+    assert reason_for_exception(ValueError("shapes (3,) and (4,) differ"), made_progress=False) is TerminationReason.CODE_ERROR

@@ -148,3 +148,87 @@ def test_an_evaluation_attempt_that_fails_on_its_own_is_an_evaluator_crash(evide
 
     verdict = classify(replace(evidence, evaluation=True))
     assert (verdict.reason, verdict.rule) == (reason, rule)
+
+
+# torchrun 2.13's summary when rank 1 of two was SIGKILLed (captured from examples/faults/torchrun_rank_killed.py).
+TORCHRUN_KILLED = [
+    TS + "W1125 03:08:51.011000 23934 torch/distributed/elastic/multiprocessing/api.py:1028] Sending process "
+    "23938 closing signal SIGTERM",
+    TS + "E1125 03:08:51.044000 23934 torch/distributed/elastic/multiprocessing/api.py:1002] failed "
+    "(exitcode: -9) local_rank: 1 (pid: 23939) of binary: /usr/bin/python",
+    TS + "Traceback (most recent call last):",
+    TS + "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+    TS + "Failures:",
+    TS + "[1]:",
+    TS + "  rank      : 0 (local_rank: 0)",
+    TS + "  exitcode  : -15 (pid: 23938)  (SIGTERM)",
+    TS + "  traceback : Signal 15 (SIGTERM) received by PID 23938",
+    TS + "Root Cause (first observed failure):",
+    TS + "[0]:",
+    TS + "  time      : 2026-11-25_03:08:51",
+    TS + "  host      : localhost",
+    TS + "  rank      : 1 (local_rank: 1)",
+    TS + "  exitcode  : -9 (pid: 23939)  (SIGKILL)",
+    TS + "  error_file: <N/A>",
+    TS + "  traceback : Signal 9 (SIGKILL) received by PID 23939",
+    TS + "=======================================================",
+]
+GLOO = TS + "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection reset by peer"
+
+
+def _with_root_cause(exitcode: str, signal_name: str) -> list[str]:
+    return [line.replace("-9 (pid: 23939)  (SIGKILL)", f"{exitcode} (pid: 23939)  ({signal_name})") for line in TORCHRUN_KILLED]
+
+
+@pytest.mark.parametrize(
+    ("tail", "note", "reason", "rule"),
+    [
+        # The survivor's gloo error and its SDK note (code_error) came after the kill: the kill decides.
+        ([GLOO, *TORCHRUN_KILLED], None, R.INFRA_TRANSIENT, "torchrun:rank-SIGKILL"),
+        ([GLOO, *TORCHRUN_KILLED], {"reason": "code_error", "message": "RuntimeError: Connection closed by peer"},
+         R.INFRA_TRANSIENT, "torchrun:rank-SIGKILL"),
+        # The agent's SIGTERM to the survivor wrote a preempted note; the first failure was still a SIGKILL.
+        (TORCHRUN_KILLED, {"reason": "preempted", "message": "preemption notice (SIGTERM)"},
+         R.INFRA_TRANSIENT, "torchrun:rank-SIGKILL"),
+        # The kernel's OOM killer said so in the log: an OOM, not the infrastructure.
+        ([TS + "Out of memory: Killed process 23939 (python)", *TORCHRUN_KILLED], None, R.OOM,
+         "torchrun:rank-killed:host-oom"),
+        # A SIGTERM first (a reclaimed machine tells every rank): a preemption, as for a single process.
+        (_with_root_cause("-15", "SIGTERM"), {"reason": "preempted", "message": "preemption notice (SIGTERM)"},
+         R.PREEMPTED, "sdk:note"),
+        (_with_root_cause("-15", "SIGTERM"), None, R.PREEMPTED, "torchrun:rank-SIGTERM"),
+        # A rank that failed by its own exception: its traceback decides, not the survivors' lost connections.
+        ([*_traceback("ZeroDivisionError: division by zero"), GLOO, *_with_root_cause("1", "N/A")], None,
+         R.CODE_ERROR, "log:traceback"),
+        # A specific note (a rank ran out of memory itself) is not overruled.
+        (TORCHRUN_KILLED, {"reason": "oom", "message": "CUDA out of memory"}, R.OOM, "sdk:note"),
+    ],
+)
+def test_torchruns_first_failure_outranks_what_the_surviving_ranks_said(tail, note, reason, rule):
+    verdict = classify(Evidence(exit_code=1, log_tail=tail, made_progress=True, sdk_note=note))
+    assert (verdict.reason, verdict.rule) == (reason, rule)
+    if rule.startswith("torchrun:"):
+        assert any("received by PID 23939" in line for line in verdict.lines)
+
+
+@pytest.mark.parametrize(
+    ("tail", "progress", "reason", "rule"),
+    [
+        ([TS + "usage: train.py [-h] [--lr LR]", TS + "train.py: error: unrecognized arguments: --lrr 0.1"], False,
+         R.CONFIG_ERROR, "log:start-up-error"),
+        ([TS + "train.py: error: argument --lr: invalid float value: 'fast'"], False, R.CONFIG_ERROR, "log:start-up-error"),
+        (_traceback("ValueError: Unknown config key: lrr"), False, R.CONFIG_ERROR, "log:config-refused"),
+        (_traceback("KeyError: 'missing required config key: model.dim'"), False, R.CONFIG_ERROR, "log:config-refused"),
+        # After the first step the same words are the code's business; and a plain ValueError is no config error.
+        (_traceback("ValueError: Unknown config key: lrr"), True, R.CODE_ERROR, "log:traceback"),
+        (_traceback("ValueError: math domain error"), False, R.CODE_ERROR, "log:traceback"),
+    ],
+)
+def test_a_command_refused_before_its_first_step_is_a_config_error(tail, progress, reason, rule):
+    verdict = classify(Evidence(exit_code=1, log_tail=tail, made_progress=progress))
+    assert (verdict.reason, verdict.rule) == (reason, rule)
+
+
+def test_a_non_finite_loss_read_from_the_log_is_nan_loss():
+    verdict = classify(Evidence(exit_code=0, stopped_by=("nan_in_log", "loss is nan at step 30")))
+    assert (verdict.reason, verdict.rule) == (R.NAN_LOSS, "watcher:nan_in_log")

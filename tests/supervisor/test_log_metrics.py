@@ -10,14 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from trackway.errors import InputError
 from trackway.ledger import open_ledger
 from trackway.ledger.records import get_attempt
 from trackway.settings import load_settings
-from trackway.supervisor.classify import WATCHER_REASONS
 from trackway.supervisor.log_metrics import compile_patterns, ingest_log_metrics, is_loss_name, parse_text, split_log_line
 from trackway.supervisor.watchers import STOP_MARKER
-from trackway.errors import InputError
-from trackway.taxonomy import TerminationReason
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "nanogpt_style.py"
 PATTERN = r"iter (?P<step>\d+): loss (?P<loss>\S+), time (?P<time_ms>[\d.]+)ms"
@@ -147,15 +145,7 @@ def _stop_marker(attempt: dict) -> dict:
     return json.loads((state_dir / STOP_MARKER).read_text())
 
 
-def _expected_reason() -> str:
-    # classify.py maps watcher kinds to reasons; an unmapped kind counts as stalled.
-    reason = WATCHER_REASONS.get("nan_in_log")
-    return reason.value if reason is not None else "stalled"
-
-
-def test_loss_nan_in_the_log_ends_a_running_attempt(cli, monkeypatch):
-    # The end state once classify.py maps the watcher kind (the line it needs; a no-op once it is there).
-    monkeypatch.setitem(WATCHER_REASONS, "nan_in_log", TerminationReason.NAN_LOSS)
+def test_loss_nan_in_the_log_ends_a_running_attempt(cli):
     submitted = cli(
         "submit", "--detach", "--name", "diverged", "--metric-pattern", PATTERN, "--",
         sys.executable, str(EXAMPLE), "--max-iters", "100000", "--delay", "0.02", "--nan-from", "30",
@@ -195,5 +185,6 @@ def test_loss_nan_then_exit_0_is_not_completed(cli, home):
     assert attempt["exit_code"] == 0
     assert _stop_marker(attempt)["kind"] == "nan_in_log"
     assert attempt["termination_evidence"]["rule"] == "watcher:nan_in_log"
-    assert attempt["termination_reason"] == _expected_reason() != "completed"
+    assert attempt["termination_reason"] == "nan_loss"
+    assert json.loads(attempt["retry_decision"])["action"] == "stop"
     _finish(cli, "nan-exit0")

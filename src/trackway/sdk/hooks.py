@@ -10,6 +10,7 @@ have to guess from logs.
 from __future__ import annotations
 
 import errno
+import re
 import shutil
 import signal
 import sys
@@ -20,12 +21,13 @@ from types import TracebackType
 from typing import Any
 
 from trackway.sdk.exceptions import BadData, NonFiniteLoss
-from trackway.taxonomy import TerminationReason
+from trackway.taxonomy import CONFIG_EXCEPTIONS, CONFIG_MESSAGE_PATTERN, TerminationReason
 
 NOTICE_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 START_UP_ERRORS = ("ModuleNotFoundError", "ImportError", "FileNotFoundError", "NotADirectoryError", "PermissionError")
 # How a full disk reads when only the text of an exception survives (a library re-raised it as its own).
 DISK_FULL_TEXTS = ("no space left on device", "[errno 28]", "enospc")
+_CONFIG_MESSAGE = re.compile(CONFIG_MESSAGE_PATTERN, re.IGNORECASE)
 
 
 def reason_for_exception(exc: BaseException, made_progress: bool) -> TerminationReason:
@@ -45,6 +47,9 @@ def reason_for_exception(exc: BaseException, made_progress: bool) -> Termination
         # Not the code's fault and not fixed by retrying at once: the policy stops and says where to free space.
         return TerminationReason.INFRA_TRANSIENT
     if not made_progress and names & set(START_UP_ERRORS):
+        return TerminationReason.CONFIG_ERROR
+    if not made_progress and names & set(CONFIG_EXCEPTIONS) and _CONFIG_MESSAGE.search(str(exc)):
+        # `ValueError: Unknown config key: lrr` before the first step: the command is wrong, not the code.
         return TerminationReason.CONFIG_ERROR
     return TerminationReason.CODE_ERROR
 

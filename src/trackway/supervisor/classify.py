@@ -10,6 +10,10 @@ Evidence is weighed most trusted first:
     6. signal and exit code alone               (SIGTERM from outside, exit 127, SIGKILL)
     7. nothing matched                          -> unknown, with the evidence kept
 
+Under torchrun, a rank's note speaks for that rank only: when torchrun's summary names a rank
+killed by a signal as the first failure, the survivors' notes and collective errors (a gloo
+socket closed, the agent's SIGTERM) are consequences, and the kill decides.
+
 An evaluation attempt that failed for a reason of its own (a crash, a broken output, an OOM, a
 stall) is an `evaluator_crash`, whatever rule saw it first; that rule is kept in the evidence
 (`evaluator:log:traceback`). Endings from outside the evaluator (preempted, time limit, cancel)
@@ -27,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from trackway.taxonomy import CONFIG_EXCEPTIONS, CONFIG_MESSAGE_PATTERN
 from trackway.taxonomy import TerminationReason as R
 
 MAX_EVIDENCE_LINES = 8
@@ -56,6 +61,8 @@ WATCHER_REASONS: dict[str, R] = {
     "plateau": R.STALLED,
     "throughput_falling": R.STALLED,
     "gpu_underused": R.STALLED,
+    # A log pattern read a non-finite loss (scripts without the SDK): the divergence itself.
+    "nan_in_log": R.NAN_LOSS,
 }
 
 
@@ -98,11 +105,82 @@ LOG_RULES: tuple[LogRule, ...] = (
         "log:start-up-error",
         R.CONFIG_ERROR,
         r"\b(ModuleNotFoundError|ImportError|FileNotFoundError|NotADirectoryError|PermissionError)\b|"
-        r"error: (unrecognized|the following) arguments|usage: ",
+        r"error: (unrecognized|the following) arguments|error: argument |usage: ",
+        only_before_progress=True,
+    ),
+    # A config the code refuses before its first step (`ValueError: Unknown config key: lrr`).
+    _rule(
+        "log:config-refused",
+        R.CONFIG_ERROR,
+        rf"\b({'|'.join(CONFIG_EXCEPTIONS)}): .*?({CONFIG_MESSAGE_PATTERN})",
         only_before_progress=True,
     ),
     _rule("log:traceback", R.CODE_ERROR, r"^(?:\S+ (?:out|err) )?Traceback \(most recent call last\)"),
 )
+
+
+# torchrun (torch.distributed.elastic) ends a failed job with a summary naming the rank that failed
+# first: `Root Cause (first observed failure):` then `exitcode  : -9 (pid: 123)  (SIGKILL)`. Older
+# versions print only `failed (exitcode: -9) local_rank: 1 (pid: 123) of binary: ...`.
+_ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\)")
+_ROOT_EXITCODE = re.compile(r"exitcode\s*:\s*(-?\d+)")
+_FAILED_EXITCODE = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: \d+")
+# Signals that end a rank from outside it (an operator, a node agent, a reclaimed machine), not a crash of its own.
+RANK_KILLERS = frozenset({signals.SIGKILL, signals.SIGTERM, signals.SIGINT, signals.SIGHUP})
+# What the surviving ranks say once a peer is gone: a consequence of the first failure, never its cause.
+SURVIVOR_RULES = frozenset({"log:network-or-io"})
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """The rank torchrun saw fail first, and its exit code (negative: the signal that ended it)."""
+
+    exitcode: int
+    lines: tuple[str, ...]
+
+    @property
+    def killer(self) -> signals.Signals | None:
+        number = -self.exitcode
+        return signals.Signals(number) if number in RANK_KILLERS else None
+
+
+def torchrun_root_cause(log_tail: Sequence[str]) -> RankFailure | None:
+    """The first-failed rank of a torchrun job as its summary in the log names it (None if there is none)."""
+    for i in range(len(log_tail) - 1, -1, -1):
+        if _ROOT_CAUSE.search(log_tail[i]):
+            block = log_tail[i:i + 9]
+            for line in block:
+                if match := _ROOT_EXITCODE.search(line):
+                    shown = tuple(line for line in block if re.search(r"\b(rank|exitcode|traceback)\s*:", line))
+                    return RankFailure(int(match[1]), (log_tail[i], *shown))
+    for line in log_tail:
+        if match := _FAILED_EXITCODE.search(line):
+            return RankFailure(int(match[1]), (line,))
+    return None
+
+
+def _rank_killed(e: Evidence, rank: RankFailure) -> Classification:
+    """A rank ended by a signal from outside: the host's OOM killer if the log says so, a SIGTERM is a
+    preemption (as for a whole process), any other kill the infrastructure's doing."""
+    oom = [line for line in e.log_tail if _HOST_OOM.search(line)]
+    if oom:
+        return Classification(R.OOM, "torchrun:rank-killed:host-oom", (*rank.lines, *oom[-2:]))
+    reason = R.PREEMPTED if rank.killer is signals.SIGTERM else R.INFRA_TRANSIENT
+    said = f"a rank was killed by {rank.killer.name} from outside it; the other ranks' errors followed from that"
+    return Classification(reason, f"torchrun:rank-{rank.killer.name}", (said, *rank.lines)[:MAX_EVIDENCE_LINES])
+
+
+def _survivor_note(note_reason: str | None, rank: RankFailure | None) -> bool:
+    """Whether a note only tells what a surviving rank met after torchrun's first failure was a kill.
+
+    Its error on the dead peer's socket, or the SIGTERM the agent sent it to stop (a preempted
+    note, unless the first failure was a SIGTERM too: then the whole job was told to stop).
+    """
+    if rank is None or rank.killer is None:
+        return False
+    if note_reason == R.PREEMPTED.value:
+        return rank.killer is not signals.SIGTERM
+    return note_reason in (None, R.CODE_ERROR.value, R.UNKNOWN.value)
 
 
 @dataclass(frozen=True)
@@ -183,6 +261,11 @@ def _classify(evidence: Evidence) -> Classification:
     note_reason = e.sdk_note.get("reason") if e.sdk_note else None
     # A "preempted" note only says a SIGTERM arrived; when trackway sent it, trackway knows why.
     sent_by_trackway = bool(e.stopped_by or e.cancelled or e.timed_out)
+    rank = torchrun_root_cause(e.log_tail)
+    # A rank's note speaks for that rank only: torchrun's summary names the one that failed first.
+    if _survivor_note(note_reason, rank) and not sent_by_trackway and not e.executor_state:
+        if not (e.exit_code == 0 and e.signal is None):
+            return _rank_killed(e, rank)
     if note_reason in R._value2member_map_ and not (note_reason == R.PREEMPTED.value and sent_by_trackway):
         message = str(e.sdk_note.get("message") or "")
         if note_reason == R.INFRA_TRANSIENT.value:
@@ -208,15 +291,16 @@ def _classify(evidence: Evidence) -> Classification:
         return Classification(EXECUTOR_STATES[state], f"executor:{state}", tuple(e.executor_lines[-MAX_EVIDENCE_LINES:]))
     if e.exit_code == 0 and e.signal is None and not e.vanished:
         return Classification(R.COMPLETED, "exit:0")
-    matched = _match_log(e)
+    # A rank that failed first by itself: its own lines decide, not the survivors' lost connections.
+    matched = _match_log(e, skip=SURVIVOR_RULES if rank is not None else frozenset())
     if matched is not None:
         return matched
     return _by_signal_and_exit_code(e)
 
 
-def _match_log(e: Evidence) -> Classification | None:
+def _match_log(e: Evidence, skip: frozenset[str] = frozenset()) -> Classification | None:
     for rule in LOG_RULES:
-        if rule.only_before_progress and e.made_progress:
+        if (rule.only_before_progress and e.made_progress) or rule.name in skip:
             continue
         hits = [line for line in e.log_tail if rule.pattern.search(line)]
         if hits and rule.name == "log:disk-full":
@@ -233,6 +317,7 @@ def _match_log(e: Evidence) -> Classification | None:
 
 
 _DISK_FULL = re.compile(DISK_FULL_PATTERN, re.IGNORECASE)
+_HOST_OOM = next(rule.pattern for rule in LOG_RULES if rule.name == "log:host-oom")
 # Where the full disk was met, most specific spelling first: the SDK's own line, Python's OSError
 # (`-> 'dest'` for a copy or rename: the destination ran out of room), a quoted path, a bare one.
 _DISK_FULL_PATHS = (

@@ -60,3 +60,11 @@ def test_nan_under_train_slash_loss_is_nan_loss(cli):
     evidence = attempts[0]["termination_evidence"]
     assert evidence["rule"] == "sdk:note" and "non-finite train/loss = nan at step 6" in evidence["lines"][0]
     assert json.loads(attempts[0]["retry_decision"])["action"] == "stop"
+
+
+def test_exit_0_after_a_notice_without_finish_is_preempted_even_without_a_note(cli):
+    code, out, attempts = cli("notice_then_exit_0.py")
+    assert code == 0, out.err
+    assert [(a["termination_reason"], a["exit_code"]) for a in attempts] == [("preempted", 0), ("completed", 0)]
+    assert attempts[0]["termination_evidence"]["rule"] == "sdk:notice-without-finish"
+    assert json.loads(attempts[0]["retry_decision"])["action"] == "resume"

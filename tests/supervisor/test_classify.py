@@ -232,3 +232,9 @@ def test_a_command_refused_before_its_first_step_is_a_config_error(tail, progres
 def test_a_non_finite_loss_read_from_the_log_is_nan_loss():
     verdict = classify(Evidence(exit_code=0, stopped_by=("nan_in_log", "loss is nan at step 30")))
     assert (verdict.reason, verdict.rule) == (R.NAN_LOSS, "watcher:nan_in_log")
+
+
+def test_exit_0_after_an_unfinished_notice_is_preempted():
+    verdict = classify(Evidence(exit_code=0, unfinished_notice=True))
+    assert (verdict.reason, verdict.rule) == (R.PREEMPTED, "sdk:notice-without-finish")
+    assert classify(Evidence(exit_code=0)).reason is R.COMPLETED

@@ -200,6 +200,7 @@ class Evidence:
     stopped_by: tuple[str, str] | None = None  # (watcher kind, why) when the supervisor ended it
     evaluation: bool = False  # the attempt ran an evaluator (a run of kind eval)
     output_problem: str | None = None  # how an evaluator's output broke the contract, if it did
+    unfinished_notice: bool = False  # the SDK recorded a preemption notice and no run.finish() after it
 
 
 @dataclass(frozen=True)
@@ -290,6 +291,10 @@ def _classify(evidence: Evidence) -> Classification:
         state = e.executor_state.upper()
         return Classification(EXECUTOR_STATES[state], f"executor:{state}", tuple(e.executor_lines[-MAX_EVIDENCE_LINES:]))
     if e.exit_code == 0 and e.signal is None and not e.vanished:
+        if e.unfinished_notice:
+            # A framework's own SIGTERM handling exits 0 with the work cut short (the SDK's note was lost).
+            return Classification(R.PREEMPTED, "sdk:notice-without-finish", (
+                "exit 0, but the SDK recorded a preemption notice and the script never called run.finish()",))
         return Classification(R.COMPLETED, "exit:0")
     # A rank that failed first by itself: its own lines decide, not the survivors' lost connections.
     matched = _match_log(e, skip=SURVIVOR_RULES if rank is not None else frozenset())

@@ -21,7 +21,7 @@ from trackway.ledger import Ledger
 from trackway.ledger.ingest import add_supervisor_event, ingest_attempt, spool_dir_of
 from trackway.ledger.metrics import recent_points
 from trackway.ledger.registration import register_all_pending
-from trackway.ledger.schema import attempts, runs
+from trackway.ledger.schema import attempt_events, attempts, runs
 from trackway.ledger.records import active_attempts, get_attempt, record_attempt_end, resolve_run, update_run
 from trackway.settings import Settings
 from trackway.supervisor.classify import Classification, Evidence, classify
@@ -416,6 +416,7 @@ class Supervisor:
             stopped_by=_stop_marker(Path(attempt["state_dir"])),
             evaluation=is_eval,
             output_problem=output.problem if output is not None else None,
+            unfinished_notice=status.exit_code == 0 and _notice_without_finish(self.ledger, attempt["attempt_id"]),
         )
         verdict: Classification = classify(evidence)
         ended_at = status.ended_at or datetime.now(timezone.utc)
@@ -470,3 +471,18 @@ def orphaned_runs(conn, recorded_before: datetime) -> list[tuple[str, str]]:
 def _stop_marker(state_dir: Path) -> tuple[str, str] | None:
     marker = read_json(state_dir / STOP_MARKER)
     return (str(marker.get("kind", "stalled")), str(marker.get("why", ""))) if marker else None
+
+
+def _notice_without_finish(ledger: Ledger, attempt_id: str) -> bool:
+    """Whether the attempt's SDK recorded a preemption notice that no `run.finish()` followed."""
+    with ledger.read() as conn:
+        kinds = set(
+            conn.execute(
+                select(attempt_events.c.kind).where(
+                    attempt_events.c.attempt_id == attempt_id,
+                    attempt_events.c.rank >= 0,
+                    attempt_events.c.kind.in_(("preemption_notice", "finished")),
+                )
+            ).scalars()
+        )
+    return "preemption_notice" in kinds and "finished" not in kinds

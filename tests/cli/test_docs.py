@@ -12,7 +12,7 @@ README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 
 
 def test_every_command_is_in_the_readme():
-    names = sorted(typer.main.get_command(app).commands)  # type: ignore[attr-defined]
+    names = sorted(typer.main.get_command(app).load_all())  # type: ignore[attr-defined]
     assert names, "no commands registered"
     missing = [name for name in names if f"`trackway {name}" not in README]
     assert missing == [], f"add these commands to README.md's CLI reference: {missing}"

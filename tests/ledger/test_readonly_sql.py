@@ -473,3 +473,43 @@ def test_the_time_limit_must_be_finite_and_in_range(bad):
     with pytest.raises(InputError, match=r"^--timeout: expected a number of seconds above 0 and at most 86400"):
         check_timeout(bad)
     assert check_timeout(0.25) == 0.25 and check_timeout(86_400) == 86_400.0
+
+
+# --- queries remembered between runs ---------------------------------------------------------------
+
+
+def test_a_repeated_query_runs_without_parsing_it_again(tmp_path):
+    import subprocess
+    import sys
+
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    open_ledger(url).dispose()
+    remember = tmp_path / "remembered"
+    probe = (
+        "import sys; from pathlib import Path; from trackway.ledger.readonly_sql import run_readonly_query\n"
+        f"result = run_readonly_query({url!r}, \"select now() - interval '1 day' > '2000-01-01' as recent\", "
+        f"remember_in=Path({str(remember)!r}))\n"
+        "print(result.rows, 'sqlglot' in sys.modules)"
+    )
+    first = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip()
+    again = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip()
+    assert first == "[(1,)] True" and again == "[(1,)] False"
+    assert len(list(remember.glob("*.sql"))) == 1
+
+
+def test_a_refused_query_is_never_remembered_and_a_forged_one_still_cannot_write(tmp_path):
+    from trackway.ledger.readonly_sql import _remembered_path
+
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    open_ledger(url).dispose()
+    remember = tmp_path / "remembered"
+    with pytest.raises(ReadOnlyViolation):
+        run_readonly_query(url, "delete from runs", remember_in=remember)
+    assert not remember.exists() or not list(remember.glob("*.sql"))
+    # Whoever can write the home can forge an entry; the database still refuses to write.
+    forged = _remembered_path("select 1", "sqlite", remember)
+    forged.parent.mkdir(parents=True, exist_ok=True)
+    forged.write_text("DROP TABLE runs")
+    with pytest.raises(ReadOnlyViolation):
+        run_readonly_query(url, "select 1", remember_in=remember)
+    assert run_readonly_query(url, "select count(*) from runs").rows == [(0,)]

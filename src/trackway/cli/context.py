@@ -1,17 +1,25 @@
-"""What every command shares: the resolved settings, a lazily opened, migrated ledger, and the global options
-to repeat in the commands it suggests."""
+"""What every command shares: the resolved settings, a lazily opened, migrated ledger (or a plain reader of it),
+the rule for when a command records the ends nobody followed, and the global options to repeat in the commands
+it suggests."""
 
 from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import typer
 
-from trackway.ledger import Ledger, open_ledger
+from trackway.errors import TrackwayError
 from trackway.settings import Settings, load_settings
+
+if TYPE_CHECKING:
+    from trackway.ledger import Ledger
+    from trackway.ledger.reader import Reader
+    from trackway.supervisor.loop import Supervisor
 
 _SUGGESTED = re.compile(r"`trackway(?= |`)")
 
@@ -33,8 +41,47 @@ class AppContext:
     @property
     def ledger(self) -> Ledger:
         if self._ledger is None:
+            from trackway.ledger import open_ledger
+
             self._ledger = open_ledger(self.settings.db_url)
         return self._ledger
+
+    @contextmanager
+    def reader(self) -> Iterator[Reader]:
+        """One read transaction over plain DB-API (a SQLite ledger is read without importing SQLAlchemy)."""
+        from trackway.ledger.reader import Reader, open_reader
+
+        if self._ledger is not None:  # already open: one connection, not two
+            with self._ledger.read() as conn:
+                yield Reader.over(conn)
+            return
+        with open_reader(self.settings.db_url) as reader:
+            yield reader
+
+    def reconcile(self) -> None:
+        """Record the ends of attempts that finished while nobody was following them, when someone must.
+
+        A background supervisor holding this ledger does it every second; with none, a tick runs
+        here, but only when something is in flight (an unfinished attempt, a queued run, an
+        evaluation): a finished history needs no supervisor, and importing one costs more than
+        the listing.
+        """
+        from trackway.supervisor.background import running
+
+        try:
+            if running(self.settings) is not None:
+                return
+        except TrackwayError:  # an in-memory ledger has no background supervisor: tick here
+            pass
+        with self.reader() as reader:
+            busy = reader.in_flight()
+        if busy:
+            self.supervisor().tick()
+
+    def supervisor(self) -> Supervisor:
+        from trackway.supervisor.loop import Supervisor
+
+        return Supervisor(self.ledger, self.settings)
 
     def command(self, *words: str) -> str:
         """`trackway WORDS...` as a person can paste it: with the --db/--home this command was given."""

@@ -61,7 +61,8 @@ def eval_run(
     loaded = load_spec(spec)
     seeds_for(loaded, seeds)  # refused before a checkpoint is pinned for it
     run_ref, step = parse_checkpoint_ref(checkpoint_ref(checkpoint))
-    supervisor = reconcile(app)
+    reconcile(app)
+    supervisor = app.supervisor()
     request = request_evaluation(app.ledger, app.settings, run_ref, step, loaded, seed_count=seeds)
     console.print(request.eval_id, highlight=False)
     if request.repeat:

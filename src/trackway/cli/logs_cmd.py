@@ -16,7 +16,7 @@ from sqlalchemy import select
 from trackway.cli.context import AppContext, app_context
 from trackway.cli.render import printable
 from trackway.errors import InputError, NotFound
-from trackway.ledger.records import active_attempts, get_attempt, latest_attempt, resolve_run
+from trackway.ledger.records import active_attempts, get_attempt, resolve_run
 from trackway.ledger.schema import attempts, runs
 from trackway.taxonomy import AttemptState, RunState
 from trackway.validation import attempt_ref
@@ -50,9 +50,9 @@ def logs(
     attempt_ref(ref)
     from trackway.cli.runs_cmd import resolve_ref
 
-    with app.ledger.read() as conn:
-        run, asked = resolve_ref(conn, ref)
-        attempt = asked or latest_attempt(conn, run["run_id"])
+    with app.reader() as reader:
+        run, asked = resolve_ref(reader, ref)
+        attempt = asked or reader.latest_attempt(run["run_id"])
     if not follow:
         if attempt is None:
             raise NotFound(f"run {ref!r}: has no attempt yet")

@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 import textwrap
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -17,6 +16,8 @@ from rich.console import Console, ConsoleOptions, RenderResult
 from rich.measure import Measurement
 from rich.style import Style
 from rich.text import Text
+
+from trackway.cli.jsonout import print_json, rows_to_dicts, to_jsonable  # noqa: F401 - re-exported for the commands
 
 # Characters that act on a terminal instead of showing: C0/C1 controls (ESC starts escape
 # sequences), and invisible formatting (bidi overrides, zero-width) that makes text read as other text.
@@ -116,28 +117,6 @@ err_console = _console(stderr=True)
 
 
 # -- values -----------------------------------------------------------------------------------------
-
-
-def to_jsonable(value: Any) -> Any:
-    if isinstance(value, datetime):
-        return value.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
-    if isinstance(value, bytes | memoryview):
-        return bytes(value).hex()
-    return value
-
-
-def print_json(payload: Any) -> None:
-    def default(value: Any) -> Any:
-        converted = to_jsonable(value)
-        if converted is value:
-            return str(value)
-        return converted
-
-    sys.stdout.write(json.dumps(payload, default=default, indent=2, ensure_ascii=False) + "\n")
-
-
-def rows_to_dicts(rows: Iterable[Mapping[str, Any]], columns: Sequence[str] | None = None) -> list[dict[str, Any]]:
-    return [{k: to_jsonable(row[k]) for k in (columns or list(row.keys()))} for row in rows]
 
 
 def short_time(value: datetime | None) -> str:

@@ -6,28 +6,12 @@ import json
 import signal
 
 import typer
-from sqlalchemy import select
 
 from trackway.cli.context import AppContext, app_context
-from trackway.cli.render import (
-    KEY,
-    Column,
-    Listing,
-    console,
-    duration,
-    fact,
-    plain,
-    print_json,
-    rows_to_dicts,
-    say,
-    short_sha,
-    short_time,
-    table,
-)
-from trackway.ledger.blobs import get_blob
-from trackway.ledger.records import list_attempts, list_runs, resolve_attempt, resolve_run
-from trackway.ledger.schema import runs as runs_table
+from trackway.cli.jsonout import print_json, rows_to_dicts
 from trackway.validation import attempt_ref, limit as check_limit
+
+# Human output (rich) is imported where it is printed: `--json` and the first line of output do not wait for it.
 
 RUN_COLUMNS = [
     "run_id", "name", "project", "model_family", "kind", "state", "termination_reason", "attempt_count",
@@ -43,13 +27,9 @@ ATTEMPT_COLUMNS = [
 ]
 
 
-def reconcile(app: AppContext):
-    """Record the ends of attempts that finished while nobody was following them."""
-    from trackway.supervisor.loop import Supervisor  # on use: `trackway sql` starts faster without it
-
-    supervisor = Supervisor(app.ledger, app.settings)
-    supervisor.tick()
-    return supervisor
+def reconcile(app: AppContext) -> None:
+    """Record the ends of attempts that finished while nobody was following them (see `AppContext.reconcile`)."""
+    app.reconcile()
 
 
 def _run_json(row) -> dict:
@@ -82,29 +62,37 @@ def runs(
     kinds = None if kind == "all" else [kind] if kind else [RunKind.TEST.value, RunKind.FULL.value]
     app = app_context(ctx)
     reconcile(app)
-    with app.ledger.read() as conn:
-        rows = list_runs(conn, limit=limit or None, project=project, kinds=kinds)
+    with app.reader() as reader:
+        rows = reader.runs(limit=limit or None, project=project, kinds=kinds)
     if as_json:
         print_json([_run_json(r) for r in rows])
         return
-    console.print(table(None, RUNS_LISTING, (
+    from trackway.cli.render import console, table
+
+    console.print(table(None, runs_listing(), (
         (r["run_id"], r["name"], r["project"], r["kind"], r["state"], r["termination_reason"], r["attempt_count"],
          _minute(r["created_at"]), " ".join(json.loads(r["command"])))
         for r in rows
     )))
 
 
-# Narrow terminals drop the lowest `keep` first: what tells runs apart and says how they ended stays.
-RUNS_LISTING = [
-    Column("run", KEY), Column("name", 60, shorten_to=16, middle=True), Column("project", 20, shorten_to=8),
-    Column("kind", 30),
-    Column("state", KEY), Column("reason", KEY), Column("attempts", 50, right=True), Column("created (UTC)", 40),
-    Column("command", 10, shorten_to=12),
-]
+def runs_listing() -> list:
+    """The runs listing's columns. Narrow terminals drop the lowest `keep` first: what tells runs apart and
+    says how they ended stays."""
+    from trackway.cli.render import KEY, Column
+
+    return [
+        Column("run", KEY), Column("name", 60, shorten_to=16, middle=True), Column("project", 20, shorten_to=8),
+        Column("kind", 30),
+        Column("state", KEY), Column("reason", KEY), Column("attempts", 50, right=True), Column("created (UTC)", 40),
+        Column("command", 10, shorten_to=12),
+    ]
 
 
 def _minute(value) -> str:
     """A listing's time: to the minute (the full time is in `show` and --json)."""
+    from trackway.cli.render import short_time
+
     return short_time(value)[:16]
 
 
@@ -118,17 +106,21 @@ def attempts(
     check_limit(limit)
     app = app_context(ctx)
     reconcile(app)
-    with app.ledger.read() as conn:
-        run_id = resolve_run(conn, run)["run_id"] if run else None
-        rows = list_attempts(conn, run_id=run_id, limit=limit or None)
+    with app.reader() as reader:
+        run_id = reader.run(run)["run_id"] if run else None
+        rows = reader.attempts(run_id=run_id, limit=limit or None)
     if as_json:
         print_json([_attempt_json(r) for r in rows])
         return
+    from trackway.cli.render import console
+
     console.print(attempts_listing(rows, with_run_name=run is None))
 
 
-def attempts_listing(rows, with_run_name: bool = False) -> Listing:
+def attempts_listing(rows, with_run_name: bool = False):
     """Attempts one per row; how each ended (exit, signal, reason) outlasts where and when on a narrow terminal."""
+    from trackway.cli.render import KEY, Column, duration, short_time, table
+
     columns = [Column("attempt", KEY)]
     columns += [Column("name", 35, shorten_to=12, middle=True)] if with_run_name else []
     columns += [
@@ -164,15 +156,15 @@ def _wall(a) -> float | None:
     return None
 
 
-def resolve_ref(conn, ref: str):
+def resolve_ref(reader, ref: str):
     """(run, attempt or None) for `RUN` or `RUN/N`; an evaluation seed's name (`RUN@STEP/SPEC/seed-N`) is a RUN."""
-    named = conn.execute(select(runs_table).where(runs_table.c.name == ref.strip())).mappings().first()
+    named = reader.run_named(ref)
     if named is not None:
         return named, None
     if "/" in ref:
-        attempt = resolve_attempt(conn, ref)
-        return resolve_run(conn, attempt["run_id"]), attempt
-    return resolve_run(conn, ref), None
+        attempt = reader.attempt(ref)
+        return reader.run(attempt["run_id"]), attempt
+    return reader.run(ref), None
 
 
 def show(
@@ -184,15 +176,15 @@ def show(
     attempt_ref(ref)
     app = app_context(ctx)
     reconcile(app)
-    with app.ledger.read() as conn:
-        run, asked = resolve_ref(conn, ref)
-        rows = [asked] if asked is not None else list_attempts(conn, run_id=run["run_id"], limit=None)
+    with app.reader() as reader:
+        run, asked = resolve_ref(reader, ref)
+        rows = [asked] if asked is not None else reader.attempts(run_id=run["run_id"], limit=None)
         # The config and data the attempt shown last ran with: `resume --set` gives an attempt its own.
         shown = rows[-1] if rows else None
         config_sha = (shown and shown["config_sha256"]) or run["config_sha256"]
         data_sha = (shown and shown["data_manifest_sha256"]) or run["data_manifest_sha256"]
-        config = json.loads(get_blob(conn, config_sha)) if config_sha else None
-        manifest = json.loads(get_blob(conn, data_sha)) if data_sha else None
+        config = json.loads(reader.blob(config_sha)) if config_sha else None
+        manifest = json.loads(reader.blob(data_sha)) if data_sha else None
     if as_json:
         payload = _run_json(run)
         payload["config"] = config
@@ -201,6 +193,8 @@ def show(
         payload["attempts"] = [_attempt_json(a) for a in rows]
         print_json(payload)
         return
+    from trackway.cli.render import console, plain, say
+
     _print_run(app, run, config_sha, config, data_sha, manifest, shown)
     if asked is None and len(rows) > 1:
         say(console, plain("attempts", style="bold"))
@@ -217,10 +211,14 @@ LABEL = 14
 
 
 def _fact(label: str, value: str) -> None:
+    from trackway.cli.render import console, fact
+
     fact(console, label, value, LABEL)
 
 
 def _print_run(app: AppContext, run, config_sha, config, data_sha, manifest, shown) -> None:
+    from trackway.cli.render import console, plain, say, short_sha, short_time
+
     say(console, plain(f"run {run['run_id']}", style="bold") + plain(f"  {run['name']}" if run["name"] else ""))
     files = manifest["files"] if manifest else []
     reason = f" ({run['termination_reason']})" if run["termination_reason"] not in (None, run["state"]) else ""
@@ -247,6 +245,8 @@ def _print_run(app: AppContext, run, config_sha, config, data_sha, manifest, sho
 
 def _print_config(app: AppContext, run, config_sha, config, shown) -> None:
     """Every config value as stored (0.05 stays 0.05), the first CONFIG_SHOWN of them; the attempt it is from."""
+    from trackway.cli.render import console, fact, say, short_sha
+
     if config is None:
         _fact("config", "no config declared")
         return
@@ -271,6 +271,8 @@ def flat_config(config, prefix: str = "") -> list[tuple[str, str]]:
 
 
 def _print_attempt(a) -> None:
+    from trackway.cli.render import console, duration, fact, plain, say, short_sha, short_time
+
     evidence = json.loads(a["termination_evidence"]) if a["termination_evidence"] else {}
     ending = a["state"]
     if a["termination_reason"]:
@@ -305,9 +307,11 @@ def _print_attempt(a) -> None:
 
 def cancel(ctx: typer.Context, run: str = typer.Argument(..., help="A run id or name.")) -> None:
     """End a run: SIGTERM to its attempts' process groups, SIGKILL after the grace period."""
+    from trackway.cli.render import console, say
+
     app = app_context(ctx)
-    supervisor = reconcile(app)
-    cancelled = supervisor.cancel(run)
+    reconcile(app)
+    cancelled = app.supervisor().cancel(run)
     if cancelled:
         say(console, f"cancel requested for {', '.join(cancelled)}; the end is recorded as user_cancelled")
     else:

@@ -12,7 +12,7 @@ from decimal import Decimal
 import typer
 
 from trackway.cli.context import app_context
-from trackway.cli.render import KEY, Column, console, print_json, table, to_jsonable
+from trackway.cli.jsonout import print_json, to_jsonable
 
 _TIME_TEXT = re.compile(r"^\d{4}-\d\d-\d\d([ T]\d\d:\d\d|$)")
 
@@ -34,7 +34,8 @@ def sql(
     # Checked before the ledger is opened: a bad option is the answer whatever state the ledger is in.
     timeout_s = check_timeout(DEFAULT_TIMEOUT_S if timeout is None else timeout)
     app = app_context(ctx)
-    result = run_readonly_query(app.ledger, query, timeout_s=timeout_s)
+    result = run_readonly_query(app.settings.db_url, query, timeout_s=timeout_s,
+                                remember_in=app.settings.home / "cache" / "sql")
     if as_json:
         print_json([dict(zip(result.columns, row)) for row in result.rows])
     elif as_csv:
@@ -42,6 +43,8 @@ def sql(
         writer.writerow(result.columns)
         writer.writerows([[_csv_value(v) for v in row] for row in result.rows])
     else:
+        from trackway.cli.render import console, table  # rich: only for a table
+
         console.print(table(None, sql_columns(result.columns, result.rows), result.rows))
 
 
@@ -52,12 +55,14 @@ def _csv_value(value):
     return to_jsonable(value)
 
 
-def sql_columns(names: list[str], rows: list) -> list[Column]:
+def sql_columns(names: list[str], rows: list) -> list:
     """Columns of a query's result: the first one stays; the rest give way from the right on a narrow terminal.
 
     A column of numbers or times is shown whole or not at all. Text (JSON included) is shortened with
     an ellipsis before any column is dropped: every column asked for stays in view as long as it can.
     """
+    from trackway.cli.render import KEY, Column
+
     count = len(names)
     return [
         Column(name, KEY if i == 0 else count - i, right=_numeric(rows, i), shorten_at=0,

@@ -164,7 +164,9 @@ def running_eval_attempts(conn: Connection) -> int:
     query = (
         select(func.count())
         .select_from(attempts.join(runs, runs.c.run_id == attempts.c.run_id))
-        .where(runs.c.kind == RunKind.EVAL.value, attempts.c.state != AttemptState.ENDED.value)
+        # `state IN (unfinished)` reads the state index; `!= ended` would read every attempt ever made.
+        .where(runs.c.kind == RunKind.EVAL.value,
+               attempts.c.state.in_([state.value for state in AttemptState if not state.is_terminal()]))
     )
     return int(conn.execute(query).scalar_one())
 

@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 
 from sqlalchemy import Connection, func, select
 
-from trackway.errors import NotFound
+from trackway.ledger.reader import Reader
 from trackway.ledger.schema import blobs
 
 def sha256_hex(content: bytes) -> str:
@@ -36,11 +36,7 @@ def put_blob(conn: Connection, content: bytes, kind: str) -> str:
 
 
 def get_blob(conn: Connection, digest: str) -> bytes:
-    row = conn.execute(select(blobs.c.compression, blobs.c.content).where(blobs.c.sha256 == digest)).first()
-    if row is None:
-        raise NotFound(f"blob {digest}: not in the ledger")
-    content = bytes(row.content)
-    return zlib.decompress(content) if row.compression == "zlib" else content
+    return Reader.over(conn).blob(digest)
 
 
 def count_blobs(conn: Connection, kind: str | None = None) -> int:

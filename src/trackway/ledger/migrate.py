@@ -3,16 +3,18 @@
 Every trackway command opens the ledger, so the up-to-date check must be cheap: it reads
 `alembic_version` with one query and compares it with `HEAD_REVISION`, importing Alembic
 only when there is something to migrate. `tests/ledger/test_schema.py` keeps the constant
-equal to the newest migration.
+(in `reader.py`, which reads a current ledger without SQLAlchemy) equal to the newest migration.
 """
 
 from __future__ import annotations
 
 from sqlalchemy import Connection, inspect, text
 
+from trackway.ledger.reader import HEAD_REVISION
 from trackway.ledger.store import Ledger
 
-HEAD_REVISION = "0007"
+__all__ = ["HEAD_REVISION", "upgrade_to_head"]
+
 SCRIPT_LOCATION = "trackway.ledger:migrations"
 # Any constant works; it only has to be the same for every trackway process.
 _PG_MIGRATION_LOCK = 0x7472_6B77

@@ -25,24 +25,24 @@ connection. Timestamps are stored there as naive UTC text, so `now()` (UTC) comp
 
 from __future__ import annotations
 
-import logging
+import hashlib
+import importlib.util
 import math
+import os
 import re
 import sqlite3
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from decimal import Decimal
 from functools import partial
-
-import sqlglot
-from sqlglot import exp
-from sqlglot.errors import ErrorLevel, SqlglotError
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trackway.errors import InputError, LedgerUnavailable, ReadOnlyViolation
-from trackway.ledger.store import Ledger, as_ledger_error
+from trackway.ledger.reader import open_reader, sqlite_file
+
+if TYPE_CHECKING:
+    from trackway.ledger.store import Ledger
 
 __all__ = ["QueryResult", "run_readonly_query"]
 
@@ -60,20 +60,31 @@ DEFAULT_TIMEOUT_S = 30.0
 MAX_TIMEOUT_S = 24 * 3600.0
 
 
-def run_readonly_query(ledger: Ledger, query: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> QueryResult:
+def run_readonly_query(
+    ledger: Ledger | str, query: str, timeout_s: float = DEFAULT_TIMEOUT_S, remember_in: Path | None = None
+) -> QueryResult:
     """Run one read-only query; refuse anything that could change the ledger or read the server's secrets.
 
-    Raises ReadOnlyViolation for writes and for the server's configuration and credentials,
-    InputError for queries that do not parse, that the database rejects or that run longer than
-    `timeout_s`, each with a one-line message.
+    `ledger` is an open Ledger or a ledger URL; a SQLite file named by URL is queried over plain
+    `sqlite3`, without SQLAlchemy. With `remember_in` (a directory), a query checked once is not
+    parsed again (see `_remembered`). Raises ReadOnlyViolation for writes and for the server's
+    configuration and credentials, InputError for queries that do not parse, that the database
+    rejects or that run longer than `timeout_s`, each with a one-line message.
     """
     timeout_s = check_timeout(timeout_s)
-    statement = _classify(query)
-    if ledger.dialect == "sqlite":
-        return _execute(ledger, _to_sqlite(statement), timeout_s)
-    if isinstance(statement.tree, exp.Pragma):
-        raise InputError("trackway sql: PRAGMA works on a SQLite ledger only; on PostgreSQL query information_schema")
-    return _execute(ledger, re.sub(r"[\s;]+$", "", query), timeout_s)
+    if isinstance(ledger, str) and sqlite_file(ledger) is not None:
+        sql = _checked(query, "sqlite", remember_in)
+        with open_reader(ledger) as reader:  # migrated if need be; one read transaction
+            return _execute_sqlite(reader.conn, sql, timeout_s, ledger)
+    if isinstance(ledger, str):
+        from trackway.ledger.store import open_ledger
+
+        opened = open_ledger(ledger)
+        try:
+            return run_readonly_query(opened, query, timeout_s, remember_in)
+        finally:
+            opened.dispose()
+    return _execute(ledger, _checked(query, ledger.dialect, remember_in), timeout_s)
 
 
 def check_timeout(seconds: float) -> float:
@@ -88,23 +99,6 @@ def check_timeout(seconds: float) -> float:
         )
     return value
 
-
-# --- classification ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Statement:
-    tree: exp.Expression
-    explain: bool = False
-
-
-_STATEMENTS = (
-    exp.DML, exp.DDL, exp.Alter, exp.Drop, exp.TruncateTable, exp.Command, exp.Set, exp.Transaction,
-    exp.Commit, exp.Rollback, exp.Attach, exp.Detach, exp.Pragma, exp.Grant, exp.Revoke, exp.Analyze,
-    exp.Use, exp.Kill, exp.Comment, exp.Refresh, exp.Cache, exp.Uncache, exp.LoadData, exp.Describe,
-    exp.Into, exp.Lock,
-)  # fmt: skip
-_KIND_NAMES = {"transaction": "BEGIN", "truncatetable": "TRUNCATE", "loaddata": "LOAD DATA"}
 
 # PostgreSQL functions that write, signal other sessions, touch server files or run SQL given as
 # text (which would escape this check). A read-only transaction stops most of them; not all.
@@ -122,29 +116,6 @@ _UNSAFE_FUNCTION_PREFIXES = (
     "pg_drop_replication", "pg_copy_", "pg_logical_", "pg_replication_origin",
 )  # fmt: skip
 
-# What the server knows about itself and its users: configuration (which holds connection strings
-# with passwords, e.g. primary_conninfo, and the paths of the password files), authentication
-# rules, password hashes, foreign-server credentials, and the files on the server's disk. None of
-# it is part of the ledger, and a read-only transaction does not stop reading it.
-_SERVER_SECRET_RELATIONS = frozenset(
-    """pg_file_settings pg_hba_file_rules pg_ident_file_mappings pg_settings pg_config pg_authid
-    pg_shadow pg_user_mappings pg_user_mapping user_mapping_options pg_subscription
-    pg_db_role_setting""".split()
-)
-_SERVER_SECRET_FUNCTIONS = frozenset(
-    """current_setting pg_show_all_settings pg_show_all_file_settings pg_config pg_hba_file_rules
-    pg_ident_file_mappings pg_read_file pg_read_binary_file pg_stat_file pg_ls_dir
-    pg_current_logfile pg_options_to_table""".split()
-)
-_SERVER_SECRET_FUNCTION_PREFIXES = ("pg_read_", "pg_ls_", "pg_file_")
-# Settings that `current_setting('…')` may read: what a query needs to make sense of its results
-# (time zone, formats, the transaction it runs in). None of these can hold a credential.
-_READABLE_SETTINGS = frozenset(
-    """transaction_read_only transaction_isolation default_transaction_read_only statement_timeout
-    server_version server_version_num timezone datestyle intervalstyle search_path client_encoding
-    server_encoding application_name""".split()
-)
-
 _PRAGMAS_WITH_ARGUMENT = frozenset(
     """table_info table_xinfo table_list index_info index_xinfo index_list foreign_key_list
     foreign_key_check integrity_check quick_check""".split()
@@ -156,139 +127,9 @@ _READ_ONLY_PRAGMAS = _PRAGMAS_WITH_ARGUMENT | frozenset(
     user_version""".split()
 )
 
-_QUERY_KEYWORDS = frozenset({"SELECT", "WITH", "VALUES", "TABLE", "PRAGMA", "EXPLAIN"})
-_SKIP = r"(?:\s+|--[^\n]*(?:\n|$)|/\*.*?\*/)*"
-_EXPLAIN = re.compile(
-    _SKIP + r"explain\b(?:\s+query\s+plan\b)?"
-    r"(?:\s*\((?!\s*(?:select|with|values|table)\b)[^()]*\))?(?:\s+(?:analy[sz]e|verbose)\b)*",
-    re.IGNORECASE | re.DOTALL,
-)
-
-
-def _classify(query: str) -> _Statement:
-    explain = _EXPLAIN.match(query)
-    text = query[explain.end() :] if explain else query
-    try:
-        statements = _parse(text)
-    except InputError:
-        keyword = _leading_keyword(text)
-        if keyword and keyword not in _QUERY_KEYWORDS:  # e.g. START TRANSACTION READ WRITE
-            raise _not_allowed(f"EXPLAIN {keyword}" if explain else keyword) from None
-        raise
-    if not statements:
-        raise InputError("trackway sql: nothing to EXPLAIN" if explain else "trackway sql: the query is empty")
-    if len(statements) > 1:
-        raise _not_allowed("more than one statement")
-    tree = statements[0]
-    if isinstance(tree, exp.Pragma) and not explain:
-        _check_pragma(tree)
-        return _Statement(tree)
-    if not isinstance(tree, (exp.Query, exp.Values)):
-        # sqlglot reads statements it does not know (NOTIFY, DISCARD) as bare expressions.
-        kind = _kind(tree) if isinstance(tree, _STATEMENTS) else _leading_keyword(text) or type(tree).__name__
-        raise _not_allowed(f"EXPLAIN {kind}" if explain else kind)
-    for node in tree.walk():
-        if isinstance(node, _STATEMENTS):
-            raise _not_allowed(f"{_kind(node)} inside a query" if isinstance(node, exp.DML) else _kind(node))
-        if isinstance(node, exp.Func) and _reads_server_secrets(node):
-            raise _server_secret(f"{_function_name(node)}({', '.join(a.sql('postgres') for a in _arguments(node))})")
-        if isinstance(node, exp.Func) and _is_unsafe_function(name := _function_name(node)):
-            raise _not_allowed(f"{name}()")
-        if isinstance(node, exp.Table) and isinstance(node.this, exp.Identifier):
-            if node.this.name.lower() in _SERVER_SECRET_RELATIONS:
-                raise _server_secret(node.this.name.lower())
-    return _Statement(tree, explain=bool(explain))
-
-
-def _arguments(node: exp.Func) -> list[exp.Expression]:
-    if isinstance(node, exp.Anonymous):
-        return list(node.expressions)
-    return [a for a in (node.this, *node.expressions) if isinstance(a, exp.Expression)]
-
-
-def _reads_server_secrets(node: exp.Func) -> bool:
-    name = _function_name(node)
-    if name == "current_setting":
-        setting = next(iter(_arguments(node)), None)
-        return not (
-            isinstance(setting, exp.Literal) and setting.is_string and setting.name.lower() in _READABLE_SETTINGS
-        )
-    return name in _SERVER_SECRET_FUNCTIONS or name.startswith(_SERVER_SECRET_FUNCTION_PREFIXES)
-
-
-def _server_secret(what: str) -> ReadOnlyViolation:
-    return ReadOnlyViolation(
-        f"trackway sql: {what} is not allowed: it shows the database server's configuration, files or "
-        "credentials, which are not part of the ledger (query the ledger's tables and views)"
-    )
-
-
-def _leading_keyword(sql: str) -> str:
-    word = re.match(_SKIP + r"([a-z_]+)", sql, re.IGNORECASE | re.DOTALL)
-    return word.group(1).upper() if word else ""
-
-
-def _parse(sql: str) -> list[exp.Expression]:
-    with _quiet_sqlglot():
-        try:
-            statements = sqlglot.parse(sql, read="postgres")
-        except (SqlglotError, RecursionError) as postgres_error:
-            try:
-                statements = sqlglot.parse(sql, read="sqlite")
-            except (SqlglotError, RecursionError):
-                raise InputError(f"trackway sql: cannot parse the query: {_first_line(postgres_error)}") from None
-    return [s for s in statements if s is not None and not isinstance(s, exp.Semicolon)]
-
-
-@contextmanager
-def _quiet_sqlglot() -> Iterator[None]:
-    """sqlglot logs a warning when it falls back to an opaque Command; we refuse those anyway."""
-    logger = logging.getLogger("sqlglot")
-    drop = lambda _record: False  # noqa: E731
-    logger.addFilter(drop)
-    try:
-        yield
-    finally:
-        logger.removeFilter(drop)
-
-
-def _check_pragma(tree: exp.Pragma) -> None:
-    target = tree.this
-    if isinstance(target, exp.Dot):  # PRAGMA main.table_info(runs)
-        target = target.expression
-    if isinstance(target, exp.Column):
-        name, has_argument = target.name, False
-    elif isinstance(target, exp.Anonymous):
-        name, has_argument = target.name, bool(target.expressions)
-    elif isinstance(target, exp.EQ):
-        raise _not_allowed(f"PRAGMA {target.this.name} = …")
-    else:
-        raise _not_allowed("this PRAGMA")
-    if not _pragma_is_read_only(name, has_argument):
-        raise _not_allowed(f"PRAGMA {name.lower()}{'(…)' if has_argument else ''}")
-
-
 def _pragma_is_read_only(name: str, has_argument: bool) -> bool:
     name = name.lower()
     return name in (_PRAGMAS_WITH_ARGUMENT if has_argument else _READ_ONLY_PRAGMAS)
-
-
-def _kind(node: exp.Expression) -> str:
-    if isinstance(node, exp.Into):
-        return "SELECT … INTO"
-    if isinstance(node, exp.Lock):
-        return "SELECT … FOR " + ("UPDATE" if node.args.get("update") else "SHARE")
-    if isinstance(node, exp.Command):
-        return str(node.this).upper()
-    if isinstance(node, exp.Pragma):
-        return "PRAGMA"
-    kind = node.args.get("kind") if isinstance(node, (exp.Create, exp.Drop, exp.Alter)) else None
-    name = _KIND_NAMES.get(node.key, node.key.upper())
-    return f"{name} {kind.upper()}" if isinstance(kind, str) else name
-
-
-def _function_name(node: exp.Func) -> str:
-    return (node.name if isinstance(node, exp.Anonymous) else node.sql_name()).lower()
 
 
 def _is_unsafe_function(name: str) -> bool:
@@ -304,123 +145,59 @@ def _first_line(exc: BaseException) -> str:
     return message.splitlines()[0] if message else type(exc).__name__
 
 
-# --- PostgreSQL -> SQLite -----------------------------------------------------------------------
+# --- checked queries, remembered ---------------------------------------------------------------
+#
+# A query that passed the check is remembered by its text, with what to run for it, so that a query
+# run again (a script's, a watch loop's) starts without importing sqlglot. The key holds the rules
+# that checked it (this module's and sql_dialect's files, sqlglot's installed version): a change to
+# any of them checks every query afresh. What is remembered can only be what the check produced;
+# the database still enforces read-only (layer 2) whatever the text says.
 
-_SQLITE_UNITS: dict[str, tuple[str, Decimal]] = {}
-for _unit, _aliases in {
-    ("seconds", Decimal("0.000001")): "microsecond microseconds us usec usecs",
-    ("seconds", Decimal("0.001")): "millisecond milliseconds ms msec msecs",
-    ("seconds", Decimal(1)): "second seconds sec secs s",
-    ("minutes", Decimal(1)): "minute minutes min mins m",
-    ("hours", Decimal(1)): "hour hours hr hrs h",
-    ("days", Decimal(1)): "day days d",
-    ("days", Decimal(7)): "week weeks w",
-    ("months", Decimal(1)): "month months mon mons",
-    ("years", Decimal(1)): "year years yr yrs y",
-}.items():
-    _SQLITE_UNITS.update(dict.fromkeys(_aliases.split(), _unit))
-_INTERVAL = re.compile(r"(?:\s*[+-]?\d+(?:\.\d+)?\s*[a-z]+)+\s*", re.IGNORECASE)
-_INTERVAL_PART = re.compile(r"([+-]?\d+(?:\.\d+)?)\s*([a-z]+)", re.IGNORECASE)
+_REMEMBERED_MAX = 500
 
 
-def _to_sqlite(statement: _Statement) -> str:
-    tree = statement.tree.copy()
-    if isinstance(tree, exp.Pragma):
-        return tree.sql(dialect="sqlite")
-    for node_types, rewrite in _REWRITES:
-        # Deepest first, so that an outer node sees its children already rewritten.
-        for node in reversed(list(tree.find_all(*node_types))):
-            replacement = rewrite(node)
-            if replacement is not node:
-                node.replace(replacement)
-    leftover = tree.find(exp.Interval)
-    if leftover is not None:
-        raise InputError(
-            f"trackway sql: cannot translate {leftover.sql(dialect='postgres')} for SQLite; "
-            "add it to or subtract it from a timestamp, e.g. now() - interval '7 days'"
-        )
-    try:
-        sql = tree.sql(dialect="sqlite", unsupported_level=ErrorLevel.RAISE)
-    except SqlglotError as exc:
-        raise InputError(f"trackway sql: cannot translate the query for SQLite: {_first_line(exc)}") from None
-    return f"EXPLAIN QUERY PLAN {sql}" if statement.explain else sql
+def _checked(query: str, dialect: str, remember_in: Path | None) -> str:
+    entry = _remembered_path(query, dialect, remember_in)
+    if entry is not None:
+        try:
+            return entry.read_text(encoding="utf-8")
+        except OSError:
+            pass
+    from trackway.ledger.sql_dialect import checked_sql
+
+    sql = checked_sql(query, dialect)
+    if entry is not None:
+        _remember(entry, sql)
+    return sql
 
 
-def _datetime_arithmetic(node: exp.Add | exp.Sub) -> exp.Expression:
-    """`ts - interval '7 days'` -> `DATETIME(ts, '-7 days')`; also `interval '1 day' + ts`."""
-    sign = 1 if isinstance(node, exp.Add) else -1
-    base, modifiers = node.this, _interval_modifiers(node.expression, sign)
-    if modifiers is None and sign == 1:
-        base, modifiers = node.expression, _interval_modifiers(node.this, sign)
-    if modifiers is None:
-        return node
-    return exp.Anonymous(this="DATETIME", expressions=[base, *modifiers])
-
-
-def _interval_modifiers(node: exp.Expression, sign: int) -> list[exp.Literal] | None:
-    if isinstance(node, exp.Paren):
-        return _interval_modifiers(node.this, sign)
-    if isinstance(node, exp.Interval) and isinstance(node.this, exp.Literal):
-        unit = node.args.get("unit")
-        if unit is not None and not isinstance(unit, exp.Var):
-            return None  # INTERVAL '1-2' YEAR TO MONTH and friends: left for the error below
-        text = node.this.name + (f" {unit.name}" if unit is not None else "")
-    elif isinstance(node, exp.Cast) and node.to.is_type(exp.DataType.Type.INTERVAL) and node.this.is_string:
-        text = node.this.name  # '7 days'::interval
-    else:
+def _remembered_path(query: str, dialect: str, remember_in: Path | None) -> Path | None:
+    if remember_in is None:
         return None
-    if not _INTERVAL.fullmatch(text):
-        raise InputError(f"trackway sql: interval {text!r}: expected e.g. '7 days' or '1 day 2 hours' on SQLite")
-    modifiers = []
-    for number, unit_name in _INTERVAL_PART.findall(text):
-        if unit_name.lower() not in _SQLITE_UNITS:
-            raise InputError(
-                f"trackway sql: interval unit {unit_name.lower()!r}: expected seconds, minutes, hours, days, weeks, "
-                "months or years"
-            )
-        sqlite_unit, factor = _SQLITE_UNITS[unit_name.lower()]
-        amount = Decimal(number) * factor * sign
-        modifiers.append(exp.Literal.string(f"{'-' if amount < 0 else '+'}{abs(amount).normalize():f} {sqlite_unit}"))
-    return modifiers
+    rules = [Path(__file__), Path(__file__).with_name("sql_dialect.py")]
+    spec = importlib.util.find_spec("sqlglot")  # finds the package without importing it
+    if spec is not None and spec.origin:
+        rules.append(Path(spec.origin))
+    try:
+        stamps = [f"{path}:{path.stat().st_mtime_ns}:{path.stat().st_size}" for path in rules]
+    except OSError:
+        return None
+    key = hashlib.sha256("\0".join([dialect, query, *stamps]).encode()).hexdigest()
+    return remember_in / f"{key}.sql"
 
 
-def _timestamptz_cast(node: exp.Cast) -> exp.Expression:
-    """SQLite gives CAST(... AS TIMESTAMPTZ) numeric affinity ('2026-01-01' -> 2026)."""
-    if node.to.is_type(exp.DataType.Type.TIMESTAMPTZ, exp.DataType.Type.TIMESTAMPLTZ):
-        return exp.Anonymous(this="DATETIME", expressions=[node.this])
-    return node
-
-
-def _date_trunc_call(node: exp.TimestampTrunc) -> exp.Expression:
-    unit = node.args.get("unit")
-    if not isinstance(unit, (exp.Var, exp.Literal)):
-        return node
-    field = _date_field(unit.name, _TRUNCATIONS, "date_trunc")
-    return exp.Anonymous(this="DATE_TRUNC", expressions=[exp.Literal.string(field), node.this])
-
-
-def _date_part_call(node: exp.Extract) -> exp.Expression:
-    if not isinstance(node.this, (exp.Var, exp.Literal)):
-        return node
-    field = _date_field(node.this.name, _DATE_PARTS, "extract")
-    return exp.Anonymous(this="DATE_PART", expressions=[exp.Literal.string(field), node.expression])
-
-
-def _date_field(name: str, fields: dict, function: str) -> str:
-    field = name.lower()
-    if field not in fields and field.endswith("s") and field[:-1] in fields:
-        field = field[:-1]
-    if field not in fields:
-        raise InputError(f"trackway sql: {function}({name!r}, …) on SQLite: expected one of {', '.join(fields)}")
-    return field
-
-
-_REWRITES = (
-    ((exp.Add, exp.Sub), _datetime_arithmetic),  # one pass, so chains of intervals nest
-    ((exp.Cast,), _timestamptz_cast),
-    ((exp.TimestampTrunc,), _date_trunc_call),
-    ((exp.Extract,), _date_part_call),
-)
+def _remember(entry: Path, sql: str) -> None:
+    """Write atomically (a reader never sees half a query); a full or read-only disk only costs the speed-up."""
+    try:
+        entry.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        temporary = entry.with_suffix(f".{os.getpid()}.tmp")
+        temporary.write_text(sql, encoding="utf-8")
+        os.replace(temporary, entry)
+        remembered = sorted(entry.parent.glob("*.sql"), key=lambda path: path.stat().st_mtime)
+        for stale in remembered[: max(0, len(remembered) - _REMEMBERED_MAX)]:
+            stale.unlink(missing_ok=True)
+    except OSError:
+        pass
 
 
 # --- PostgreSQL functions registered on the SQLite connection ---------------------------------
@@ -484,7 +261,14 @@ _SQLITE_FUNCTIONS = (("date_trunc", 2, _date_trunc), ("date_part", 2, _date_part
 def _execute(ledger: Ledger, sql: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> QueryResult:
     """Run `sql` in a transaction the database itself keeps read-only, then roll it back."""
     if ledger.dialect == "sqlite":
-        return _execute_sqlite(ledger, sql, timeout_s)
+        with ledger.read() as conn:  # BEGIN (deferred): the query sees one snapshot
+            try:
+                raw = conn.connection.dbapi_connection
+                raw.execute("PRAGMA query_only=ON")
+                return _execute_sqlite(raw, sql, timeout_s, ledger.engine.url)
+            finally:
+                conn.rollback()
+                raw.execute("PRAGMA query_only=OFF")
     return _execute_postgresql(ledger, sql, timeout_s)
 
 
@@ -531,7 +315,8 @@ def _authorize(refused: list[str], action: int, arg1: str | None, arg2: str | No
     return sqlite3.SQLITE_DENY
 
 
-def _execute_sqlite(ledger: Ledger, sql: str, timeout_s: float) -> QueryResult:
+def _execute_sqlite(raw: sqlite3.Connection, sql: str, timeout_s: float, url) -> QueryResult:
+    """Run `sql` on `raw`, in the caller's read-only transaction, under the authorizer and the time limit."""
     refused: list[str] = []
     deadline = time.monotonic() + timeout_s
     stopped: list[bool] = []
@@ -542,40 +327,44 @@ def _execute_sqlite(ledger: Ledger, sql: str, timeout_s: float) -> QueryResult:
             return 1  # non-zero: SQLite interrupts the statement
         return 0
 
-    with ledger.read() as conn:  # BEGIN (deferred): the query sees one snapshot
-        raw = conn.connection.dbapi_connection
-        raw.execute("PRAGMA query_only=ON")
-        for name, arity, function in _SQLITE_FUNCTIONS:
-            raw.create_function(name, arity, function, deterministic=True)
-        raw.set_authorizer(partial(_authorize, refused))
-        raw.set_progress_handler(past_deadline, _SQLITE_PROGRESS_STEPS)
+    for name, arity, function in _SQLITE_FUNCTIONS:
+        raw.create_function(name, arity, function, deterministic=True)
+    raw.set_authorizer(partial(_authorize, refused))
+    raw.set_progress_handler(past_deadline, _SQLITE_PROGRESS_STEPS)
+    try:
+        cursor = raw.cursor()
         try:
-            cursor = raw.cursor()
-            try:
-                cursor.execute(sql)
-                rows = cursor.fetchall()
-                columns = [column[0] for column in cursor.description or ()]
-            finally:
-                cursor.close()
-        except sqlite3.Error as exc:
-            if refused:
-                raise _not_allowed(refused[0]) from None
-            if stopped:
-                raise _too_slow(timeout_s) from None
-            if getattr(exc, "sqlite_errorname", "") == "SQLITE_READONLY":
-                raise ReadOnlyViolation(f"trackway sql is read-only: {_first_line(exc)} ({ALLOWED})") from None
-            failure = as_ledger_error(exc, ledger.engine.url)
-            if failure is not None:  # a locked or damaged ledger is not the query's fault (exit 3, not 2)
-                raise failure from None
-            raise InputError(f"trackway sql: {_first_line(exc)}") from None
+            cursor.execute(sql)
+            rows = cursor.fetchall()
+            columns = [column[0] for column in cursor.description or ()]
         finally:
-            raw.set_progress_handler(None, 0)
-            raw.set_authorizer(None)
-            for name, arity, _function in _SQLITE_FUNCTIONS:
-                raw.create_function(name, arity, None)
-            conn.rollback()
-            raw.execute("PRAGMA query_only=OFF")
+            cursor.close()
+    except sqlite3.Error as exc:
+        if refused:
+            raise _not_allowed(refused[0]) from None
+        if stopped:
+            raise _too_slow(timeout_s) from None
+        if getattr(exc, "sqlite_errorname", "") == "SQLITE_READONLY":
+            raise ReadOnlyViolation(f"trackway sql is read-only: {_first_line(exc)} ({ALLOWED})") from None
+        failure = _ledger_failure(exc, url)
+        if failure is not None:  # a locked or damaged ledger is not the query's fault (exit 3, not 2)
+            raise failure from None
+        raise InputError(f"trackway sql: {_first_line(exc)}") from None
+    finally:
+        raw.set_progress_handler(None, 0)
+        raw.set_authorizer(None)
+        for name, arity, _function in _SQLITE_FUNCTIONS:
+            raw.create_function(name, arity, None)
     return QueryResult(columns=columns, rows=[tuple(row) for row in rows], executed_sql=sql)
+
+
+def _ledger_failure(exc: sqlite3.Error, url):
+    """A locked, full or damaged ledger as the LedgerError `store` maps it to; None for the query's own error."""
+    from sqlalchemy.engine import make_url
+
+    from trackway.ledger.store import as_ledger_error
+
+    return as_ledger_error(exc, make_url(url) if isinstance(url, str) else url)
 
 
 def _execute_postgresql(ledger: Ledger, sql: str, timeout_s: float) -> QueryResult:

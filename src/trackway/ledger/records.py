@@ -12,7 +12,8 @@ from typing import Any
 
 from sqlalchemy import Connection, RowMapping, func, insert, select, update
 
-from trackway.errors import Ambiguous, InputError, NotFound
+from trackway.errors import NotFound
+from trackway.ledger.reader import Reader
 from trackway.ledger.schema import attempts, checkpoints, runs
 from trackway.redaction import redact, redact_structure
 from trackway.taxonomy import AttemptState, RunState, TerminationReason
@@ -36,63 +37,22 @@ def name_taken(conn: Connection, name: str) -> bool:
     return conn.execute(select(runs.c.run_id).where(runs.c.name == name)).first() is not None
 
 
-def resolve_run(conn: Connection, ref: str) -> RowMapping:
-    """The run whose id or unique name is `ref`."""
-    ref = ref.strip()
-    if not ref:
-        raise InputError("RUN: expected a run id or name, got an empty string")
-    row = conn.execute(select(runs).where(runs.c.run_id == ref)).mappings().first()
-    if row is not None:
-        return row
-    matches = conn.execute(select(runs).where(runs.c.name == ref)).mappings().all()
-    if len(matches) == 1:
-        return matches[0]
-    if len(matches) > 1:  # names are unique; kept for ledgers written by hand
-        raise Ambiguous(f"run {ref!r}: {len(matches)} runs have that name; use the run id")
-    raise NotFound(f"run {ref!r}: no run has that id or name (see `trackway runs`)")
+def resolve_run(conn: Connection, ref: str) -> dict:
+    """The run whose id or unique name is `ref` (the query is `Reader.run`'s, one text for every caller)."""
+    return Reader.over(conn).run(ref)
 
 
-def resolve_attempt(conn: Connection, ref: str) -> RowMapping:
+def resolve_attempt(conn: Connection, ref: str) -> dict:
     """The attempt addressed as `RUN/N`, or the latest attempt of `RUN`."""
-    run_ref, _, number_text = ref.rpartition("/") if "/" in ref else (ref, "", "")
-    if number_text and not number_text.isdigit():
-        # A name may hold a slash (an evaluation seed is RUN@STEP/SPEC/seed-N): the whole ref is a run.
-        run_ref, number_text = ref, ""
-    run = resolve_run(conn, run_ref)
-    if not number_text:
-        row = latest_attempt(conn, run["run_id"])
-        if row is None:
-            raise NotFound(f"run {run_ref!r}: has no attempt yet")
-        return row
-    try:
-        number = int(number_text)
-    except ValueError:
-        raise InputError(f"attempt {ref!r}: expected RUN/N with N a whole number from 1") from None
-    row = (
-        conn.execute(
-            select(attempts).where(attempts.c.run_id == run["run_id"], attempts.c.attempt_number == number)
-        )
-        .mappings()
-        .first()
-    )
-    if row is None:
-        count = attempt_count(conn, run["run_id"])
-        raise NotFound(f"attempt {ref!r}: run {run['run_id']} has {count} attempt(s)")
-    return row
+    return Reader.over(conn).attempt(ref)
 
 
 def attempt_count(conn: Connection, run_id: str) -> int:
-    return int(conn.execute(select(func.count()).where(attempts.c.run_id == run_id)).scalar_one())
+    return Reader.over(conn).attempt_count(run_id)
 
 
-def latest_attempt(conn: Connection, run_id: str) -> RowMapping | None:
-    return (
-        conn.execute(
-            select(attempts).where(attempts.c.run_id == run_id).order_by(attempts.c.attempt_number.desc()).limit(1)
-        )
-        .mappings()
-        .first()
-    )
+def latest_attempt(conn: Connection, run_id: str) -> dict | None:
+    return Reader.over(conn).latest_attempt(run_id)
 
 
 def insert_attempt(conn: Connection, values: Mapping[str, Any]) -> str:
@@ -132,36 +92,21 @@ def get_attempt(conn: Connection, attempt_id: str) -> RowMapping:
 def active_attempts(conn: Connection) -> list[RowMapping]:
     """Attempts that have not ended: what a supervisor pass has to look at."""
     unfinished = [state.value for state in AttemptState if not state.is_terminal()]
-    query = select(attempts).where(attempts.c.state.in_(unfinished)).order_by(attempts.c.attempt_id)
-    return list(conn.execute(query).mappings())
+    # Sorted here, not in SQL: `ORDER BY attempt_id` lets SQLite walk the primary key over the whole
+    # history instead of reading the few unfinished rows through the state index.
+    rows = conn.execute(select(attempts).where(attempts.c.state.in_(unfinished))).mappings()
+    return sorted(rows, key=lambda row: row["attempt_id"])
 
 
 def list_runs(
     conn: Connection, limit: int | None = 50, project: str | None = None, kinds: Sequence[str] | None = None
-) -> list[RowMapping]:
+) -> list[dict]:
     """Newest runs first, each with its attempt count (counted for the listed runs only)."""
-    attempt_total = (
-        select(func.count()).where(attempts.c.run_id == runs.c.run_id).correlate(runs).scalar_subquery()
-    )
-    query = select(runs, attempt_total.label("attempt_count")).order_by(runs.c.created_at.desc(), runs.c.run_id.desc())
-    if project:
-        query = query.where(runs.c.project == project)
-    if kinds:
-        query = query.where(runs.c.kind.in_(list(kinds)))
-    if limit:
-        query = query.limit(limit)
-    return list(conn.execute(query).mappings())
+    return Reader.over(conn).runs(limit=limit, project=project, kinds=kinds)
 
 
-def list_attempts(conn: Connection, run_id: str | None = None, limit: int | None = 100) -> list[RowMapping]:
-    query = select(attempts, runs.c.name.label("run_name")).join(runs, runs.c.run_id == attempts.c.run_id)
-    if run_id:
-        query = query.where(attempts.c.run_id == run_id).order_by(attempts.c.attempt_number)
-    else:
-        query = query.order_by(attempts.c.started_at.desc(), attempts.c.attempt_id.desc())
-    if limit:
-        query = query.limit(limit)
-    return list(conn.execute(query).mappings())
+def list_attempts(conn: Connection, run_id: str | None = None, limit: int | None = 100) -> list[dict]:
+    return Reader.over(conn).attempts(run_id=run_id, limit=limit)
 
 
 def run_state_for(reason: TerminationReason) -> RunState:

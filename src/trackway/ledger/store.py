@@ -32,12 +32,9 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.pool import NullPool
 
 from trackway.errors import InputError, LedgerError, LedgerUnavailable
+from trackway.ledger.reader import BUSY_TIMEOUT_ENV, sqlite_busy_timeout
 from trackway.redaction import redact, redact_url
 
-SQLITE_BUSY_TIMEOUT_S = 30.0
-# How long a SQLite writer waits for another process's lock before giving up (seconds).
-BUSY_TIMEOUT_ENV = "TRACKWAY_SQLITE_BUSY_TIMEOUT"
-MAX_BUSY_TIMEOUT_S = 3600.0
 # Below this much free space, a SQLite I/O error is taken for the full disk it almost always is
 # (WAL and shared-memory files grow in pages; a disk with less than this left cannot take one more).
 NEARLY_FULL_BYTES = 1 << 20
@@ -52,20 +49,6 @@ _SQLITE_STATEMENT_CODES = ("SQLITE_ERROR", "SQLITE_CONSTRAINT", "SQLITE_MISMATCH
 
 # The ledger this process opened last: errors that escape a Ledger still name it.
 _last_url: URL | None = None
-
-
-def sqlite_busy_timeout() -> float:
-    """The SQLite busy timeout in seconds: $TRACKWAY_SQLITE_BUSY_TIMEOUT, else 30."""
-    from trackway.validation import finite
-
-    text = os.environ.get(BUSY_TIMEOUT_ENV, "").strip()
-    if not text:
-        return SQLITE_BUSY_TIMEOUT_S
-    try:
-        value = float(text)
-    except ValueError:
-        raise InputError(f"{BUSY_TIMEOUT_ENV} {text!r}: expected a number of seconds from 0 to {MAX_BUSY_TIMEOUT_S:g}") from None
-    return finite(value, BUSY_TIMEOUT_ENV, 0.0, MAX_BUSY_TIMEOUT_S, "seconds")
 
 
 def _sqlite_engine(url: URL) -> Engine:

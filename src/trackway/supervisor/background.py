@@ -35,10 +35,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from sqlalchemy import Connection, func, select
-from sqlalchemy.engine import make_url
-
 from trackway.errors import InputError, TrackwayError
+from trackway.ledger.reader import Reader, sqlite_file
 from trackway.redaction import redact_url
 from trackway.settings import Settings
 from trackway.validation import finite
@@ -99,11 +97,10 @@ class Holder:
 
 def place_of(settings: Settings) -> Place:
     """The lock and log paths of `settings`' ledger; InputError for a ledger no other process can open."""
-    url = make_url(settings.db_url)
-    key = hashlib.sha256(_identity(settings.db_url).encode()).hexdigest()[:16]
     directory = settings.home / "supervisor"
-    if url.get_backend_name() == "sqlite":
-        database = url.database or ""
+    key = hashlib.sha256(_identity(settings.db_url).encode()).hexdigest()[:16]
+    database = _sqlite_database(settings.db_url)
+    if database is not None:
         if database in ("", ":memory:") or database.startswith("file::memory:"):
             raise InputError(f"ledger {settings.db_url}: an in-memory SQLite ledger has no background supervisor")
         lock = Path(database).expanduser().resolve().with_name(Path(database).name + ".supervisor.lock")
@@ -112,11 +109,29 @@ def place_of(settings: Settings) -> Place:
     return Place(ledger=redact_url(settings.db_url), lock=lock, log=directory / f"{key}.log")
 
 
+def _sqlite_database(db_url: str) -> str | None:
+    """The database a SQLite URL names (as given), or None for a server's URL.
+
+    A plain `sqlite:///PATH` is read without SQLAlchemy, whose import would cost every listing
+    more than the look-up itself; any other spelling goes through its URL parser.
+    """
+    path = sqlite_file(db_url)
+    if path is not None:
+        return db_url[len("sqlite:///"):]
+    from sqlalchemy.engine import make_url
+
+    url = make_url(db_url)
+    return (url.database or "") if url.get_backend_name() == "sqlite" else None
+
+
 def _identity(db_url: str) -> str:
     """The ledger a URL names, spelled one way: a SQLite file by its absolute path; a server without password."""
+    database = _sqlite_database(db_url)
+    if database is not None:
+        return "sqlite:" + str(Path(database).expanduser().resolve())
+    from sqlalchemy.engine import make_url
+
     url = make_url(db_url)
-    if url.get_backend_name() == "sqlite":
-        return "sqlite:" + str(Path(url.database or "").expanduser().resolve())
     return url.set(drivername=url.get_backend_name(), password=None).render_as_string(hide_password=False)
 
 
@@ -318,31 +333,9 @@ def _is_background_child(pid: int) -> bool:
 # -- what is in flight ------------------------------------------------------------------------------
 
 
-def in_flight(conn: Connection) -> dict[str, int]:
-    """What a supervisor still has to drive, by kind; empty when nothing is in flight."""
-    from trackway.evals.records import IN_FLIGHT
-    from trackway.ledger.schema import attempts, checkpoints, evaluations, run_eval_specs, runs
-    from trackway.taxonomy import AttemptState, RunState
-
-    newest = (
-        select(func.max(checkpoints.c.step))
-        .where(checkpoints.c.run_id == run_eval_specs.c.run_id, checkpoints.c.committed_at.is_not(None))
-        .scalar_subquery()
-    )
-    counts = {
-        "unfinished attempts": select(func.count()).select_from(attempts).where(
-            attempts.c.state != AttemptState.ENDED.value),
-        "queued or running runs": select(func.count()).select_from(runs).where(
-            runs.c.state.in_([RunState.QUEUED.value, RunState.RUNNING.value])),
-        "evaluations in flight": select(func.count()).select_from(evaluations).where(
-            evaluations.c.state == IN_FLIGHT),
-        # A checkpoint committed since an attached spec last looked: the next tick requests its evaluation.
-        "checkpoints awaiting evaluation": select(func.count()).select_from(run_eval_specs).where(
-            run_eval_specs.c.trigger != "on_demand", newest.is_not(None),
-            func.coalesce(run_eval_specs.c.considered_step, -1) < newest),
-    }
-    found = {what: int(conn.execute(query).scalar_one()) for what, query in counts.items()}
-    return {what: n for what, n in found.items() if n}
+def in_flight(conn) -> dict[str, int]:
+    """What a supervisor still has to drive, by kind; empty when nothing is in flight (see `Reader.in_flight`)."""
+    return Reader.over(conn).in_flight()
 
 
 # -- the child --------------------------------------------------------------------------------------
@@ -448,9 +441,9 @@ class _ErrorLog:
 
 def _ledger_gone(settings: Settings) -> str | None:
     """Why there is no ledger left to supervise (its SQLite file was removed), or None."""
-    url = make_url(settings.db_url)
-    if url.get_backend_name() == "sqlite" and url.database and not Path(url.database).expanduser().exists():
-        return f"the ledger file {url.database} is gone; exiting"
+    database = _sqlite_database(settings.db_url)
+    if database and database != ":memory:" and not Path(database).expanduser().exists():
+        return f"the ledger file {database} is gone; exiting"
     return None
 
 

@@ -1,0 +1,378 @@
+"""Reading the ledger over plain DB-API: the queries listings, `show`, `metrics` and the public read API share.
+
+SQLAlchemy Core (`schema.py`) defines the tables and Alembic creates them; reading them back
+needs neither. A SQLite ledger is read through the `sqlite3` module alone, because importing
+SQLAlchemy costs about ten times Python's own start-up, which every `trackway runs` would pay.
+Any other ledger, and any caller already holding a SQLAlchemy connection, runs the same SQL
+through it (`Reader.over(conn)`), so each read has one text whatever the backend.
+
+Rows come back as dicts keyed by column name, with timestamps as aware UTC datetimes, exactly
+what the SQLAlchemy `UTCDateTime` type gives (`tests/ledger/test_reader.py` holds the two equal).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import zlib
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from trackway.errors import Ambiguous, InputError, NotFound
+from trackway.taxonomy import AttemptState, RunState
+
+# The newest migration: a ledger at another revision is migrated (through SQLAlchemy) before it is read.
+HEAD_REVISION = "0007"
+
+# Every column stored as `UTCDateTime` in schema.py (a test keeps this set equal to the schema's).
+TIMESTAMP_COLUMNS = frozenset({
+    "created_at", "ended_at", "not_before", "started_at", "last_heartbeat_at", "at", "committed_at", "updated_at",
+})
+DRIVEN_RUN_STATES = (RunState.QUEUED.value, RunState.RUNNING.value)
+EVALUATION_IN_FLIGHT = "running"  # evals.records.IN_FLIGHT (a test holds the two equal)
+SQLITE_BUSY_TIMEOUT_S = 30.0
+# How long a SQLite connection waits for another process's lock before giving up (seconds).
+BUSY_TIMEOUT_ENV = "TRACKWAY_SQLITE_BUSY_TIMEOUT"
+MAX_BUSY_TIMEOUT_S = 3600.0
+# Points handed out per fetch when streaming a series: large enough to amortize the call, small
+# enough that a million points never sit in memory at once.
+CHUNK_POINTS = 20_000
+
+
+def _utc(value: Any) -> Any:
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    if isinstance(value, datetime):
+        return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+    return value
+
+
+class Reader:
+    """Runs the read queries over one connection; subclasses say how a statement is executed."""
+
+    def _execute(self, sql: str, params: dict[str, Any]) -> tuple[list[str], Iterator[Sequence[Any]]]:
+        raise NotImplementedError
+
+    @staticmethod
+    def over(conn) -> Reader:
+        """A reader over an open SQLAlchemy connection (its transaction is the caller's)."""
+        return _AlchemyReader(conn)
+
+    # -- execution -------------------------------------------------------------------------------
+
+    def dicts(self, sql: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        columns, rows = self._execute(sql, params or {})
+        stamps = [i for i, name in enumerate(columns) if name in TIMESTAMP_COLUMNS]
+        out = []
+        for row in rows:
+            record = dict(zip(columns, row))
+            for i in stamps:
+                name = columns[i]
+                record[name] = _utc(record[name])
+            out.append(record)
+        return out
+
+    def first(self, sql: str, params: dict[str, Any] | None = None) -> dict[str, Any] | None:
+        rows = self.dicts(sql, params)
+        return rows[0] if rows else None
+
+    def scalar(self, sql: str, params: dict[str, Any] | None = None) -> Any:
+        _, rows = self._execute(sql, params or {})
+        for row in rows:
+            return row[0]
+        return None
+
+    # -- runs and attempts -----------------------------------------------------------------------
+
+    def runs(self, limit: int | None = 50, project: str | None = None, kinds: Sequence[str] | None = None) -> list[dict]:
+        """Newest runs first, each with its attempt count (counted for the listed runs only)."""
+        where, params = [], {}
+        if project:
+            where.append("runs.project = :project")
+            params["project"] = project
+        if kinds:
+            where.append(f"runs.kind IN ({_placeholders('kind', kinds, params)})")
+        sql = (
+            "SELECT runs.*, (SELECT count(*) FROM attempts WHERE attempts.run_id = runs.run_id) AS attempt_count"
+            " FROM runs" + (" WHERE " + " AND ".join(where) if where else "")
+            + " ORDER BY runs.created_at DESC, runs.run_id DESC"
+        )
+        return self.dicts(sql + _limit(limit, params), params)
+
+    def attempts(self, run_id: str | None = None, limit: int | None = 100) -> list[dict]:
+        """One run's attempts by number, or every run's, newest first; each with its run's name."""
+        params: dict[str, Any] = {}
+        sql = "SELECT attempts.*, runs.name AS run_name FROM attempts JOIN runs ON runs.run_id = attempts.run_id"
+        if run_id:
+            sql += " WHERE attempts.run_id = :run_id ORDER BY attempts.attempt_number"
+            params["run_id"] = run_id
+        else:
+            sql += " ORDER BY attempts.started_at DESC, attempts.attempt_id DESC"
+        return self.dicts(sql + _limit(limit, params), params)
+
+    def run(self, ref: str) -> dict:
+        """The run whose id or unique name is `ref`."""
+        ref = ref.strip()
+        if not ref:
+            raise InputError("RUN: expected a run id or name, got an empty string")
+        row = self.first("SELECT * FROM runs WHERE run_id = :ref", {"ref": ref})
+        if row is not None:
+            return row
+        matches = self.dicts("SELECT * FROM runs WHERE name = :ref", {"ref": ref})
+        if len(matches) == 1:
+            return matches[0]
+        if len(matches) > 1:  # names are unique; kept for ledgers written by hand
+            raise Ambiguous(f"run {ref!r}: {len(matches)} runs have that name; use the run id")
+        raise NotFound(f"run {ref!r}: no run has that id or name (see `trackway runs`)")
+
+    def run_named(self, name: str) -> dict | None:
+        return self.first("SELECT * FROM runs WHERE name = :name", {"name": name.strip()})
+
+    def attempt(self, ref: str) -> dict:
+        """The attempt addressed as `RUN/N`, or the latest attempt of `RUN`."""
+        run_ref, _, number_text = ref.rpartition("/") if "/" in ref else (ref, "", "")
+        if number_text and not number_text.isdigit():
+            # A name may hold a slash (an evaluation seed is RUN@STEP/SPEC/seed-N): the whole ref is a run.
+            run_ref, number_text = ref, ""
+        run = self.run(run_ref)
+        if not number_text:
+            row = self.latest_attempt(run["run_id"])
+            if row is None:
+                raise NotFound(f"run {run_ref!r}: has no attempt yet")
+            return row
+        row = self.first(
+            "SELECT * FROM attempts WHERE run_id = :run_id AND attempt_number = :number",
+            {"run_id": run["run_id"], "number": int(number_text)},
+        )
+        if row is None:
+            count = self.attempt_count(run["run_id"])
+            raise NotFound(f"attempt {ref!r}: run {run['run_id']} has {count} attempt(s)")
+        return row
+
+    def latest_attempt(self, run_id: str) -> dict | None:
+        return self.first(
+            "SELECT * FROM attempts WHERE run_id = :run_id ORDER BY attempt_number DESC LIMIT 1", {"run_id": run_id}
+        )
+
+    def attempt_count(self, run_id: str) -> int:
+        return int(self.scalar("SELECT count(*) FROM attempts WHERE run_id = :run_id", {"run_id": run_id}))
+
+    def blob(self, digest: str) -> bytes:
+        _, rows = self._execute("SELECT compression, content FROM blobs WHERE sha256 = :digest", {"digest": digest})
+        for compression, content in rows:
+            content = bytes(content)
+            return zlib.decompress(content) if compression == "zlib" else content
+        raise NotFound(f"blob {digest}: not in the ledger")
+
+    # -- what a supervisor still has to drive ------------------------------------------------------
+
+    def in_flight(self) -> dict[str, int]:
+        """What a supervisor still has to drive, by kind; empty when nothing is in flight.
+
+        Each count reads an index over the few rows in flight (the plans are checked in
+        `tests/ledger/test_query_plans.py`), never the whole history.
+        """
+        unfinished = [state.value for state in AttemptState if not state.is_terminal()]
+        params: dict[str, Any] = {"evaluating": EVALUATION_IN_FLIGHT}
+        counts = {
+            "unfinished attempts": self.scalar(
+                f"SELECT count(*) FROM attempts WHERE state IN ({_placeholders('a', unfinished, params)})", params),
+            "queued or running runs": self.scalar(
+                f"SELECT count(*) FROM runs WHERE state IN ({_placeholders('r', DRIVEN_RUN_STATES, params)})", params),
+            "evaluations in flight": self.scalar(
+                "SELECT count(*) FROM evaluations WHERE state = :evaluating", params),
+            # A checkpoint committed since an attached spec last looked: the next tick requests its evaluation.
+            "checkpoints awaiting evaluation": self.scalar(
+                "SELECT count(*) FROM run_eval_specs WHERE trigger != 'on_demand' AND coalesce(considered_step, -1) < ("
+                "SELECT max(step) FROM checkpoints WHERE checkpoints.run_id = run_eval_specs.run_id"
+                " AND committed_at IS NOT NULL)"),
+        }
+        return {what: int(n) for what, n in counts.items() if n}
+
+    # -- metrics ----------------------------------------------------------------------------------
+
+    def metric_keys(self, run_id: str) -> list[str]:
+        _, rows = self._execute("SELECT key FROM metric_series WHERE run_id = :run_id ORDER BY key", {"run_id": run_id})
+        return [row[0] for row in rows]
+
+    def metric_points(
+        self, run_id: str, key: str | None = None, limit: int | None = None, first: bool = False
+    ) -> list[dict]:
+        """(key, step, value, attempt_number, logged_at) rows ordered by key, then step.
+
+        With `limit`, the latest `limit` points by step (what a person watching a run wants), or
+        the earliest with `first`.
+        """
+        params: dict[str, Any] = {"run_id": run_id}
+        sql = (
+            "SELECT metric_series.key, metric_points.step, metric_points.value, metric_points.attempt_number,"
+            " metric_points.logged_at FROM metric_series JOIN metric_points"
+            " ON metric_points.series_id = metric_series.series_id WHERE metric_series.run_id = :run_id"
+        )
+        if key is not None:
+            sql += " AND metric_series.key = :key"
+            params["key"] = key
+        if not limit:
+            return self.dicts(sql + " ORDER BY metric_series.key, metric_points.step", params)
+        order = "metric_points.step" if first else "metric_points.step DESC"
+        rows = self.dicts(sql + f" ORDER BY {order}, metric_series.key" + _limit(limit, params), params)
+        return sorted(rows, key=lambda row: (row["key"], row["step"]))
+
+    def series_chunks(self, run_id: str, key: str) -> Iterator[list[tuple[int, float | None, int, float]]]:
+        """Every point of one key as (step, value, attempt_number, logged_at) tuples, by step, in chunks.
+
+        The rows go from the database driver to the caller without a dict or a datetime per point:
+        this is what `trackway metrics --json` and the read API stream a long run's history through.
+        """
+        _, rows = self._execute(
+            "SELECT metric_points.step, metric_points.value, metric_points.attempt_number, metric_points.logged_at"
+            " FROM metric_points WHERE metric_points.series_id = ("
+            "SELECT series_id FROM metric_series WHERE run_id = :run_id AND key = :key) ORDER BY metric_points.step",
+            {"run_id": run_id, "key": key},
+        )
+        chunk: list = []
+        for row in rows:
+            chunk.append(row)
+            if len(chunk) == CHUNK_POINTS:
+                yield chunk
+                chunk = []
+        if chunk:
+            yield chunk
+
+
+def _placeholders(prefix: str, values: Sequence[Any], params: dict[str, Any]) -> str:
+    names = []
+    for i, value in enumerate(values):
+        params[f"{prefix}{i}"] = value
+        names.append(f":{prefix}{i}")
+    return ", ".join(names)
+
+
+def _limit(limit: int | None, params: dict[str, Any]) -> str:
+    if not limit:
+        return ""
+    params["row_limit"] = int(limit)
+    return " LIMIT :row_limit"
+
+
+class _SqliteReader(Reader):
+    def __init__(self, conn: sqlite3.Connection):
+        self.conn = conn
+
+    def _execute(self, sql: str, params: dict[str, Any]) -> tuple[list[str], Iterator[Sequence[Any]]]:
+        cursor = self.conn.execute(sql, params)
+        columns = [d[0] for d in cursor.description] if cursor.description else []
+        return columns, _fetched(cursor)
+
+
+def _fetched(cursor: sqlite3.Cursor) -> Iterator[Sequence[Any]]:
+    while True:
+        batch = cursor.fetchmany(CHUNK_POINTS)
+        if not batch:
+            return
+        yield from batch
+
+
+class _AlchemyReader(Reader):
+    def __init__(self, conn):
+        self.conn = conn
+
+    def _execute(self, sql: str, params: dict[str, Any]) -> tuple[list[str], Iterator[Sequence[Any]]]:
+        from sqlalchemy import text
+
+        result = self.conn.execute(text(sql), params)
+        return list(result.keys()), (tuple(row) for row in result)
+
+
+def sqlite_file(db_url: str) -> Path | None:
+    """The database file of a plain `sqlite:///PATH` URL; None for any other ledger (read through SQLAlchemy)."""
+    prefix = "sqlite:///"
+    if not db_url.startswith(prefix) or "?" in db_url:
+        return None
+    path = db_url[len(prefix):]
+    if not path or path == ":memory:" or path.startswith("file:"):
+        return None
+    return Path(path).expanduser()
+
+
+@contextmanager
+def open_reader(db_url: str) -> Iterator[Reader]:
+    """A reader over the ledger at `db_url`, in one read transaction (migrated first when it is not current)."""
+    path = sqlite_file(db_url)
+    if path is None or not path.exists() or not _current(path):
+        from trackway.ledger.store import open_ledger
+
+        ledger = open_ledger(db_url)
+        if path is None:
+            try:
+                with ledger.read() as conn:
+                    yield Reader.over(conn)
+            finally:
+                ledger.dispose()
+            return
+        ledger.dispose()
+    try:
+        conn = _connect(path)
+    except sqlite3.Error as exc:
+        raise _ledger_error(exc, db_url) from exc
+    try:
+        conn.execute("BEGIN")
+        yield _SqliteReader(conn)
+    except sqlite3.Error as exc:
+        mapped = _ledger_error(exc, db_url, statement_errors=False)
+        if mapped is None:
+            raise
+        raise mapped from exc
+    finally:
+        conn.close()
+
+
+def sqlite_busy_timeout() -> float:
+    """The SQLite busy timeout in seconds: $TRACKWAY_SQLITE_BUSY_TIMEOUT, else 30."""
+    from trackway.validation import finite
+
+    text = os.environ.get(BUSY_TIMEOUT_ENV, "").strip()
+    if not text:
+        return SQLITE_BUSY_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        raise InputError(f"{BUSY_TIMEOUT_ENV} {text!r}: expected a number of seconds from 0 to {MAX_BUSY_TIMEOUT_S:g}") from None
+    return finite(value, BUSY_TIMEOUT_ENV, 0.0, MAX_BUSY_TIMEOUT_S, "seconds")
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    timeout = sqlite_busy_timeout()
+    conn = sqlite3.connect(str(path), timeout=timeout, isolation_level=None, check_same_thread=False)
+    conn.execute(f"PRAGMA busy_timeout={int(timeout * 1000)}")
+    conn.execute("PRAGMA query_only=1")
+    return conn
+
+
+def _current(path: Path) -> bool:
+    """Whether the SQLite ledger at `path` is at HEAD_REVISION (a failure to tell is left to the full open)."""
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=1.0)
+        try:
+            row = conn.execute("SELECT version_num FROM alembic_version").fetchone()
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return False
+    return row is not None and row[0] == HEAD_REVISION
+
+
+def _ledger_error(exc: sqlite3.Error, db_url: str, statement_errors: bool = True):
+    """The one line `store` gives for a ledger failure (SQLAlchemy is imported only on this path)."""
+    from sqlalchemy.engine import make_url
+
+    from trackway.ledger.store import as_ledger_error, ledger_error
+
+    mapped = as_ledger_error(exc, make_url(db_url))
+    if mapped is None and statement_errors:
+        return ledger_error(exc, make_url(db_url), unavailable=True)
+    return mapped
+

@@ -1,0 +1,55 @@
+"""The command table `--help` lists without importing the commands says what the commands themselves say."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import typer
+
+from trackway.cli.main import COMMANDS, app
+
+
+def _first_sentence(help_text: str) -> str:
+    paragraph = " ".join(help_text.strip().split("\n\n")[0].split())
+    for index, char in enumerate(paragraph):
+        if char == "." and (index + 1 == len(paragraph) or paragraph[index + 1] == " "):
+            return paragraph[: index + 1]
+    return paragraph
+
+
+def test_the_table_lists_every_command_with_its_own_first_sentence():
+    commands = typer.main.get_command(app).load_all()  # type: ignore[attr-defined]
+    assert sorted(commands) == sorted(COMMANDS), "a module registers a command the table does not list (or the reverse)"
+    for name, command in commands.items():
+        assert COMMANDS[name].summary == _first_sentence(command.help or ""), f"COMMANDS[{name!r}].summary is stale"
+
+
+def test_help_and_a_command_import_only_what_they_use():
+    probe = (
+        "import sys; from trackway.cli.errors import run_app; from trackway.cli.main import app; "
+        "code = run_app(app, sys.argv[1:]); "
+        "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'sqlalchemy', 'sqlglot', 'torch', 'alembic'}); "
+        "cli = sorted(m for m in sys.modules if m.startswith('trackway.cli.') and m.endswith('_cmd')); "
+        "print(heavy, cli, file=sys.stderr)"
+    )
+    help_run = subprocess.run([sys.executable, "-c", probe, "--help"], capture_output=True, text=True, check=True)
+    assert "submit" in help_run.stdout and "explain" in help_run.stdout
+    assert help_run.stderr.strip() == "[] []", "--help imported what it does not need: " + help_run.stderr
+
+    init_help = subprocess.run([sys.executable, "-c", probe, "init", "--help"], capture_output=True, text=True, check=True)
+    assert "trackway.toml" in init_help.stdout
+    assert "'trackway.cli.init_cmd'" in init_help.stderr and "runs_cmd" not in init_help.stderr
+
+
+def test_help_summaries_fit_the_terminal_and_say_when_they_are_cut(tmp_path):
+    env_width = {"COLUMNS": "80", "TRACKWAY_HOME": str(tmp_path)}
+    import os
+
+    out = subprocess.run([sys.executable, "-m", "trackway", "--help"], capture_output=True, text=True, check=True,
+                         env={**os.environ, **env_width}).stdout
+    lines = out.split("Commands:")[1].strip().splitlines()
+    assert len(lines) == len(COMMANDS)
+    assert all(len(line) <= 80 for line in lines), lines
+    explain = next(line for line in lines if line.strip().startswith("explain"))
+    assert explain.rstrip().endswith("..."), "a cut summary must end with an ellipsis"

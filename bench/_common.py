@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import compileall
+import json
 import os
 import statistics
 import subprocess
@@ -43,17 +44,78 @@ def human(seconds: float) -> str:
     return f"{seconds:.2f} s"
 
 
-def report(name: str, seconds: float, target: float | None = None, baseline: float | None = None) -> bool:
-    """Print one figure; return whether it met its target."""
-    parts = [f"{name:<58} {human(seconds):>10}"]
-    if baseline:
-        parts.append(f"{seconds / baseline:6.2f}x baseline ({human(baseline)})")
-    ok = True
+def _shown(value: float, unit: str) -> str:
+    return human(value) if unit == "s" else f"{value:,.0f} {unit}"
+
+
+def figure(
+    name: str,
+    value: float,
+    *,
+    unit: str = "s",
+    baseline: float | None = None,
+    baseline_name: str = "",
+    target: float | None = None,
+    target_ratio: float | None = None,
+    higher_is_better: bool = False,
+) -> bool:
+    """Print one measured figure and return whether it met its target.
+
+    A target is absolute (`target`, in `unit`) or a ratio against the baseline measured in the same
+    run (`target_ratio`). Every figure is also appended as one JSON line to $TRACKWAY_BENCH_RESULTS
+    when set, which is how `bench/run_all.py` builds its one table.
+    """
+    ratio = value / baseline if baseline else None
+    met: bool | None = None
     if target is not None:
-        ok = seconds <= target
-        parts.append(f"target ≤ {human(target)}: {'ok' if ok else 'MISSED'}")
+        met = value >= target if higher_is_better else value <= target
+    if target_ratio is not None:
+        if ratio is None:
+            raise ValueError(f"{name}: a ratio target needs a baseline")
+        met_ratio = ratio >= target_ratio if higher_is_better else ratio <= target_ratio
+        met = met_ratio if met is None else met and met_ratio
+    sign = "≥" if higher_is_better else "≤"
+    parts = [f"{name:<58} {_shown(value, unit):>12}"]
+    if baseline:
+        parts.append(f"{ratio:6.2f}x {baseline_name or 'baseline'} ({_shown(baseline, unit)})")
+    if target is not None:
+        parts.append(f"target {sign} {_shown(target, unit)}")
+    if target_ratio is not None:
+        parts.append(f"target {sign} {target_ratio:g}x")
+    if met is not None:
+        parts.append("ok" if met else "MISSED")
     print("  ".join(parts), flush=True)
-    return ok
+    results = os.environ.get("TRACKWAY_BENCH_RESULTS")
+    if results:
+        row = {
+            "bench": Path(sys.argv[0]).name, "figure": name, "value": value, "unit": unit,
+            "baseline": baseline, "baseline_name": baseline_name, "ratio": ratio, "target": target,
+            "target_ratio": target_ratio, "higher_is_better": higher_is_better, "met": met,
+        }
+        with open(results, "a", encoding="utf-8") as out:
+            out.write(json.dumps(row) + "\n")
+    return met is not False
+
+
+def report(name: str, seconds: float, target: float | None = None, baseline: float | None = None) -> bool:
+    """Print one timing with an absolute target (seconds); see `figure` for ratio targets."""
+    return figure(name, seconds, target=target, baseline=baseline)
+
+
+def interleaved_medians(fns: dict[str, Callable[[], object]], repeat: int = 9) -> dict[str, float]:
+    """Median seconds of each callable, timed in turn round after round (after one warm-up round).
+
+    A figure and its baseline measured in alternation see the same machine load, so their ratio
+    means something on a shared 2-core box; timed one after the other they do not.
+    """
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for round_ in range(repeat + 1):
+        for name, fn in fns.items():
+            started = time.perf_counter()
+            fn()
+            if round_:
+                samples[name].append(time.perf_counter() - started)
+    return {name: statistics.median(values) for name, values in samples.items()}
 
 
 def trackway(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -82,3 +144,53 @@ def postgres_database() -> Iterator[str]:
 
 def sqlite_database(directory: Path) -> str:
     return f"sqlite:///{directory / 'ledger.db'}"
+
+
+def fill_ledger(url: str, attempts_total: int, attempts_per_run: int = 4, seed: int = 0) -> None:
+    """Add `attempts_total` ended attempts (a month of history over `attempts_total / attempts_per_run` runs).
+
+    The rows are what real attempts leave (hosts, GPUs, times, reasons); the tables are then
+    analyzed and, on PostgreSQL, vacuumed, as a ledger in steady use is.
+    """
+    import random
+    from datetime import datetime, timedelta, timezone
+
+    from sqlalchemy import insert
+
+    from trackway.ledger import open_ledger
+    from trackway.ledger.schema import attempts, runs
+
+    reasons = ["completed", "preempted", "oom", "timeout", "code_error", "infra_transient", "user_cancelled"]
+    families = ["reasoning", "vision", "speech"]
+    rng = random.Random(seed)
+    ledger = open_ledger(url)
+    now = datetime.now(timezone.utc)
+    batch_runs = 5000
+    with ledger.write() as conn:
+        for first in range(0, attempts_total // attempts_per_run, batch_runs):
+            run_rows, attempt_rows = [], []
+            for r in range(first, min(first + batch_runs, attempts_total // attempts_per_run)):
+                run_id = f"r{seed:02d}{r:010d}"
+                created = now - timedelta(hours=rng.uniform(0, 24 * 30))
+                run_rows.append(dict(
+                    run_id=run_id, name=None, project="bench", model_family=rng.choice(families), kind="full",
+                    state="completed", command='["python", "train.py"]', workdir="/work", resource="local",
+                    executor="local", gpus=8, created_at=created,
+                ))
+                for n in range(1, attempts_per_run + 1):
+                    started = created + timedelta(minutes=30 * n)
+                    wall = rng.uniform(60, 7200)
+                    attempt_rows.append(dict(
+                        attempt_id=f"{run_id}/{n}", run_id=run_id, attempt_number=n, state="ended", executor="local",
+                        executor_job_id=str(rng.randint(1000, 99999)), state_dir="/x", log_path="/x/output.log",
+                        host=f"node{rng.randint(1, 64):03d}", gpu_model="NVIDIA H100 80GB HBM3", gpu_count=8,
+                        started_at=started, ended_at=started + timedelta(seconds=wall), gpu_seconds=wall * 8,
+                        cost_usd=wall * 8 / 3600 * 2.5, exit_code=0, termination_reason=rng.choice(reasons),
+                    ))
+            conn.execute(insert(runs), run_rows)
+            conn.execute(insert(attempts), attempt_rows)
+    with ledger.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(text("VACUUM ANALYZE" if ledger.dialect == "postgresql" else "ANALYZE"))
+        if ledger.dialect == "postgresql":
+            conn.execute(text("CHECKPOINT"))
+    ledger.dispose()

@@ -3,14 +3,15 @@
 The supervisor reads and stores a seed's output inside its tick, in the transaction that records
 the attempt's end, so this is time during which no other attempt is looked at. Target: a
 HumanEval-sized seed (164 tasks x 200 samples = 32,800 lines) recorded in ≤ 1 s on SQLite and on
-PostgreSQL. Baselines, measured in the same run: `json.loads` of every line (the least a reader
-can do) for reading, and reading alone for the whole recording.
+PostgreSQL. Baselines, each timed in alternation with its figure: `json.loads` of every line (the
+least a reader can do) for reading, and reading the same output alone for the whole recording.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -18,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import median_seconds, postgres_database, report  # noqa: E402
+from _common import figure, interleaved_medians, postgres_database  # noqa: E402
 
 from trackway.checkpoints.protocol import CheckpointStore  # noqa: E402
 from trackway.evals.launch import request_evaluation  # noqa: E402
@@ -57,7 +58,8 @@ def bench_backend(label: str, url: str, work: Path) -> bool:
     spec_dir.mkdir()
     (spec_dir / "evaluator.py").write_text("print('stand-in')\n")
     (spec_dir / "tasks.jsonl").write_text("{}\n")
-    samples = []
+    samples: list[float] = []
+    reads: list[float] = []
     for salt in range(5):
         (spec_dir / "spec.toml").write_text(
             f'name = "he"\ncommand = ["python", "evaluator.py"]\ntask_set = "tasks.jsonl"\nseeds = [0]\n'
@@ -68,15 +70,17 @@ def bench_backend(label: str, url: str, work: Path) -> bool:
         output_path = work / f"out-{label}-{salt}.jsonl"
         write_output(output_path, salt)
         started = time.perf_counter()
+        read_output(output_path)
+        reads.append(time.perf_counter() - started)
+        started = time.perf_counter()
         output = read_output(output_path)
         with ledger.write() as conn:
             after_eval_attempt(conn, settings, seed["eval_run_id"], TerminationReason.COMPLETED, False, output)
         samples.append(time.perf_counter() - started)
         assert output.ok and output.samples == TASKS * SAMPLES
     ledger.dispose()
-    samples.sort()
-    return report(f"record one seed, {TASKS}x{SAMPLES} samples ({label})", samples[len(samples) // 2], TARGET_S,
-                  baseline=read_seconds)
+    return figure(f"record one seed, {TASKS}x{SAMPLES} samples ({label})", statistics.median(samples),
+                  baseline=statistics.median(reads), baseline_name="reading the output alone", target=TARGET_S)
 
 
 if __name__ == "__main__":
@@ -85,10 +89,11 @@ if __name__ == "__main__":
         sample_file = work / "sample.jsonl"
         write_output(sample_file, 0)
         lines = sample_file.read_bytes().splitlines()
-        parse = median_seconds(lambda: [json.loads(line) for line in lines], repeat=5)
-        read_seconds = median_seconds(lambda: read_output(sample_file), repeat=5)
+        times = interleaved_medians({"parse": lambda: [json.loads(line) for line in lines],
+                                     "read": lambda: read_output(sample_file)}, repeat=5)
         print(f"{TASKS * SAMPLES} output lines, {len(sample_file.read_bytes()) / 2**20:.1f} MiB")
-        report("read + check the evaluator's output", read_seconds, baseline=parse)
+        figure("read + check the evaluator's output", times["read"], baseline=times["parse"],
+               baseline_name="json.loads of every line")
         ok = bench_backend("sqlite", f"sqlite:///{work / 'ledger.db'}", work)
         with postgres_database() as url:
             ok = bench_backend("postgresql", url, work) and ok

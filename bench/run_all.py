@@ -1,14 +1,29 @@
-"""Run every benchmark in bench/ and say which targets were missed."""
+"""Run every benchmark in bench/ and print one table: figure, value, baseline, ratio, target, met.
+
+Exits non-zero, naming the figures, when any target is missed (or a benchmark fails outright).
+"""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import _shown  # noqa: E402
+
 BENCHES = [
+    "bench_cli.py",
     "bench_submit.py",
     "bench_ledger.py",
+    "bench_metrics_read.py",
     "bench_sdk.py",
     "bench_capture.py",
     "bench_checkpoint_speed.py",
@@ -19,16 +34,48 @@ BENCHES = [
 ]
 
 
-def main() -> int:
+def main(argv: list[str]) -> int:
     here = Path(__file__).resolve().parent
+    chosen = [name for name in BENCHES if not argv or any(word in name for word in argv)]
+    failed: list[str] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        results = Path(tmp) / "results.jsonl"
+        for name in chosen:
+            if not (here / name).exists():
+                continue
+            print(f"== {name}", flush=True)
+            env = {**os.environ, "TRACKWAY_BENCH_RESULTS": str(results)}
+            if subprocess.run([sys.executable, str(here / name)], env=env).returncode != 0:
+                failed.append(name)
+        rows = [json.loads(line) for line in results.read_text().splitlines()] if results.exists() else []
+    table = Table(title="trackway benchmarks", show_lines=False)
+    for column in ("figure", "value", "baseline", "ratio", "target", "met"):
+        table.add_column(column, justify="left" if column == "figure" else "right")
     missed = []
-    for name in BENCHES:
-        print(f"== {name}", flush=True)
-        if subprocess.run([sys.executable, str(here / name)]).returncode != 0:
-            missed.append(name)
-    print("all targets met" if not missed else f"targets missed in: {', '.join(missed)}")
-    return 1 if missed else 0
+    for row in rows:
+        sign = "≥" if row["higher_is_better"] else "≤"
+        targets = []
+        if row["target"] is not None:
+            targets.append(f"{sign} {_shown(row['target'], row['unit'])}")
+        if row["target_ratio"] is not None:
+            targets.append(f"{sign} {row['target_ratio']:g}x")
+        met = {None: "", True: "yes", False: "MISSED"}[row["met"]]
+        if row["met"] is False:
+            missed.append(row["figure"])
+        baseline = _shown(row["baseline"], row["unit"]) if row["baseline"] else ""
+        if row["baseline_name"] and baseline:
+            baseline = f"{baseline} ({row['baseline_name']})"
+        ratio = f"{row['ratio']:.2f}x" if row["ratio"] is not None else ""
+        table.add_row(row["figure"], _shown(row["value"], row["unit"]), baseline, ratio, " and ".join(targets), met)
+    Console(width=200).print(table)
+    for name in failed:
+        print(f"failed: {name} (exit status non-zero)")
+    for name in missed:
+        print(f"missed: {name}")
+    if not failed and not missed:
+        print("all targets met")
+    return 1 if failed or missed else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -29,7 +29,7 @@ from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
-from sqlalchemy.pool import NullPool
+from sqlalchemy.pool import QueuePool
 
 from trackway.errors import InputError, LedgerError, LedgerUnavailable
 from trackway.ledger.reader import BUSY_TIMEOUT_ENV, sqlite_busy_timeout
@@ -59,7 +59,11 @@ def _sqlite_engine(url: URL) -> Engine:
     engine = create_engine(
         url,
         connect_args={"timeout": busy_timeout, "check_same_thread": False},
-        poolclass=NullPool,
+        # Connections are kept for reuse: opening one (and its PRAGMAs) costs about half a
+        # millisecond, and a supervisor tick recording an attempt's end opens several.
+        poolclass=QueuePool,
+        pool_size=4,
+        max_overflow=8,
     )
 
     @event.listens_for(engine, "connect")

@@ -410,7 +410,7 @@ def serve(
             idle_since = idle_since if idle_since is not None else now
             if now - idle_since >= idle_exit_s:
                 return f"nothing in flight for {idle_exit_s:g} s; exiting"
-        stop_requested.wait(interval_s)
+        stop_requested.wait(0 if supervisor.backlog else interval_s)  # a backlog is worked off at once
     return "asked to stop; exiting"
 
 

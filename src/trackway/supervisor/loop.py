@@ -105,7 +105,8 @@ class Supervisor:
         self.orphaned_run_s = ORPHANED_RUN_S
         self.findings: list[tuple[str, str]] = []  # (attempt, what a watcher noticed), for live status lines
         self._first_rss: dict[str, int | None] = {}
-        self._cursor = ""  # the attempt a time-bounded tick stopped at
+        self._cursor = ""  # the running attempt a time-bounded tick stopped at
+        self.backlog = False  # the last tick left ends or running attempts for the next one
         # Scripts without the SDK: each run's log patterns and declared checkpoint paths (fixed at submit).
         self._outside_sdk: dict[str, RowMapping] = {}
         self.outside_checkpoints = OutsideCheckpoints()
@@ -124,39 +125,57 @@ class Supervisor:
         self._launch_orphaned_runs()
         with self.ledger.read() as conn:
             pending = [a for a in active_attempts(conn) if a["executor_job_id"]]
-        # A tick is bounded in time: when many attempts end at once, the rest wait for the next
-        # tick, which starts where this one stopped so that every attempt gets its turn.
+        # A tick is bounded in time. Every attempt is polled (a few file reads each), and the ends
+        # are recorded first: a receipt and a retry are what people wait for, while ingesting and
+        # watching the attempts still running can wait a tick. What the budget leaves undone is
+        # the next tick's, started at once (`backlog`); running attempts are taken in turn from
+        # where the last tick stopped, so that every one is watched.
         pending = [a for a in pending if a["attempt_id"] >= self._cursor] + [
             a for a in pending if a["attempt_id"] < self._cursor
         ]
         deadline = time.monotonic() + self.tick_budget_s
+        self.backlog = False
+        polled = [(attempt, self.executor(attempt["executor"]).poll(handle_of(attempt))) for attempt in pending]
+        for attempt, status in polled:
+            if status.phase is JobPhase.RUNNING:
+                continue
+            if ends and time.monotonic() > deadline:
+                self.backlog = True
+                break
+            end = self._end(attempt, status)
+            if end is not None:
+                ends.append(end)
         self._cursor = ""
-        for attempt in pending:
+        for attempt, status in polled:
+            if status.phase is not JobPhase.RUNNING:
+                continue
             if time.monotonic() > deadline:
                 self._cursor = attempt["attempt_id"]
+                self.backlog = True
                 break
-            status = self.executor(attempt["executor"]).poll(handle_of(attempt))
-            # Ingest after polling: an attempt seen ended has written all it will write.
             report = ingest_attempt(self.ledger, attempt)
             run = self._run_outside_sdk(attempt["run_id"])
             logged = self._ingest_log(attempt, run)
-            if status.phase is JobPhase.RUNNING:
-                self._watch(attempt, new_points=report.points > 0 or logged.points > 0, nan=logged.nan)
-                self._look_at_checkpoint_paths(run, attempt)
-                continue
-            if logged.nan is not None:
-                # It ended before a tick saw the NaN (exit 0 included): the end is the NaN's, not `completed`.
-                self._mark_stop(attempt, "nan_in_log", logged.nan.why())
-            self._look_at_checkpoint_paths(run, attempt, final=True, exit_code=status.exit_code)
-            self.outside_checkpoints.forget(attempt["attempt_id"])
-            with self.ledger.read() as conn:
-                attempt = get_attempt(conn, attempt["attempt_id"])
-            end = self._record_end(attempt, status, report.note)
-            if end is not None:
-                ends.append(end)
+            self._watch(attempt, new_points=report.points > 0 or logged.points > 0, nan=logged.nan)
+            self._look_at_checkpoint_paths(run, attempt)
         self.launch_due_retries(deadline)
         self.start_evaluations(deadline)
         return ends
+
+    def _end(self, attempt, status: JobStatus) -> AttemptEnd | None:
+        """Record the end of an attempt its executor reports ended: what it said last, then the receipt."""
+        # Ingest after polling: an attempt seen ended has written all it will write.
+        report = ingest_attempt(self.ledger, attempt)
+        run = self._run_outside_sdk(attempt["run_id"])
+        logged = self._ingest_log(attempt, run)
+        if logged.nan is not None:
+            # It ended before a tick saw the NaN (exit 0 included): the end is the NaN's, not `completed`.
+            self._mark_stop(attempt, "nan_in_log", logged.nan.why())
+        self._look_at_checkpoint_paths(run, attempt, final=True, exit_code=status.exit_code)
+        self.outside_checkpoints.forget(attempt["attempt_id"])
+        with self.ledger.read() as conn:
+            attempt = get_attempt(conn, attempt["attempt_id"])
+        return self._record_end(attempt, status, report.note)
 
     def start_evaluations(self, deadline: float | None = None) -> list[str]:
         """Request the evaluations new checkpoints call for, then start queued evaluation seeds.
@@ -217,7 +236,7 @@ class Supervisor:
             ends = self.tick()
             if on_ends is not None:
                 on_ends(ends)
-            time.sleep(interval_s)
+            time.sleep(0 if self.backlog else interval_s)
 
     def cancel(self, run_ref: str) -> list[str]:
         """Ask the executors to end every unfinished attempt of a run; return their ids.

@@ -78,3 +78,21 @@ def test_metrics_json_and_csv_stream_every_point_of_a_key(cli, ledger_url):
     assert [p["step"] for p in latest] == [POINTS - 2, POINTS - 1]
     both = cli("metrics", "hist", "--json", "--csv")
     assert both.code == 2 and "--json/--csv" in both.err
+
+
+def test_the_whole_run_summary_is_aggregated_and_agrees_with_the_points(cli, ledger_url):
+    from trackway.ledger.reader import open_reader
+
+    _run_with_history(ledger_url)
+    with open_reader(ledger_url) as reader:
+        run_id = reader.run("hist")["run_id"]
+        loss, lr = reader.metric_summary(run_id)
+        points = reader.metric_points(run_id, key="loss")
+    finite = [p["value"] for p in points if not _missing(p["value"])]
+    assert (loss["key"], loss["points"], loss["first"], loss["last"]) == ("loss", POINTS, 0, POINTS - 1)
+    assert loss["attempts"] == [1, 2] and loss["last_value"] == points[-1]["value"]
+    assert loss["min"] == min(finite)
+    assert loss["max"] == max(finite) or _missing(loss["max"])  # PostgreSQL orders NaN above every number
+    assert (lr["points"], lr["attempts"], lr["last_value"]) == (1, [1], 3e-4)
+    shown = cli("metrics", "hist").out
+    assert f"{POINTS:,}".replace(",", "") in shown.replace(",", "") and f"0..{POINTS - 1}" in shown and "1,2" in shown

@@ -47,7 +47,11 @@ def metrics(
                       for chunk in reader.series_chunks(run_id, name))
             (_stream_json if as_json else _stream_csv)(series)
             return
-        points = reader.metric_points(run_id, key=key, limit=limit or None, first=first)
+        whole_run_summary = key is None and not limit and not (as_json or as_csv)
+        if whole_run_summary:  # aggregated by the database: millions of points move as a few rows
+            summary = reader.metric_summary(run_id)
+        else:
+            points = reader.metric_points(run_id, key=key, limit=limit or None, first=first)
     if as_json:
         print_json(points)
         return
@@ -62,28 +66,29 @@ def metrics(
             ((p["step"], p["value"], p["attempt_number"]) for p in points),
         ))
         return
+    console.print(table(
+        None,
+        [Column("key", KEY, shorten_to=16), Column("points", 20, right=True), Column("steps", 40, right=True),
+         Column("last", 90, right=True), Column("min", 50, right=True), Column("max", 50, right=True),
+         Column("attempts", 10)],
+        ((s["key"], s["points"], f"{s['first']}..{s['last']}", _g(s["last_value"]), _g(s["min"]), _g(s["max"]),
+          ",".join(str(a) for a in s["attempts"])) for s in (summary if whole_run_summary else _summarize(points))),
+    ))
+
+
+def _summarize(points) -> list[dict]:
+    """The summary `Reader.metric_summary` gives, of the points a --limit kept."""
     summary: dict[str, dict] = {}
     for p in points:
-        s = summary.setdefault(p["key"], {"n": 0, "first": p["step"], "min": p["value"], "max": p["value"], "attempts": set()})
-        s["n"] += 1
+        s = summary.setdefault(p["key"], {"key": p["key"], "points": 0, "first": p["step"], "min": None, "max": None,
+                                          "attempts": set()})
+        s["points"] += 1
         s["last"], s["last_value"] = p["step"], p["value"]
         if p["value"] is not None:
             s["min"] = p["value"] if s["min"] is None else min(s["min"], p["value"])
             s["max"] = p["value"] if s["max"] is None else max(s["max"], p["value"])
         s["attempts"].add(p["attempt_number"])
-    console.print(
-        table(
-            None,
-            [Column("key", KEY, shorten_to=16), Column("points", 20, right=True), Column("steps", 40, right=True),
-             Column("last", 90, right=True), Column("min", 50, right=True), Column("max", 50, right=True),
-             Column("attempts", 10)],
-            (
-                (k, s["n"], f"{s['first']}..{s['last']}", _g(s["last_value"]), _g(s["min"]), _g(s["max"]),
-                 ",".join(str(a) for a in sorted(s["attempts"])))
-                for k, s in summary.items()
-            ),
-        )
-    )
+    return [{**s, "attempts": sorted(s["attempts"])} for s in summary.values()]
 
 
 def _write_csv(chunks) -> None:

@@ -221,6 +221,39 @@ class Reader:
         rows = self.dicts(sql + f" ORDER BY {order}, metric_series.key" + _limit(limit, params), params)
         return sorted(rows, key=lambda row: (row["key"], row["step"]))
 
+    def metric_summary(self, run_id: str) -> list[dict[str, Any]]:
+        """Per key: points, first and last step, the last value, min, max and the attempts that logged it.
+
+        Aggregated by the database (one pass per key and attempt, then one index probe per key for
+        the last value), so a summary of millions of points moves a few rows, not the points.
+        """
+        params = {"run_id": run_id}
+        groups = self.dicts(
+            "SELECT metric_series.series_id, metric_series.key, metric_points.attempt_number, count(*) AS points,"
+            " min(metric_points.step) AS first, max(metric_points.step) AS last,"
+            " min(metric_points.value) AS low, max(metric_points.value) AS high"
+            " FROM metric_series JOIN metric_points ON metric_points.series_id = metric_series.series_id"
+            " WHERE metric_series.run_id = :run_id"
+            " GROUP BY metric_series.series_id, metric_series.key, metric_points.attempt_number", params)
+        summary: dict[str, dict[str, Any]] = {}
+        for group in groups:
+            entry = summary.setdefault(group["key"], {
+                "key": group["key"], "series_id": group["series_id"], "points": 0, "first": group["first"],
+                "last": group["last"], "min": None, "max": None, "attempts": []})
+            entry["points"] += group["points"]
+            entry["first"] = min(entry["first"], group["first"])
+            entry["last"] = max(entry["last"], group["last"])
+            for name, pick, value in (("min", min, group["low"]), ("max", max, group["high"])):
+                if value is not None:
+                    entry[name] = value if entry[name] is None else pick(entry[name], value)
+            entry["attempts"].append(group["attempt_number"])
+        for entry in summary.values():
+            entry["attempts"].sort()
+            entry["last_value"] = self.scalar(
+                "SELECT value FROM metric_points WHERE series_id = :series_id AND step = :step",
+                {"series_id": entry.pop("series_id"), "step": entry["last"]})
+        return [summary[key] for key in sorted(summary)]
+
     def series_chunks(self, run_id: str, key: str) -> Iterator[list[tuple[int, float | None, int, float]]]:
         """Every point of one key as (step, value, attempt_number, logged_at) tuples, by step, in chunks.
 

@@ -1,10 +1,11 @@
 """A checkpoint writer to kill, and the independent oracle that judges what it left behind.
 
 As a script it resumes like a training job (from `latest_committed()`), then writes checkpoints
-with real, deterministic payload (several files, one in a subdirectory, one dropped in without
-`open()`), and appends `commit STEP VARIANT` to a ground-truth log, fsynced, only after `commit()`
-returned. With --retention it also supersedes/deletes (logging `delete STEP` before deleting), with
---clean it removes debris. Kill it anywhere (SIGKILL from outside, or TRACKWAY_CHECKPOINT_CRASH_AT).
+with real, deterministic payload (several files, one in a subdirectory, one written with
+`write_held`, one dropped in without `open()`), and appends `commit STEP VARIANT` to a ground-truth
+log, fsynced, only after `commit()` returned. With --retention it also supersedes/deletes (logging
+`delete STEP` before deleting), with --clean it removes debris. Kill it anywhere (SIGKILL from
+outside, or TRACKWAY_CHECKPOINT_CRASH_AT).
 
 As a module, `judge()` checks a root against the log without trusting the protocol's own code:
 markers, manifests and payload bytes are re-derived here.
@@ -48,10 +49,12 @@ def write_checkpoint(store: CheckpointStore, step: int, variant: int, base: int,
         for index, rel in enumerate(SHARDS):
             data = memoryview(payload(step, variant, rel, shard_size(step, index, base)))
             with pending.open(rel) as f:
+                # The second shard's bytes stay put until close, as a snapshot's tensors do: hashed in place.
+                write = (lambda chunk: f.write_held(chunk, data)) if index == 1 else f.write
                 pos = 0
-                while pos < len(data):  # a mix of big writes (hashed beside) and small ones
+                while pos < len(data):  # a mix of big writes and small ones
                     n = rng.choice((4096, 65536, 1 << 20, 3 << 20))
-                    f.write(data[pos : pos + n])
+                    write(data[pos : pos + n])
                     pos += n
         (pending.path / NEUTRAL).write_bytes(payload(step, variant, NEUTRAL, 0))  # no open(), no fsync
         info = pending.commit(metrics={"loss": 1.0 / (step + 1)}, extra={"variant": variant, "base": base})

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -191,3 +193,29 @@ def test_an_on_commit_failure_says_the_checkpoint_is_committed(tmp_path: Path) -
     with pytest.raises(CheckpointError, match="is committed, but its on_commit callback failed"):
         saver.wait()
     assert store.latest_committed().step == 1
+
+
+def test_a_script_that_ends_right_after_an_async_save_still_commits_it(tmp_path: Path) -> None:
+    code = (
+        "import torch\n"
+        "from trackway.checkpoints.manager import CheckpointManager\n"
+        f"manager = CheckpointManager({str(tmp_path)!r})\n"
+        "manager.save(1, model={'w': torch.ones(4 << 20)})\n"  # no wait(), no close(): the interpreter exits
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    info = CheckpointStore(tmp_path).latest_committed()
+    assert info is not None and info.step == 1
+    assert torch.equal(torch.load(info.path / "state.pt", weights_only=True)["model"]["w"], torch.ones(4 << 20))
+
+
+def test_a_save_while_the_interpreter_exits_is_done_in_place(tmp_path: Path) -> None:
+    code = (
+        "import atexit, torch\n"
+        "from trackway.checkpoints.manager import CheckpointManager\n"
+        f"manager = CheckpointManager({str(tmp_path)!r})\n"
+        "atexit.register(lambda: manager.save(1, model={'w': torch.ones(3)}))\n"  # no thread can start by then
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and not result.stderr, result.stderr
+    assert CheckpointStore(tmp_path).latest_committed().step == 1

@@ -49,7 +49,9 @@ def run_and_kill_at(root: Path, out: Path, kill_step: int, *extra: str) -> None:
     assert process.returncode == -signal.SIGKILL, process.stderr.read()
 
 
-@pytest.mark.parametrize("mode", [[], ["--sync"]], ids=["async", "sync"])
+@pytest.mark.parametrize(
+    "mode", [[], ["--sync"], ["--format", "safetensors"]], ids=["async", "sync", "async-safetensors"]
+)
 def test_killed_and_resumed_run_ends_bit_identical(tmp_path: Path, mode: list[str]) -> None:
     seed = random.randrange(1 << 30)
     kill_step = random.Random(seed).randint(2 * EVERY + 1, STEPS - 2)

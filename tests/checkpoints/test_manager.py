@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import trackway.checkpoints
 from trackway.checkpoints.manager import CheckpointManager, shard_name
 from trackway.checkpoints.protocol import MANIFEST, CheckpointError, CheckpointState, CheckpointStore
 from trackway.errors import InputError
@@ -238,8 +239,9 @@ def torchrun(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-def test_two_ranks_write_one_shard_each_commit_once_and_resume_exactly(tmp_path: Path) -> None:
-    common = ["--steps", "20", "--every", "5"]
+@pytest.mark.parametrize("payload", ["torch", "safetensors"])
+def test_two_ranks_write_one_shard_each_commit_once_and_resume_exactly(tmp_path: Path, payload: str) -> None:
+    common = ["--steps", "20", "--every", "5", "--format", payload]
     straight = torchrun(str(tmp_path / "straight"), str(tmp_path / "straight.pt"), *common)
     assert straight.returncode == 0, straight.stderr[-3000:]
     stopped = torchrun(str(tmp_path / "stopped"), str(tmp_path / "unused.pt"), *common, "--stop-after", "13")
@@ -249,9 +251,8 @@ def test_two_ranks_write_one_shard_each_commit_once_and_resume_exactly(tmp_path:
     latest = store.latest_committed()
     assert latest is not None and latest.step in (5, 10)
     manifest = json.loads((latest.path / MANIFEST).read_text())
-    assert {"state.pt", "rank-00001.pt"} <= set(_manifest_files(manifest))
-    rank0 = torch.load(latest.path / "state.pt", weights_only=True)
-    rank1 = torch.load(latest.path / "rank-00001.pt", weights_only=True)
+    assert {shard_name(0, payload), shard_name(1, payload)} <= set(_manifest_files(manifest))
+    rank0, rank1 = (trackway.checkpoints.load(latest.path, rank=rank) for rank in (0, 1))
     assert rank0["data_state"]["rank"] == 0 and rank1["data_state"]["rank"] == 1
     assert not torch.equal(rank0["rng"]["torch"], rank1["rng"]["torch"])
     # The stop may land while step 10 is still being written: its temp directory is debris, never read;

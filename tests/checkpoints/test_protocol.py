@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import array
 import hashlib
 import json
 import os
@@ -74,20 +73,6 @@ def test_happy_path_commit_is_found_verified_and_laid_out(tmp_path: Path) -> Non
     assert store.latest_committed() == store.get(7) == info
     assert store.verify(info) == [] and info.size_bytes == len(big)
     assert info.committed_at is not None and info.committed_at.tzinfo is not None
-
-
-@pytest.mark.parametrize("helper_thread", [True, False], ids=["hashed-beside", "hashed-inline"])
-def test_the_digest_taken_while_writing_matches_the_bytes(tmp_path: Path, helper_thread: bool) -> None:
-    pending = CheckpointStore(tmp_path).begin(1)
-    data = os.urandom(9 << 20)
-    f = pending.open("big.bin")
-    f._spare_cpu = helper_thread  # normally chosen from the machine's load; both ways must agree
-    f.write(data[:10])
-    f.write(memoryview(data)[10 : 6 << 20])
-    f.write(array.array("d", data[6 << 20 :]))  # not bytes, not "B"-formatted: still its raw bytes
-    f.close()
-    assert pending.digests == {"big.bin": {"size": len(data), "sha256": sha(data)}}
-    assert (pending.path / "big.bin").read_bytes() == data
 
 
 def test_manifest_and_marker_contents(tmp_path: Path) -> None:

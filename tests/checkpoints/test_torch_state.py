@@ -277,3 +277,34 @@ def _flatten(value):
     if isinstance(value, (list, tuple)):
         return [_flatten(v) for v in value]
     return value
+
+
+def test_capture_copies_every_kind_of_cpu_tensor_by_value() -> None:
+    base = torch.randn(6, 5, dtype=torch.complex64)
+    with torch.inference_mode():
+        made_in_inference = torch.arange(4.0)
+    tensors = {
+        "plain": torch.randn(64, 33),
+        "bf16": torch.randn(7, 3).to(torch.bfloat16),
+        "ints": torch.arange(10, dtype=torch.int64),
+        "bools": torch.tensor([True, False, True]),
+        "empty": torch.zeros(0, 3),
+        "scalar": torch.tensor(2.5),
+        "transposed": torch.randn(5, 9).t(),  # not contiguous
+        "sliced": torch.randn(20)[3:17:2],  # an offset and a stride
+        "conjugate": base.conj(),  # a conjugate view: its bytes are not its value
+        "negative": base.conj().imag,  # a negative view
+        "inference": made_in_inference,
+        "parameter": torch.nn.Parameter(torch.randn(3)),
+    }
+    expected = {name: t.detach().resolve_conj().resolve_neg().clone() for name, t in tensors.items()}
+    buffers = HostBuffers()
+    capture(model=tensors, buffers=buffers)  # the second capture copies into the buffers the first allocated
+    snapshot = capture(model=tensors, buffers=buffers)
+    for name, want in expected.items():
+        got = snapshot.state["model"][name]
+        assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want), name
+        if want.numel():
+            assert got.untyped_storage().data_ptr() != tensors[name].untyped_storage().data_ptr(), name
+    tensors["plain"].add_(1)  # the training goes on: the snapshot keeps what it copied
+    assert torch.equal(snapshot.state["model"]["plain"], expected["plain"])

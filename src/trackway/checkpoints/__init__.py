@@ -3,6 +3,9 @@
     protocol     the storage protocol (writing → committed → superseded → deleted; corrupt set aside)
     retention    what to keep, supersede and delete, as a plan that `trackway gc --dry-run` prints
     torch_state  a PyTorch checkpoint's content, loaded with weights_only
+    hashing      a payload file hashed (sha256) on a thread of its own while it is written
+    formats      payload formats ("torch": state.pt, "safetensors": state.safetensors) and their files
+    safetensors_state  a state as one safetensors file
     async_save   saving while training continues
     manager      `run.checkpoints` in the SDK
     mirror       the ledger's copy of what storage holds (storage is the truth)
@@ -23,26 +26,28 @@ def load(path: str | os.PathLike[str], *, rank: int = 0, map_location: Any = "cp
     """Load the PyTorch state that `run.checkpoints.save(...)` committed, after verifying it.
 
     `path` is a checkpoint directory (`.../checkpoints/step-00001234`, what an evaluator gets in
-    `$TRACKWAY_CHECKPOINT`) or one state file inside it (`.../step-00001234/state.pt`). The
+    `$TRACKWAY_CHECKPOINT`) or one state file inside it (`.../step-00001234/state.pt`, or
+    `state.safetensors` when it was saved with format="safetensors"). The
     checkpoint must be committed (its COMMITTED marker verifies against MANIFEST.json) and every
     file the manifest lists must have its recorded size and sha256; otherwise a
     `trackway.checkpoints.protocol.CheckpointError` (a `trackway.errors.TrackwayError`) says what
     is wrong, and nothing is loaded.
 
-    Returns the saved state as a dict, loaded with `torch.load(weights_only=True)` (so loading
-    never runs code from the file), tensors on `map_location` (default "cpu"):
+    Returns the saved state as a dict, loaded with `torch.load(weights_only=True)` or, for
+    safetensors, by safetensors and JSON (so loading never runs code from the file), tensors on
+    `map_location` (default "cpu"; a safetensors checkpoint takes a device only):
 
         state = trackway.checkpoints.load(os.environ["TRACKWAY_CHECKPOINT"])
         model.load_state_dict(state["model"])
 
     Keys: "model", "optimizer", "scheduler", "scaler" (each None when not saved), "data_state",
     "extra", "rng" and "format". `rank` picks one rank's shard of a multi-rank save (rank 0 is
-    `state.pt`). Checkpoints written with `run.checkpoints.writing(step)` hold your own files:
+    `state.pt` or `state.safetensors`). Checkpoints written with `run.checkpoints.writing(step)` hold your own files:
     this verifies nothing for them; open the files in the directory yourself.
     """
     from pathlib import Path
 
-    from trackway.checkpoints.manager import shard_name
+    from trackway.checkpoints.formats import expected_state_files, find_state_file
     from trackway.checkpoints.protocol import CheckpointError, CheckpointStore, parse_step
     from trackway.checkpoints.torch_state import load_state
 
@@ -50,7 +55,7 @@ def load(path: str | os.PathLike[str], *, rank: int = 0, map_location: Any = "cp
     if given.is_file():
         directory, filename = given.parent, given.name
     else:
-        directory, filename = given, shard_name(rank)
+        directory, filename = given, None
     step = parse_step(directory.name)
     if step is None or not directory.is_dir():
         raise CheckpointError(
@@ -66,8 +71,9 @@ def load(path: str | os.PathLike[str], *, rank: int = 0, map_location: Any = "cp
     if problems:
         raise CheckpointError(f"checkpoint {directory} does not match its manifest: {'; '.join(problems)}")
     listed = (info.manifest or {}).get("files") or {}
+    filename = filename or find_state_file(listed, rank)
     if filename not in listed:
         raise CheckpointError(
-            f"checkpoint {directory} holds no {filename} (its files: {', '.join(sorted(listed)) or 'none'}); "
-            "load() reads what run.checkpoints.save() wrote")
+            f"checkpoint {directory} holds no {filename or expected_state_files(rank)} (its files: "
+            f"{', '.join(sorted(listed)) or 'none'}); load() reads what run.checkpoints.save() wrote")
     return load_state(directory / filename, map_location=map_location)

@@ -15,12 +15,16 @@ one whose content the safe loader refuses (a pickle that would run code) as `ste
 
 (the SDK writes it as the `checkpoint_restored` event: the receipt's resumed-from comes from it).
 
+Payload format: "torch" (state.pt, the default) or "safetensors" (state.safetensors: no pickle,
+and split in parts hashed on several cores), chosen per manager (`format=`) or per `save(format=)`;
+restoring reads whichever a checkpoint holds (see formats.py).
+
 Multi-process (torch.distributed initialized, world size > 1), one save:
 
     rank 0                                   rank r > 0
     broadcast temp-dir token ───────────────► begin(step, token)   (one shared temp dir)
-    write state.pt                            write rank-0000r.pt
-    gather digests ◄───────────────────────── (name, size, sha256) or the error
+    write state.pt                            write rank-0000r.pt   (.safetensors alike)
+    gather digests ◄───────────────────────── [(name, size, sha256), ...] or the error
     add_digest each, commit (or abort all)
     broadcast outcome ──────────────────────► raise if it failed
     (every rank returns only once the commit is durable)
@@ -43,6 +47,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trackway.checkpoints.formats import DEFAULT_FORMAT, check_format, state_file
 from trackway.checkpoints.protocol import (
     CheckpointDiskFull,
     CheckpointError,
@@ -63,13 +68,13 @@ if TYPE_CHECKING:
 STATE_FILE = "state.pt"
 
 
-def shard_name(rank: int) -> str:
-    """The file one rank's state lives in: rank 0 writes `state.pt`, rank r writes `rank-0000r.pt`."""
-    return STATE_FILE if rank == 0 else f"rank-{rank:05d}.pt"
+def shard_name(rank: int, format: str = DEFAULT_FORMAT) -> str:  # noqa: A002 - the user-facing word
+    """The file one rank's state lives in: rank 0 writes `state.pt`, rank r `rank-0000r.pt` (`.safetensors` alike)."""
+    return state_file(rank, format)
 
 
 class CheckpointManager:
-    """Saves, lists and restores one run's checkpoints under `root`."""
+    """Saves, lists and restores one run's checkpoints under `root`; `format`: "torch" or "safetensors" payloads."""
 
     def __init__(
         self,
@@ -81,6 +86,7 @@ class CheckpointManager:
         every_steps: int | None = None,
         every_minutes: float | None = None,
         async_save: bool = True,
+        format: str = DEFAULT_FORMAT,  # noqa: A002 - the user-facing word
         on_commit: Callable[[CheckpointInfo], None] | None = None,
         on_restore: Callable[[dict[str, Any]], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -96,6 +102,7 @@ class CheckpointManager:
         self.every_steps = every_steps
         self.every_minutes = every_minutes
         self.async_save = async_save
+        self.format = check_format(format)
         self.on_commit = on_commit
         self.on_restore = on_restore
         self._clock = clock
@@ -145,14 +152,17 @@ class CheckpointManager:
         extra: Any = None,
         metrics: dict | None = None,
         blocking: bool | None = None,
+        format: str | None = None,  # noqa: A002 - the user-facing word
     ) -> None:
         """Checkpoint the state at `step`; returns once it is copied to host memory (unless blocking).
 
+        `format` overrides the manager's payload format for this save ("torch", "safetensors").
         Saving the step this manager saved last does nothing. A failure of the previous
         background save is raised here, as CheckpointError.
         """
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise InputError(f"checkpoint step must be a non-negative integer, got {step!r}")
+        format = check_format(self.format if format is None else format)  # noqa: A001
         saver = self._async_saver()
         if step == self._last_step:
             self.wait()
@@ -175,6 +185,7 @@ class CheckpointManager:
                 extra=extra,
                 on_commit=self.on_commit,
                 blocking=not self.async_save if blocking is None else blocking,
+                format=format,
             )
         except BaseException:
             self._last_step = None
@@ -297,17 +308,11 @@ class CheckpointManager:
         self, info: CheckpointInfo, ranks: _Ranks | None, skipped: list[SetAside], objects: dict, restore_rng: bool
     ) -> Restored | None:
         """Load this rank's shard of `info` into `objects`; None when some rank's loader refused it (now set aside)."""
-        from trackway.checkpoints.torch_state import restore
+        from trackway.checkpoints.torch_state import restore, shard_file
 
-        filename = shard_name(ranks.rank if ranks is not None else 0)
         restored, refusal, failure = None, None, None
         try:
-            if not (Path(info.path) / filename).is_file():
-                files = sorted(p.name for p in Path(info.path).glob("*.pt"))
-                raise CheckpointError(
-                    f"checkpoint {info.name} has no {filename} (it holds {', '.join(files) or 'no .pt files'}); "
-                    "was it saved with a different number of ranks?"
-                )
+            filename = shard_file(info, ranks.rank if ranks is not None else 0)
             restored = restore(info, **objects, restore_rng=restore_rng, filename=filename)
         except CheckpointRefused as exc:
             refusal = str(exc)
@@ -385,7 +390,7 @@ class CheckpointManager:
     def _persist_single(self, step: int, metrics: dict | None) -> Callable[[Snapshot], CheckpointInfo]:
         from trackway.checkpoints.async_save import commit_to
 
-        commit = commit_to(lambda: self._begin(step, None), metrics=metrics, filename=STATE_FILE)
+        commit = commit_to(lambda: self._begin(step, None), metrics=metrics)
 
         def persist(snapshot: Snapshot) -> CheckpointInfo:
             info = commit(snapshot)
@@ -399,14 +404,13 @@ class CheckpointManager:
         def persist(snapshot: Snapshot) -> CheckpointInfo | None:
             token = ranks.token(writer=True)
             pending = None
-            report: tuple | str
+            report: list[tuple[str, int, str]] | str
             own = None
             try:
                 pending = self._begin(step, token)
-                filename = shard_name(ranks.rank)
-                snapshot.write(pending, filename)
-                digest = pending.digests[filename]
-                report = (filename, digest["size"], digest["sha256"])
+                snapshot.write(pending, shard_name(ranks.rank, snapshot.format))
+                # Every file this rank wrote: a safetensors state in parts is several.
+                report = [(name, digest["size"], digest["sha256"]) for name, digest in pending.digests.items()]
             except Exception as exc:  # noqa: BLE001 - every rank must reach the gather, failed or not
                 report = f"rank {ranks.rank}: {type(exc).__name__}: {exc}"
                 own = exc
@@ -420,14 +424,14 @@ class CheckpointManager:
     def _finish_shared(
         self, pending: PendingCheckpoint, ranks: _Ranks, error: str | None, metrics: dict | None
     ) -> CheckpointInfo | None:
-        report: tuple | str = error if error is not None else ("", 0, "")
+        report: list[tuple[str, int, str]] | str = error if error is not None else []
         return _commit_gathered(pending, ranks, report, metrics, writer=False, root=self.store.root)
 
 
 def _commit_gathered(
     pending: PendingCheckpoint | None,
     ranks: _Ranks,
-    report: tuple | str,
+    report: list[tuple[str, int, str]] | str,
     metrics: dict | None,
     *,
     writer: bool,
@@ -458,8 +462,8 @@ def _commit_gathered(
                 _abort(pending)
         else:
             try:
-                for filename, size, sha256 in reports[1:]:
-                    if filename:
+                for files in reports[1:]:
+                    for filename, size, sha256 in files:
                         pending.add_digest(filename, size, sha256)
                 info = pending.commit(metrics=metrics)
             except Exception as exc:  # noqa: BLE001 - the other ranks must hear about it

@@ -40,11 +40,9 @@ from __future__ import annotations
 import errno
 import fcntl
 import hashlib
-import io
 import json
 import math
 import os
-import queue
 import re
 import secrets
 import shutil
@@ -60,6 +58,7 @@ from enum import Enum
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
 
+from trackway.checkpoints.hashing import HashingWriter
 from trackway.errors import TrackwayError
 
 MANIFEST = "MANIFEST.json"
@@ -78,11 +77,7 @@ _SHA256_RE = re.compile(r"[0-9a-f]{64}", re.ASCII)
 _DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
 _DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
-_WRITE_CHUNK = 4 << 20  # one os.write per chunk: small enough to be hashed or copied from cache after it
-_HINT_EVERY = 8 << 20
-_STAGES = 8  # how far (in chunks) hashing may trail writing
-_SPARE_STAGES: list[bytearray] = []  # kept between files: fresh buffers cost page faults
-_FADVISE = hasattr(os, "posix_fadvise")
+_READ_CHUNK = 4 << 20
 
 # Fault injection for the kill tests: TRACKWAY_CHECKPOINT_CRASH_AT=<point>[@n] SIGKILLs the process the
 # n-th time it passes that point; unset, a point costs one comparison.
@@ -228,109 +223,6 @@ def new_token() -> str:
     return f"{datetime.now(timezone.utc).strftime(_STAMP_FORMAT)}-{secrets.token_hex(4)}"
 
 
-class _HashingWriter(io.RawIOBase):
-    """A write-only file that hashes what it writes as it writes it, fsyncs on close and records its digest.
-
-    Where a CPU is idle, written bytes are also copied into a few staging buffers that a helper thread
-    hashes while the caller goes on serializing; elsewhere each chunk is hashed right after it is
-    written, while still in cache. No fileno(): bytes written through it would bypass the hash.
-    """
-
-    def __init__(self, pending: PendingCheckpoint, relpath: str, path: Path) -> None:
-        super().__init__()
-        self._pending, self._relpath = pending, relpath
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
-        self._sha = hashlib.sha256()
-        self._size = self._on_disk = self._hinted = self._staged = self._stages = 0
-        self._stage = bytearray()
-        self._full, self._free = queue.SimpleQueue(), queue.SimpleQueue()
-        self._hasher: threading.Thread | None = None
-        self._failed = False
-        self._spare_cpu = os.getloadavg()[0] < len(os.sched_getaffinity(0))  # else the helper would queue for one
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, data: Any) -> int:
-        if self.closed or self._failed:
-            raise ValueError(f"checkpoint file {self._relpath} is {'closed' if self.closed else 'broken by an error'}")
-        view = memoryview(data)
-        view = view if view.c_contiguous else memoryview(view.tobytes())
-        view = view if view.format == "B" and view.ndim == 1 else view.cast("B")
-        self._failed = True  # until these bytes are written and hashed (or staged for hashing)
-        with self._pending._disk_full_named():
-            self._write_all(view)
-        self._failed = False
-        self._size += view.nbytes
-        return view.nbytes
-
-    def _write_all(self, view: memoryview) -> None:
-        pos = 0
-        while pos < len(view):
-            written = os.write(self._fd, view[pos : pos + _WRITE_CHUNK])
-            chunk, pos = view[pos : pos + written], pos + written
-            if self._spare_cpu:
-                self._stage_copy(chunk)
-            else:
-                self._sha.update(chunk)
-            self._on_disk += written
-            _crash_point("mid_write")
-            if _FADVISE and self._on_disk - self._hinted >= _HINT_EVERY:
-                # DONTNEED starts writeback without waiting for it: the fsync at close has little left.
-                with suppress(OSError):
-                    os.posix_fadvise(self._fd, self._hinted, self._on_disk - self._hinted, os.POSIX_FADV_DONTNEED)
-                self._hinted = self._on_disk
-
-    def close(self) -> None:
-        if self.closed:
-            return
-        try:
-            if not self._failed:
-                self._failed = True  # until the fsync succeeds
-                with self._pending._disk_full_named():  # delayed allocation can run out of room here
-                    os.fsync(self._fd)
-                self._failed = False
-                _crash_point("after_payload_fsync")
-        finally:
-            if self._hasher is not None:
-                if self._staged:
-                    self._full.put((self._stage, self._staged))
-                self._full.put(None)
-                self._hasher.join()
-                while not self._free.empty() and len(_SPARE_STAGES) < _STAGES:
-                    _SPARE_STAGES.append(self._free.get())
-            os.close(self._fd)
-            super().close()
-            self._pending._closed(self._relpath, None if self._failed else (self._size, self._sha.hexdigest()))
-
-    def _stage_copy(self, view: memoryview) -> None:
-        while view:
-            if self._staged == 0:
-                self._stage = self._take_stage()
-            n = min(len(view), _WRITE_CHUNK - self._staged)
-            self._stage[self._staged : self._staged + n] = view[:n]
-            self._staged, view = self._staged + n, view[n:]
-            if self._staged == _WRITE_CHUNK:
-                self._full.put((self._stage, self._staged))
-                self._staged = 0
-
-    def _take_stage(self) -> bytearray:
-        if self._hasher is None:
-            self._hasher = threading.Thread(target=self._hash_staged, name=f"sha256 {self._relpath}", daemon=True)
-            self._hasher.start()
-        if self._stages < _STAGES and self._free.empty():
-            self._stages += 1
-            with suppress(IndexError):  # another file's writer may have taken the last spare one
-                return _SPARE_STAGES.pop()
-            return bytearray(_WRITE_CHUNK)
-        return self._free.get()  # waits while the helper is _STAGES chunks behind
-
-    def _hash_staged(self) -> None:
-        while (staged := self._full.get()) is not None:
-            self._sha.update(memoryview(staged[0])[: staged[1]])
-            self._free.put(staged[0])
-
-
 class PendingCheckpoint:
     """A checkpoint being written into a private temporary directory; nothing reads it until `commit()`.
 
@@ -357,11 +249,21 @@ class PendingCheckpoint:
             return {rel: {"size": size, "sha256": sha} for rel, (size, sha) in self._digests.items()}
 
     def open(self, relpath: str) -> BinaryIO:
-        """A new binary file in the checkpoint, hashed as it is written and fsynced when closed."""
+        """A new binary file in the checkpoint, hashed as it is written and fsynced when closed.
+
+        It is a `HashingWriter`: besides `write()`, `write_held(data, owner)` takes bytes that stay
+        unchanged until the file is closed and hashes them without a copy.
+        """
         self._check_open("open a file in")
         rel = _clean_relpath(relpath)
         (self.path / rel).parent.mkdir(parents=True, exist_ok=True)
-        writer = _HashingWriter(self, rel, self.path / rel)
+        writer = HashingWriter(
+            self.path / rel,
+            name=rel,
+            guard=self._disk_full_named,
+            on_close=lambda digest: self._closed(rel, digest),
+            crash_point=_crash_point,
+        )
         with self._lock:
             self._digests.pop(rel, None)
             self._open.append(rel)
@@ -861,7 +763,7 @@ def _walk(root: Path) -> tuple[list[str], list[Path]]:
 
 
 def _hash_file(path: Path, fsync: bool = False) -> tuple[int, str]:
-    sha, size, buffer = hashlib.sha256(), 0, bytearray(_WRITE_CHUNK)
+    sha, size, buffer = hashlib.sha256(), 0, bytearray(_READ_CHUNK)
     view = memoryview(buffer)
     with open(path, "rb", buffering=0) as f:
         while n := f.readinto(buffer):

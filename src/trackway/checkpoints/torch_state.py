@@ -3,24 +3,48 @@
 A capture holds the model, optimizer, scheduler and AMP scaler state dicts, the RNG states
 (python, numpy, torch CPU and every initialized CUDA device), the data cursor and free-form
 `extra`. Tensors are copied into `HostBuffers` allocated once and reused by later captures,
-so the training step blocks only for the copy. Everything captured must load with
-`torch.load(weights_only=True)`; that is checked at capture time, where the error can still
-name the offending key, and it is the only way a checkpoint is ever loaded.
+so the training step blocks only for the copy:
+
+    CPU tensor   memmoves into its buffer, shared with a helper thread piece by piece (torch's copy
+                 splits a large copy across threads in fixed shares and waits for the slowest: on a
+                 busy machine, one thread descheduled stalls the step several times over)
+    CUDA tensor  queued on a copy stream of its own into pinned memory; the training's stream
+                 waits for it before it runs anything else, the writer before it reads the buffers
+
+Everything captured must load with `torch.load(weights_only=True)`; that is checked at capture
+time, where the error can still name the offending key, and it is the only way a checkpoint is
+ever loaded. A snapshot is written in one of two payload formats (`FORMATS`):
+
+    "torch"        state.pt: torch.save's zip (without its CRC-32: the manifest's sha256 covers more)
+    "safetensors"  state.safetensors (a large state also state-1.safetensors, ...: parts hashed on
+                   several cores at once): the tensors by name, the rest as JSON; no pickle at all
+                   (see safetensors_state)
+
+Either way the host buffers are handed to the file as they lie (`write_held`): hashed where they
+are while they are written, never copied again.
 """
 
 from __future__ import annotations
 
+import ctypes
+import inspect
+import os
 import pickle
+import queue
 import random
 import re
 import sys
+import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from contextlib import ExitStack
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from trackway.checkpoints.formats import FORMATS, check_format, expected_state_files, find_state_file, state_file
+from trackway.checkpoints.hashing import HashingWriter
 from trackway.checkpoints.protocol import (
     CheckpointError,
     CheckpointInfo,
@@ -33,8 +57,10 @@ from trackway.errors import InputError
 
 FORMAT = "trackway.torch_state/1"
 STATE_FILE = "state.pt"
+_HELD_MIN = 256 << 10  # smaller tensors are copied into the writer's stage with their neighbours
 
 _PLAIN = (str, int, float, bool, complex, bytes, type(None), torch.dtype, torch.device)
+_SCALARS = frozenset({str, int, float, bool, type(None)})
 
 
 class HostBuffers:
@@ -47,6 +73,7 @@ class HostBuffers:
     def __init__(self) -> None:
         self._buffers: dict[tuple, torch.Tensor] = {}
         self._used: set[tuple] = set()
+        self._streams: dict[torch.device, Any] = {}
 
     def __len__(self) -> int:
         return len(self._buffers)
@@ -73,6 +100,13 @@ class HostBuffers:
             self._buffers[key] = buffer
         return buffer
 
+    def copy_stream(self, device: torch.device) -> Any:
+        """The CUDA stream that copies from `device` into these buffers (one per device, kept)."""
+        stream = self._streams.get(device)
+        if stream is None:
+            stream = self._streams[device] = torch.cuda.Stream(device=device)
+        return stream
+
     def _start(self) -> None:
         self._used = set()
 
@@ -90,33 +124,142 @@ class Snapshot:
 
     state: dict
     nbytes: int
+    format: str = "torch"
+    tensors: list[torch.Tensor] = field(default_factory=list)  # its host buffers (strided tensors), each once
+    ready: list[Any] = field(default_factory=list)  # CUDA events: its copies from the GPU are done
+    layout: Any = None  # safetensors_state.Layout, for format "safetensors"
 
-    def write(self, pending: PendingCheckpoint, filename: str = STATE_FILE) -> None:
-        """Serialize into `filename` of the pending checkpoint (hashed and fsynced by the protocol)."""
-        with pending.open(filename) as f:
-            sink = _Sink(f)
-            try:
-                torch.save(self.state, sink)
-            except Exception:
-                # torch's C++ writer reports a failed write as "unexpected pos N vs M"; the
-                # write's own error (disk full, I/O error) is the one that says what to fix.
-                error = sink.error
-                if error is not None and error.__cause__ is not None:
-                    raise error  # from the OSError it names (a full disk): that cause must survive
-                if error is not None:
-                    raise error from None
-                raise
+    @property
+    def filename(self) -> str:
+        return state_file(0, self.format)
+
+    def wait_ready(self) -> None:
+        """Block until every copy from a GPU into this snapshot has landed."""
+        for event in self.ready:
+            event.synchronize()
+        self.ready = []
+
+    def write(self, pending: PendingCheckpoint, filename: str | None = None) -> None:
+        """Serialize into `filename` (default `state.pt` / `state.safetensors`) of the pending checkpoint.
+
+        The protocol's file hashes and fsyncs it; the snapshot's tensors are handed to it as they lie.
+        """
+        self.wait_ready()
+        if self.format == "safetensors":
+            _write_layout(pending, filename or self.filename, self.layout)
+            return
+        with pending.open(filename or self.filename) as f:
+            _write_torch(f, self.state, self.tensors)
+
+
+def _write_torch(f: Any, state: dict, tensors: list[torch.Tensor]) -> None:
+    sink = _Sink(f, _held_storages(tensors) if isinstance(f, HashingWriter) else {})
+    try:
+        _torch_save(state, sink)
+    except Exception:
+        # torch's C++ writer reports a failed write as "unexpected pos N vs M"; the
+        # write's own error (disk full, I/O error) is the one that says what to fix.
+        error = sink.error
+        if error is not None and error.__cause__ is not None:
+            raise error  # from the OSError it names (a full disk): that cause must survive
+        if error is not None:
+            raise error from None
+        raise
+
+
+def _write_layout(pending: PendingCheckpoint, filename: str, layout: Any) -> None:
+    """Write every part at once, tensors in the layout's interleaved order, so that all parts' hashers run together."""
+    from trackway.checkpoints.safetensors_state import part_file
+
+    with ExitStack() as stack:
+        files = [stack.enter_context(pending.open(part_file(filename, k))) for k in range(len(layout.parts))]
+        for f, part in zip(files, layout.parts):
+            f.write(part.header)
+        for k, tensor in layout.order:
+            nbytes = tensor.numel() * tensor.element_size()
+            if nbytes == 0:
+                continue
+            view = _raw_bytes(tensor.data_ptr(), nbytes)
+            if nbytes >= _HELD_MIN and isinstance(files[k], HashingWriter):
+                files[k].write_held(view, tensor)
+            else:
+                files[k].write(view)
+
+
+def _torch_save_parameters_known() -> bool:
+    save = getattr(torch.serialization, "_save", None)
+    if save is None or not hasattr(torch.serialization, "_get_storage_alignment"):
+        return False
+    names = list(inspect.signature(save).parameters)
+    return names == ["obj", "zip_file", "pickle_module", "pickle_protocol", "_disable_byteorder_record"]
+
+
+_NO_CRC = _torch_save_parameters_known()
+
+
+def _torch_save(state: dict, sink: _Sink) -> None:
+    """torch.save(state, sink), without the CRC-32 of every record where this torch allows it.
+
+    The same zip that torch.save writes (torch.load reads it), minus a checksum pass over every
+    byte that the manifest's sha256 makes redundant. torch.save's switch for it is process-wide
+    (another thread's torch.save would lose its CRCs), so the writer is opened here as torch.save
+    opens it. An unknown torch falls back to torch.save.
+    """
+    writer = None
+    if _NO_CRC:
+        try:
+            writer = torch._C.PyTorchFileWriter(sink, False, torch.serialization._get_storage_alignment())
+        except (AttributeError, TypeError):
+            writer = None
+    if writer is None:
+        torch.save(state, sink)
+        return
+    try:
+        torch.serialization._save(state, writer, pickle, torch.serialization.DEFAULT_PROTOCOL, False)
+    finally:
+        writer.write_end_of_file()  # as torch.save does, even after a failure: it marks the writer finished
+    sink.flush()
+
+
+def _held_storages(tensors: list[torch.Tensor]) -> dict[int, tuple[int, torch.Tensor]]:
+    """{address: (bytes, tensor)} of each snapshot tensor's whole storage, which torch.save writes in one piece."""
+    if _numpy() is None:
+        return {}
+    held = {}
+    for tensor in tensors:
+        storage = tensor.untyped_storage()
+        if storage.nbytes() >= _HELD_MIN and tensor.device.type == "cpu":
+            held[storage.data_ptr()] = (storage.nbytes(), tensor)
+    return held
+
+
+def _raw_bytes(address: int, nbytes: int) -> memoryview:
+    """The `nbytes` bytes of memory at `address`, as a memoryview (whoever owns them must outlive it)."""
+    return memoryview((ctypes.c_ubyte * nbytes).from_address(address)).cast("B")
 
 
 class _Sink:
-    """The file torch.save writes to, remembering the first write error."""
+    """The file torch.save writes to, remembering the first write error.
 
-    def __init__(self, file: Any) -> None:
+    A write of a whole snapshot storage (torch.save writes each from where it lies) goes to the
+    file as held: hashed in place rather than copied.
+    """
+
+    def __init__(self, file: Any, held: dict[int, tuple[int, torch.Tensor]]) -> None:
         self.file = file
+        self.held = held
         self.error: BaseException | None = None
 
     def write(self, data: Any) -> int:
         try:
+            if self.held:
+                view = memoryview(data)
+                if view.nbytes >= _HELD_MIN:
+                    found = self.held.get(_numpy().frombuffer(view, dtype="uint8").ctypes.data)
+                    if found is not None and found[0] == view.nbytes:
+                        owner = found[1]
+                        storage = owner.untyped_storage()
+                        return self.file.write_held(_raw_bytes(storage.data_ptr(), storage.nbytes()), owner)
             return self.file.write(data)
         except BaseException as exc:
             self.error = self.error or exc
@@ -146,12 +289,16 @@ def capture(
     data_state: Any = None,
     extra: Any = None,
     buffers: HostBuffers | None = None,
+    format: str = "torch",  # noqa: A002 - the user-facing word
 ) -> Snapshot:
     """Copy the training state to host memory; raise InputError naming any key that cannot be stored.
 
     `model`, `optimizer`, `scheduler` and `scaler` may be objects with `state_dict()` or
     state dicts already. With `buffers`, tensors land in buffers reused from earlier captures.
+    `format` is the payload format the snapshot will be written in (`FORMATS`); what it cannot
+    hold is refused here, naming the key.
     """
+    check_format(format)
     buffers = buffers if buffers is not None else HostBuffers()
     raw = {
         "format": FORMAT,
@@ -167,9 +314,14 @@ def capture(
     buffers._start()
     with torch.inference_mode(False), torch.no_grad():
         state = {key: copier.copy(value, key, ()) for key, value in raw.items()}
-        copier.synchronize()
+        ready = copier.finish()
     buffers._finish()
-    return Snapshot(state=state, nbytes=copier.nbytes)
+    snapshot = Snapshot(state=state, nbytes=copier.nbytes, format=format, tensors=copier.tensors, ready=ready)
+    if format == "safetensors":
+        from trackway.checkpoints import safetensors_state
+
+        snapshot.layout = safetensors_state.layout(state, FORMAT)
+    return snapshot
 
 
 def rng_state() -> dict:
@@ -223,12 +375,13 @@ def restore(
     scaler: Any = None,
     restore_rng: bool = True,
     map_location: Any = "cpu",
-    filename: str = STATE_FILE,
+    filename: str | None = None,
 ) -> Restored:
-    """Load a committed checkpoint into the objects given; only `torch.load(weights_only=True)` is used.
+    """Load a committed checkpoint into the objects given; nothing in it can run code (see `load_state`).
 
     The files' hashes are checked by whoever chose the checkpoint (`latest_committed()` does);
-    here the marker must verify against the manifest, and `filename` is one rank's shard.
+    here the marker must verify against the manifest, and `filename` is one rank's shard
+    (default: rank 0's, in whichever format it was saved).
     """
     info = source if isinstance(source, CheckpointInfo) else _inspect(Path(source))
     if not info.state.readable:
@@ -239,6 +392,7 @@ def restore(
         )
     directory = Path(info.path)
     manifest = info.manifest or {}
+    filename = filename or shard_file(info, 0)
     state = load_state(directory / filename, map_location=map_location)
     where = f"{directory.name}/{filename}"
     for key, target in (("model", model), ("optimizer", optimizer), ("scheduler", scheduler), ("scaler", scaler)):
@@ -263,14 +417,33 @@ def restore(
     )
 
 
+def shard_file(info: CheckpointInfo, rank: int) -> str:
+    """The file holding `rank`'s state in a checkpoint, whichever format it was saved in; CheckpointError if none."""
+    listed = (info.manifest or {}).get("files") or {}
+    found = find_state_file(listed, rank)
+    if found is None:
+        states = sorted(name for name in listed if name.endswith(tuple(FORMATS.values())))
+        raise CheckpointError(
+            f"checkpoint {info.name} has no {expected_state_files(rank)} (it holds "
+            f"{', '.join(states) or 'no state files'}); was it saved with a different number of ranks?"
+        )
+    return found
+
+
 def load_state(path: Path, map_location: Any = "cpu") -> dict:
     """The raw state dict of one checkpoint file, refusing anything but tensors and plain values.
 
-    A refusal raises CheckpointRefused (nothing in the file ran): the caller sets the checkpoint aside.
+    `.safetensors` files are read by safetensors (no pickle at all), others by
+    `torch.load(weights_only=True)`. A refusal raises CheckpointRefused (nothing in the file
+    ran): the caller sets the checkpoint aside.
     """
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint file {path} does not exist")
+    if path.suffix == FORMATS["safetensors"]:
+        from trackway.checkpoints import safetensors_state
+
+        return safetensors_state.read(path, FORMAT, map_location)
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
@@ -325,8 +498,10 @@ class _Copier:
     def __init__(self, buffers: HostBuffers) -> None:
         self.buffers = buffers
         self.nbytes = 0
+        self.tensors: list[torch.Tensor] = []
         self._seen: dict[tuple, torch.Tensor] = {}
-        self._cuda_devices: set[torch.device] = set()
+        self._streams: dict[torch.device, Any] = {}
+        self._moves = _Moves()
 
     def copy(self, value: Any, path: str, parents: tuple[int, ...]) -> Any:
         if isinstance(value, torch.Tensor):
@@ -353,6 +528,8 @@ class _Copier:
                 out._metadata = self.copy(metadata, f"{path}._metadata", parents)
             return out
         if type(value) is list or type(value) is tuple:
+            if all(type(item) in _SCALARS for item in value):  # python's RNG state: 625 ints, walked in one go
+                return list(value) if type(value) is list else value
             items = [self.copy(item, f"{path}[{i}]", parents) for i, item in enumerate(value)]
             return items if type(value) is list else tuple(items)
         if type(value) is set:
@@ -364,11 +541,29 @@ class _Copier:
             f"checkpoint {path}: {_kind(value)} cannot be stored; checkpoints hold tensors and plain values only{hint}"
         )
 
-    def synchronize(self) -> None:
-        # Copies from CUDA were queued non-blocking on each device's current stream; the
-        # snapshot is only complete once those streams have run them.
-        for device in self._cuda_devices:
-            torch.cuda.current_stream(device).synchronize()
+    def finish(self) -> list[Any]:
+        """Do the CPU copies; return an event per GPU copied from, recorded after its copies.
+
+        The snapshot's reader waits for the events. The training's stream waits for them too, so
+        nothing queued after the capture can change a tensor before its copy has read it; the
+        training thread itself does not wait (its GPU copies run while it does the CPU ones).
+        """
+        self._moves.run()
+        events = []
+        for device, stream in self._streams.items():
+            event = torch.cuda.Event(blocking=True)  # the writer waiting for it sleeps rather than spins
+            event.record(stream)
+            torch.cuda.current_stream(device).wait_event(event)
+            events.append(event)
+        return events
+
+    def _copy_stream(self, device: torch.device) -> Any:
+        stream = self._streams.get(device)
+        if stream is None:
+            stream = self._streams[device] = self.buffers.copy_stream(device)
+            # The copies must see everything queued so far on the training's stream.
+            stream.wait_stream(torch.cuda.current_stream(device))
+        return stream
 
     def _key(self, key: Any, path: str) -> None:
         if not isinstance(key, (str, int, float, bool, type(None))):
@@ -398,15 +593,96 @@ class _Copier:
                 return self._seen[alias]
             buffer = self.buffers.take(path, tensor)
             if tensor.device.type == "cuda":
-                buffer.copy_(tensor.detach(), non_blocking=True)
-                self._cuda_devices.add(tensor.device)
+                stream = self._copy_stream(tensor.device)
+                with torch.cuda.stream(stream):
+                    buffer.copy_(tensor.detach(), non_blocking=True)
+                # Freed by the training before the copy ran, its memory must not be handed out again.
+                tensor.detach().record_stream(stream)
+            elif tensor.device.type == "cpu" and _plain_memory(tensor):
+                self._moves.add(buffer.data_ptr(), tensor.data_ptr(), buffer.numel() * buffer.element_size())
             else:
                 buffer.copy_(tensor.detach())
             self._seen[alias] = buffer
+            self.tensors.append(buffer)
         else:
             buffer = tensor.detach().to("cpu", copy=True)
         self.nbytes += buffer.numel() * buffer.element_size()
         return buffer
+
+
+class _Moves:
+    """A capture's CPU copies, as memmoves of at most 4 MiB, done by the caller and a helper thread together.
+
+    Each takes the next piece until none is left (ctypes.memmove lets go of the GIL), so a thread
+    descheduled on a busy machine delays only the piece it holds: the caller waits for pieces the
+    helper took, never for the helper to wake. Where the machine is idle two threads copy a little
+    faster than one; where it is busy they get twice one thread's share of the CPU.
+    """
+
+    PIECE = 4 << 20
+    SHARED_FROM = 16 << 20  # less is not worth waking the helper
+
+    def __init__(self) -> None:
+        self.pieces: list[tuple[int, int, int]] = []
+        self.nbytes = 0
+        self._next = self._taken = 0
+        self._done = threading.Condition()
+
+    def add(self, dst: int, src: int, nbytes: int) -> None:
+        for offset in range(0, nbytes, self.PIECE):
+            self.pieces.append((dst + offset, src + offset, min(self.PIECE, nbytes - offset)))
+        self.nbytes += nbytes
+
+    def run(self) -> None:
+        if self.nbytes >= self.SHARED_FROM and _usable_cores() > 1:
+            _copy_helper().put(self)
+        self.share()
+        with self._done:  # the pieces the helper took
+            self._done.wait_for(lambda: self._taken == 0)
+
+    def share(self) -> None:
+        """Copy pieces until none is left (called by both threads)."""
+        while True:
+            with self._done:
+                if self._next >= len(self.pieces):
+                    return
+                dst, src, nbytes = self.pieces[self._next]
+                self._next += 1
+                self._taken += 1
+            ctypes.memmove(dst, src, nbytes)
+            with self._done:
+                self._taken -= 1
+                if self._taken == 0:
+                    self._done.notify_all()
+
+
+_helper_queue: queue.SimpleQueue[_Moves] | None = None
+_helper_lock = threading.Lock()
+
+
+def _copy_helper() -> queue.SimpleQueue[_Moves]:
+    """The queue of the process's copy helper thread (started on first use; a daemon, idle between captures)."""
+    global _helper_queue
+    with _helper_lock:
+        if _helper_queue is None:
+            work: queue.SimpleQueue[_Moves] = queue.SimpleQueue()
+
+            def help_out() -> None:
+                while True:
+                    work.get().share()
+
+            threading.Thread(target=help_out, name="trackway-capture-copy", daemon=True).start()
+            _helper_queue = work
+    return _helper_queue
+
+
+def _usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _plain_memory(tensor: torch.Tensor) -> bool:
+    """Whether the tensor's value is exactly its bytes, back to back (no conjugate or negative view, not quantized)."""
+    return tensor.is_contiguous() and not tensor.is_conj() and not tensor.is_neg() and not tensor.is_quantized
 
 
 def _is_numpy_scalar(value: Any) -> bool:

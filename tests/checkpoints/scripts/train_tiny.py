@@ -1,6 +1,6 @@
 """A tiny deterministic CPU training run that checkpoints and resumes through CheckpointManager.
 
-    train_tiny.py ROOT OUT --steps N --every K [--sync] [--stop-after S] [--files-at S]
+    train_tiny.py ROOT OUT --steps N --every K [--sync] [--format F] [--stop-after S] [--files-at S]
 
 Prints `step S` after each step and `resumed S` when it resumed; writes the final weights to OUT.
 Draws from python `random`, numpy and torch (dropout) every step, and walks the data in a
@@ -55,6 +55,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--every", type=int, default=5)
     parser.add_argument("--sync", action="store_true")
+    parser.add_argument("--format", default="torch", help="the checkpoints' payload: torch or safetensors")
     parser.add_argument("--stop-after", type=int, default=None)
     parser.add_argument("--files-at", type=int, default=None, help="then commit plain files through writing()")
     args = parser.parse_args()
@@ -77,7 +78,7 @@ def main() -> None:
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=7, gamma=0.7)
     torch.manual_seed(100 + rank)
 
-    manager = CheckpointManager(args.root, every_steps=args.every, async_save=not args.sync)
+    manager = CheckpointManager(args.root, every_steps=args.every, async_save=not args.sync, format=args.format)
     restored = manager.restore_latest(model=model, optimizer=optimizer, scheduler=scheduler)
     start, cursor = 1, Cursor(rank=rank)
     if restored is not None:

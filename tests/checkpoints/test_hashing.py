@@ -1,0 +1,94 @@
+"""A payload file hashed while it is written: the digest is the file's, however the bytes arrived."""
+
+from __future__ import annotations
+
+import array
+import hashlib
+import json
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from trackway.checkpoints.hashing import STAGE
+from trackway.checkpoints.protocol import MANIFEST, CheckpointStore
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def pieces(data: bytes, sizes: list[int]) -> list[memoryview]:
+    view, out, pos, i = memoryview(data), [], 0, 0
+    while pos < len(data):
+        out.append(view[pos : pos + sizes[i % len(sizes)]])
+        pos, i = pos + sizes[i % len(sizes)], i + 1
+    return out
+
+
+PATTERNS = {
+    "small copied writes": lambda f, data: [f.write(p) for p in pieces(data, [1, 4095, 7, 65536])],
+    "one copied write of many stages": lambda f, data: f.write(data),  # the writer waits for the hasher
+    "held only": lambda f, data: [f.write_held(p, data) for p in pieces(data, [3 << 20, 5, 1 << 20])],
+    "held and copied, interleaved": lambda f, data: [
+        f.write_held(p, data) if i % 2 else f.write(p) for i, p in enumerate(pieces(data, [10, 6 << 20, 333, 2 << 20]))
+    ],
+    "not bytes, not B-formatted": lambda f, data: [
+        f.write(b""), f.write(array.array("d", data)), f.write_held(b"", None)
+    ],
+}
+
+
+@pytest.mark.parametrize("pattern", PATTERNS, ids=list(PATTERNS))
+def test_the_digest_taken_while_writing_is_the_files(tmp_path: Path, pattern: str) -> None:
+    data = os.urandom(12 * STAGE + 123 * 8)  # more than the stages the hasher may trail by
+    store = CheckpointStore(tmp_path)
+    pending = store.begin(1)
+    f = pending.open("big.bin")
+    PATTERNS[pattern](f, data)
+    f.close()
+    assert pending.digests == {"big.bin": {"size": len(data), "sha256": sha(data)}}
+    info = pending.commit()
+    on_disk = (info.path / "big.bin").read_bytes()
+    assert on_disk == data
+    manifest = json.loads((info.path / MANIFEST).read_bytes())
+    assert manifest["files"]["big.bin"] == {"size": len(data), "sha256": sha(on_disk)}
+    assert store.verify(info) == []
+
+
+def test_a_small_file_is_hashed_without_a_thread(tmp_path: Path) -> None:
+    pending = CheckpointStore(tmp_path).begin(1)
+    before = threading.active_count()
+    with pending.open("small.json") as f:
+        f.write(b'{"a": 1}')
+        f.write(b"\n")
+        assert threading.active_count() == before
+    assert pending.digests["small.json"] == {"size": 9, "sha256": sha(b'{"a": 1}\n')}
+
+
+def test_files_written_side_by_side_each_get_their_own_digest(tmp_path: Path) -> None:
+    pending = CheckpointStore(tmp_path).begin(1)
+    parts = [os.urandom(3 * STAGE + n) for n in (1, 2, 3)]
+    files = [pending.open(f"part-{i}.bin") for i in range(3)]
+    for chunk in range(0, 3 * STAGE + 3, STAGE // 2):
+        for f, data in zip(files, parts):
+            f.write_held(memoryview(data)[chunk : chunk + STAGE // 2], data)
+    for f in files:
+        f.close()
+    assert pending.digests == {f"part-{i}.bin": {"size": len(d), "sha256": sha(d)} for i, d in enumerate(parts)}
+
+
+def test_a_closed_file_refuses_writes_and_closes_once(tmp_path: Path) -> None:
+    pending = CheckpointStore(tmp_path).begin(1)
+    f = pending.open("a.bin")
+    f.write(b"abc")
+    f.close()
+    f.close()
+    with pytest.raises(ValueError, match="closed"):
+        f.write(b"more")
+    with pytest.raises(ValueError, match="closed"):
+        f.write_held(b"more", None)
+    with pytest.raises(OSError):
+        f.fileno()  # bytes written past the writer would not be hashed
+    assert pending.digests["a.bin"]["size"] == 3

@@ -60,7 +60,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import PG_ADMIN_URL  # noqa: E402
+from _common import PG_ADMIN_URL, figure  # noqa: E402
 from sqlalchemy import create_engine, func, select, text  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
 from sqlalchemy.pool import NullPool  # noqa: E402
@@ -705,6 +705,12 @@ def main() -> int:
     for crash in bench.tally.crashes[:10]:
         print("CRASH", crash)
 
+    # The same verdicts as figures, for `make bench`'s one table.
+    figure("kill -9 of supervise / submit: kills that landed", delivered, unit="kills", target=args.kills,
+           higher_is_better=True)
+    for name in categories:
+        figure(f"kill -9 of supervise / submit: {name} runs", counts[name], unit="runs", target=0)
+    figure("kill -9 of supervise / submit: control-plane crashes", len(bench.tally.crashes), unit="crashes", target=0)
     ok = (delivered >= args.kills and all(counts[c] == 0 for c in categories)
           and not counts["unsettled"] and not bench.tally.crashes and settled)
     if args.keep or not ok:

@@ -4,7 +4,7 @@ The SDK writes here and nothing else, so training never waits on the ledger; the
 (or, for a script run alone, the SDK's own ingester) reads from here into the ledger.
 
     spool/
-      metrics-r0.jsonl   one line per flush of rank 0: {"keys", "steps", "times", "values"} (columnar)
+      metrics-r0.jsonl   lines of rank 0's points, columnar, one per set of keys per slice (see below)
       events.jsonl       one line per event: {"seq", "t", "kind", ...} (started, preemption_notice, ...)
       heartbeat.json     replaced atomically: {"t", "step", "pid"}
       termination.json   the attempt's own note on why it ends: {"reason", "message", "step", ...}
@@ -12,8 +12,20 @@ The SDK writes here and nothing else, so training never waits on the ledger; the
 
 Every file here is created with mode 0600: a script can log or note a secret.
 
+A metrics line holds up to a few thousand steps that share one set of keys. The SDK writes
+format 2, whose columns are little-endian binary in base64, so that neither writing nor reading
+does Python work per value:
+
+    {"v": 2, "keys": ["loss", "lr"], "n": 3,
+     "steps": "<n int64>", "times": "<n float64>", "values": ["<n float64>", ...]}
+
+Format 1 (no "v": {"keys", "steps", "times", "values"} as JSON numbers) is what earlier SDKs
+wrote; it is still read. Values may be NaN or infinite; times are unix seconds.
+
 Readers take only complete lines (ending in a newline), so a line torn by a crash mid-write is
-never ingested; a reader remembers the byte offset it reached, and ingesting twice is harmless.
+never ingested (a writer that finds its metrics file ending in a torn line ends that line
+first, so that its own first line is not merged into it); a reader remembers the byte offset
+it reached, and ingesting twice is harmless.
 `append_lines` writes all of its bytes or, on an error (a full disk), takes back what it wrote
 when no other process appended after it, so a failed append leaves no torn line to merge with
 the next one.
@@ -42,12 +54,17 @@ path and reads their files as `fallback/<name>` with cursors of their own; point
 from __future__ import annotations
 
 import base64
+import binascii
 import hashlib
 import json
 import math
+import operator
 import os
+import sys
 import tempfile
-from collections.abc import Iterable, Sequence
+from array import array
+from collections.abc import Iterable, Mapping, Sequence
+from itertools import compress
 from pathlib import Path
 from typing import Any
 
@@ -70,48 +87,152 @@ def metrics_file(spool_dir: Path, rank: int) -> Path:
     return spool_dir / f"{METRICS_PREFIX}r{rank}.jsonl"
 
 
-def as_float(value: Any) -> float | None:
-    """A metric value as a float (tensors included, via their own `__float__`); None when it is not a number."""
-    if isinstance(value, bool):
-        return float(value)
-    try:
-        return float(value)
-    except (TypeError, ValueError):
+class MetricBatch:
+    """Steps that share one set of keys, as columns: what one metrics line holds."""
+
+    __slots__ = ("keys", "steps", "times", "columns")
+
+    def __init__(self, keys: tuple[str, ...], steps: array, times: array, columns: list[array]):
+        self.keys = keys
+        self.steps = steps  # array('q')
+        self.times = times  # array('d')
+        self.columns = columns  # one array('d') per key, as long as `steps`
+
+    @property
+    def points(self) -> int:
+        return len(self.keys) * len(self.steps)
+
+    def line(self) -> bytes:
+        """The batch as one format-2 metrics line (see the module docstring)."""
+        keys = json.dumps(list(self.keys), separators=(",", ":")).encode()
+        return b"".join((
+            b'{"v":2,"keys":', keys, b',"n":', str(len(self.steps)).encode(),
+            b',"steps":"', _base64(self.steps), b'","times":"', _base64(self.times),
+            b'","values":["', b'","'.join(map(_base64, self.columns)), b'"]}\n',
+        ))
+
+
+_STEP, _TIME, _METRICS = operator.itemgetter(0), operator.itemgetter(1), operator.itemgetter(2)
+_BIG_ENDIAN = sys.byteorder != "little"
+
+
+def metric_batches(rows: Sequence[tuple[int, float, Mapping[str, Any]]]) -> list[MetricBatch]:
+    """Columns for a slice of (step, time, metrics) rows, one batch per distinct set of keys.
+
+    Rows that share their keys and hold numbers (floats, ints, bools, anything with `__float__`:
+    a tensor is read here) go through C loops only: no Python work per value. Anything else
+    (mixed keys, a value that is not a number, a step that is not an integer) takes a slower
+    path with the same result: a value that is not a number is left out of its row, a row left
+    with no number is left out, and so are keys that cannot name a series and steps that are not
+    integers within ±2^63.
+    """
+    rows = rows if isinstance(rows, list) else list(rows)
+    if not rows:
+        return []
+    metrics = list(map(_METRICS, rows))
+    keys = tuple(metrics[0])
+    if list(map(len, metrics)).count(len(keys)) == len(metrics):
+        # Every row has as many keys as the first: the same keys, unless a column finds one missing.
+        batch = _columns(keys, rows, metrics)
+        if batch is not None:
+            return [batch] if keys else []
+    return _grouped(rows, metrics)
+
+
+def _columns(keys: tuple, rows: list, metrics: list) -> MetricBatch | None:
+    """The batch of rows that all hold `keys`, or None when one lacks a key or holds what is not a number."""
+    if not all(key.__class__ is str and 0 < len(key) <= _KEY_MAX for key in keys):
         return None
+    try:
+        steps = array("q", map(_STEP, rows))
+        columns = [array("d", map(operator.itemgetter(key), metrics)) for key in keys]
+    except Exception:  # noqa: BLE001 - a missing key, a string, a tensor of many elements: the slow path decides
+        return None
+    return MetricBatch(keys, steps, array("d", map(_TIME, rows)), columns)
 
 
-def encode_metric_batches(rows: Iterable[tuple[int, float, dict[str, Any]]]) -> list[tuple[bytes, int]]:
-    """(line, points in it) for a batch of (step, time, metrics): one columnar line per distinct set of keys."""
-    groups: dict[tuple[str, ...], tuple[list[int], list[float], list[list[float | None]]]] = {}
+def _grouped(rows: list, metrics: list) -> list[MetricBatch]:
+    """Batches for rows whose keys differ: runs of equal keys gathered per set of keys, in order."""
+    keysets = list(map(tuple, metrics))
+    starts = [0, *compress(range(1, len(rows)), map(operator.ne, keysets[1:], keysets[:-1])), len(rows)]
+    groups: dict[tuple, tuple[list, list]] = {}
+    for begin, end in zip(starts, starts[1:]):
+        group = groups.setdefault(keysets[begin], ([], []))
+        group[0].extend(rows[begin:end])
+        group[1].extend(metrics[begin:end])
+    batches: list[MetricBatch] = []
+    for keys, (group_rows, group_metrics) in groups.items():
+        batch = _columns(keys, group_rows, group_metrics) if keys else None
+        batches.extend([batch] if batch is not None else _row_by_row(group_rows))
+    return batches
+
+
+def _row_by_row(rows: list) -> list[MetricBatch]:
+    """The slow path: each value converted on its own, rows regrouped by the keys that hold numbers."""
+    groups: dict[tuple[str, ...], tuple[list[int], list[float], list[list[float]]]] = {}
     for step, at, metrics in rows:
-        numeric = {k: as_float(v) for k, v in metrics.items()}
-        keys = tuple(k for k, v in numeric.items() if v is not None)
-        if not keys:
+        step = _as_step(step)
+        if step is None:
             continue
+        numeric = {}
+        for key, value in metrics.items():
+            number = _as_number(value)
+            if number is not None and key.__class__ is str and 0 < len(key) <= _KEY_MAX:
+                numeric[key] = number
+        if not numeric:
+            continue
+        keys = tuple(numeric)
         group = groups.get(keys)
         if group is None:
             group = groups[keys] = ([], [], [[] for _ in keys])
         group[0].append(step)
         group[1].append(at)
-        for column, key in zip(group[2], keys):
-            column.append(numeric[key])
+        for column, number in zip(group[2], numeric.values()):
+            column.append(number)
     return [
-        (
-            json.dumps({"keys": list(keys), "steps": steps, "times": times, "values": values}).encode() + b"\n",
-            len(keys) * len(steps),
-        )
-        for keys, (steps, times, values) in groups.items()
+        MetricBatch(keys, array("q", steps), array("d", times), [array("d", column) for column in columns])
+        for keys, (steps, times, columns) in groups.items()
     ]
+
+
+def _as_step(step: Any) -> int | None:
+    try:
+        number = operator.index(step)
+    except TypeError:
+        if not (isinstance(step, float) and step.is_integer()):
+            return None
+        number = int(step)
+    return number if -_INT64 <= number < _INT64 else None
+
+
+def _as_number(value: Any) -> float | None:
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except Exception:  # noqa: BLE001 - whatever a value's __float__ raises, it is not a number
+        return None
+
+
+def _base64(column: array) -> bytes:
+    if _BIG_ENDIAN:
+        column = array(column.typecode, column)
+        column.byteswap()
+    return binascii.b2a_base64(column, newline=False)
 
 
 def encode_metric_rows(rows: Iterable[tuple[int, float, dict[str, Any]]]) -> list[bytes]:
     """Lines for a batch of (step, time, metrics): one columnar line per distinct set of keys."""
-    return [line for line, _ in encode_metric_batches(rows)]
+    return [batch.line() for batch in metric_batches(list(rows))]
 
 
 def decode_metric_line(line: bytes) -> tuple[list[str], list[int], list[float], list[list[float | None]]]:
-    """One metrics line's columns; ValueError (one line, naming the field) when it is not what the SDK writes."""
+    """One metrics line's columns; ValueError (one line, naming the field) when it is not what an SDK writes."""
     batch = json.loads(line)
+    if isinstance(batch, dict) and "v" in batch:
+        if batch["v"] != 2:
+            raise ValueError(f"field 'v': metrics line format {batch['v']!r} is not one this version reads (1 or 2)")
+        return _decode_binary(batch)
     if not isinstance(batch, dict):
         raise ValueError(f"expected a JSON object with keys, steps, times, values; got {type(batch).__name__}")
     missing = [name for name in ("keys", "steps", "times", "values") if name not in batch]
@@ -121,8 +242,7 @@ def decode_metric_line(line: bytes) -> tuple[list[str], list[int], list[float], 
     for name, column in (("keys", keys), ("steps", steps), ("times", times), ("values", values)):
         if not isinstance(column, list):
             raise ValueError(f"field {name!r}: expected a list, got {type(column).__name__}")
-    if not all(isinstance(key, str) and 0 < len(key) <= _KEY_MAX for key in keys):
-        raise ValueError(f"field 'keys': expected names of 1 to {_KEY_MAX} characters")
+    _check_keys(keys)
     if len(values) != len(keys) or len(times) != len(steps):
         raise ValueError("fields 'keys'/'values' and 'steps'/'times' must have equal lengths")
     if steps:
@@ -142,9 +262,41 @@ def decode_metric_line(line: bytes) -> tuple[list[str], list[int], list[float], 
     return keys, steps, times, values
 
 
-def is_finite_number(value: Any) -> bool:
-    number = as_float(value)
-    return number is not None and math.isfinite(number)
+def _check_keys(keys: list) -> None:
+    if not all(isinstance(key, str) and 0 < len(key) <= _KEY_MAX for key in keys):
+        raise ValueError(f"field 'keys': expected names of 1 to {_KEY_MAX} characters")
+
+
+def _decode_binary(batch: dict) -> tuple[list[str], list[int], list[float], list[list[float]]]:
+    keys, count, values = batch.get("keys"), batch.get("n"), batch.get("values")
+    if not isinstance(keys, list):
+        raise ValueError("field 'keys': expected a list")
+    _check_keys(keys)
+    if count.__class__ is not int or count < 0:
+        raise ValueError("field 'n': expected the number of steps")
+    if not isinstance(values, list) or len(values) != len(keys):
+        raise ValueError("field 'values': expected one column per key")
+    steps = _binary_column(batch.get("steps"), "steps", "q", count)
+    times = _binary_column(batch.get("times"), "times", "d", count)
+    if not all(map(math.isfinite, times)):
+        raise ValueError("field 'times': expected finite unix times")
+    return keys, steps, times, [_binary_column(text, "values", "d", count) for text in values]
+
+
+def _binary_column(text: Any, name: str, typecode: str, count: int) -> list:
+    if not isinstance(text, str):
+        raise ValueError(f"field {name!r}: expected base64 text")
+    try:
+        raw = binascii.a2b_base64(text, strict_mode=True)
+    except ValueError as exc:  # binascii.Error is one; so is text that is not ASCII
+        raise ValueError(f"field {name!r}: not base64 ({exc})") from None
+    if len(raw) != 8 * count:
+        raise ValueError(f"field {name!r}: expected {count} values of 8 bytes, got {len(raw)} bytes")
+    column = array(typecode)
+    column.frombytes(raw)
+    if _BIG_ENDIAN:
+        column.byteswap()
+    return column.tolist()
 
 
 def _open_private(path: Path, flags: int) -> int:
@@ -170,6 +322,21 @@ def append_lines(path: Path, lines: Sequence[bytes], fsync: bool = False) -> Non
             raise
     finally:
         os.close(fd)
+
+
+def end_torn_line(path: Path) -> None:
+    """End the line a killed writer left unfinished at the end of `path`, so that the next append starts its own."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) == b"\n":
+                return
+    except OSError:  # no file, or an empty one
+        return
+    try:
+        append_lines(path, [b"\n"])
+    except OSError:
+        pass  # a full disk: the torn line and the next one are quarantined together, as before
 
 
 def _take_back(fd: int, start: int, written: int) -> None:

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 import zlib
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from itertools import chain, islice, repeat
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +54,7 @@ _UPSERT_POINTS = (
     "WHERE excluded.attempt_number >= metric_points.attempt_number"
 )
 _INT32 = 2**31
+_SERIES_STEP = operator.itemgetter(0, 1)
 PREVIEW_CHARS = 200
 
 
@@ -263,23 +266,36 @@ def _ingest_metric_lines(conn: Connection, attempt: RowMapping, batches: list) -
     if not batches:
         return 0
     ids = _series_ids(conn, attempt["run_id"], {key for keys, *_ in batches for key in keys})
-    number = attempt["attempt_number"]
-    rows: list[tuple] = []
+    number = repeat(attempt["attempt_number"])
+    series: dict[int, list[tuple[list, list, list]]] = {}  # series id: its (steps, values, times) per line
+    ordered = True  # every series' steps strictly ascending through the lines, as one process logs them
     low = high = None
     for keys, steps, times, values in batches:
         if not steps:
             continue
         low = min(steps) if low is None else min(low, min(steps))
         high = max(steps) if high is None else max(high, max(steps))
-        attempt_numbers = [number] * len(steps)
+        ascending = all(map(operator.lt, steps, islice(steps, 1, None)))
         for key, column in zip(keys, values):
-            rows.extend(zip([ids[key]] * len(steps), steps, column, attempt_numbers, times))
-    if not rows:
+            parts = series.setdefault(ids[key], [])
+            ordered = ordered and ascending and (not parts or parts[-1][0][-1] < steps[0])
+            parts.append((steps, column, times))
+    if not series:
         return 0
-    # Sorted by the primary key, inserts append to each series instead of hopping across the tree.
-    rows.sort(key=lambda row: (row[0], row[1]))
+    # In primary-key order, inserts append to each series instead of hopping across the tree.
+    rows = chain.from_iterable(
+        zip(repeat(series_id), steps, column, number, times)
+        for series_id in sorted(series) for steps, column, times in series[series_id]
+    )
+    if not ordered:
+        # Sorted, stably: a step logged twice keeps its last value last, and the upsert keeps that one.
+        rows = sorted(rows, key=_SERIES_STEP)
     placeholder = "%s" if conn.dialect.name == "postgresql" else "?"
-    conn.exec_driver_sql(_UPSERT_POINTS.format(p=placeholder), rows)
+    cursor = conn.connection.cursor()  # the DBAPI's executemany takes the rows as they are made, one at a time
+    try:
+        cursor.executemany(_UPSERT_POINTS.format(p=placeholder), rows)
+    finally:
+        cursor.close()
     first, last = attempts.c.first_step, attempts.c.last_step
     conn.execute(
         update(attempts)
@@ -289,7 +305,7 @@ def _ingest_metric_lines(conn: Connection, attempt: RowMapping, batches: list) -
             last_step=case((last.is_(None) | (last < high), high), else_=last),
         )
     )
-    return len(rows)
+    return sum(len(steps) for parts in series.values() for steps, _, _ in parts)
 
 
 # -- events ----------------------------------------------------------------------------------------------

@@ -78,18 +78,38 @@ def capture_code(cwd: Path, home: Path | None = None) -> CodeRef:
     listed by path, size and sha256 in a `# trackway-omitted {json}` header line each, ahead of
     the patch (`git apply` skips such lines); `dirty_sha256` hashes exactly these recorded bytes.
     """
-    top = _git(Path(cwd), "rev-parse", "--show-toplevel")
-    if top.returncode != 0:
+    # One call for the work tree, the index and HEAD (commit and branch); it fails before the first commit.
+    found = _git(Path(cwd), "rev-parse", "--show-toplevel", "--path-format=absolute", "--git-path", "index",
+                 "HEAD", "--symbolic-full-name", "HEAD")
+    lines = found.stdout.decode("utf-8", "surrogateescape").splitlines()
+    if not lines:
         return NO_CODE
-    root = Path(top.stdout.decode().strip())
-    commit = _out(root, "rev-parse", "--verify", "--quiet", "HEAD^{commit}")
+    root = Path(lines[0])
+    if found.returncode != 0 or len(lines) != 4:
+        commit = _out(root, "rev-parse", "--verify", "--quiet", "HEAD^{commit}")
+        branch = _out(root, "symbolic-ref", "--quiet", "--short", "HEAD")
+        index = _out(root, "rev-parse", "--path-format=absolute", "--git-path", "index")
+    else:
+        commit, index = lines[2], lines[1]
+        branch = lines[3].removeprefix("refs/heads/") if lines[3] != "HEAD" else None
     excluded = _trackway_paths(root, Path(cwd), home)
-    diff = _dirty_diff(root, has_head=commit is not None, excluded=excluded)
+    # Then, at once: whether anything changed (a clean tree needs no diff at all), and the remote.
+    status, remote = _git_at_once(
+        root,
+        ["status", "--porcelain", "-z", "--untracked-files=all", "--ignore-submodules=none", "--",
+         *_pathspec(excluded)],
+        ["config", "--get", "remote.origin.url"],
+    )
+    if status.returncode == 0 and not status.stdout:
+        diff = b""
+    else:
+        diff = _dirty_diff(root, has_head=commit is not None, excluded=excluded, real_index=index)
+    url = remote.stdout.decode("utf-8", "replace").strip() if remote.returncode == 0 else ""
     return CodeRef(
         root=root,
-        repo=_without_credentials(_out(root, "config", "--get", "remote.origin.url")) or str(root),
+        repo=_without_credentials(url or None) or str(root),
         commit=commit,
-        branch=_out(root, "symbolic-ref", "--quiet", "--short", "HEAD"),
+        branch=branch,
         dirty_diff=diff or None,
         dirty_sha256=sha256_hex(diff) if diff else None,
     )
@@ -131,11 +151,14 @@ def _trackway_paths(root: Path, cwd: Path, home: Path | None) -> list[str]:
     return sorted(set(paths))
 
 
-def _dirty_diff(root: Path, has_head: bool, excluded: list[str] | None = None) -> bytes:
-    real_index = _out(root, "rev-parse", "--path-format=absolute", "--git-path", "index")
+def _pathspec(excluded: list[str]) -> list[str]:
+    return [".", *(f":(top,literal,exclude){p}" for p in excluded)]
+
+
+def _dirty_diff(root: Path, has_head: bool, excluded: list[str] | None = None, real_index: str | None = None) -> bytes:
     # `git add` refuses a pathspec naming an ignored path, and needs no exclusion for one.
     excluded = [p for p in (excluded or []) if _git(root, "check-ignore", "--quiet", "--", p).returncode != 0]
-    spec = [".", *(f":(top,literal,exclude){p}" for p in excluded)]
+    spec = _pathspec(excluded)
     with tempfile.TemporaryDirectory(prefix="trackway-index-") as tmp:
         index = Path(tmp) / "index"
         env = {"GIT_INDEX_FILE": str(index)}
@@ -226,6 +249,21 @@ def _checked(root: Path, result: subprocess.CompletedProcess[bytes]) -> subproce
 def _git(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[bytes]:
     command = ["git", "-C", str(cwd), *args]
     return subprocess.run(command, capture_output=True, check=False, env=_git_env(**(env or {})))
+
+
+def _git_at_once(cwd: Path, *commands: list[str]) -> list[subprocess.CompletedProcess[bytes]]:
+    """Run independent git commands side by side: on a busy machine each start costs as much as the work."""
+    env = _git_env()
+    started = [
+        (command, subprocess.Popen(["git", "-C", str(cwd), *command], stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, env=env))
+        for command in commands
+    ]
+    done = []
+    for command, process in started:
+        out, err = process.communicate()
+        done.append(subprocess.CompletedProcess(["git", "-C", str(cwd), *command], process.returncode, out, err))
+    return done
 
 
 def _out(cwd: Path, *args: str) -> str | None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import operator
 import os
 import signal
 import sys
@@ -51,6 +52,7 @@ EXIT_PREEMPTED = 75
 # executors give by default, so the forced ending (a checkpoint in flight, the note) fits in the rest.
 NOTICE_POLL_S = 10.0
 _NO_STEP = object()
+_now = time.time
 
 
 @dataclass(frozen=True)
@@ -153,18 +155,27 @@ class Run:
         """
         if step is None:
             step = 0 if self._step is None else self._step + 1
+        elif step.__class__ is not int:
+            step = _step_number(step)
         self._step = step
         if self._logging:
-            for key, value in metrics.items():
-                # A plain float is checked here (v - v is NaN for NaN and ±inf), and its key only then.
+            for value in metrics.values():
+                # A plain float is checked here (v - v is NaN for NaN and ±inf), and the keys only then.
                 # Anything else (a tensor) would force a device sync: the writer thread checks it.
-                if value.__class__ is float and value - value != 0.0 and self._is_loss(key):
-                    self._non_finite(key, value, step)
+                if value.__class__ is float and value - value != 0.0:
+                    self._check_loss_keys(metrics, step)
+                    break
             if self._writer.non_finite is not None:
                 self._non_finite(*self._writer.non_finite)
-            self._append((step, time.time(), dict(metrics)))
+            # A copy: a script may reuse its dict for the next step before the writer reads this one.
+            self._append((step, _now(), metrics.copy() if metrics.__class__ is dict else dict(metrics)))
         if self._notice is not None and not self._notice_seen:
             self._logged_after_notice(step)
+
+    def _check_loss_keys(self, metrics: Mapping[str, Any], step: int) -> None:
+        for key, value in metrics.items():
+            if value.__class__ is float and value - value != 0.0 and self._is_loss(key):
+                self._non_finite(key, value, step)
 
     def _non_finite(self, key: str, value: Any, step: int) -> NoReturn:
         self._writer.non_finite = None
@@ -411,6 +422,16 @@ class Run:
         error = f"{type(exc).__name__}: {exc}"
         print(f"trackway: the last checkpoint save failed: {error}", file=sys.stderr, flush=True)
         self._writer.event("checkpoint_error", error=error, errno=getattr(exc, "errno", None))
+
+
+def _step_number(step: Any) -> int:
+    """A step given as a numpy or torch integer, or as a float with no fraction, as an int; TypeError otherwise."""
+    try:
+        return operator.index(step)
+    except TypeError:
+        if isinstance(step, float) and step.is_integer():
+            return int(step)
+    raise TypeError(f"run.log(step={step!r}): a step is an integer")
 
 
 def _env_seconds(name: str, default: float) -> float:

@@ -1,49 +1,65 @@
 """A script run without a supervisor: it records its own run and attempt, and ingests its own spool.
 
 Ids are made locally, the receipt goes to a pending registration file and everything logged to
-the spool, so a ledger that is down costs nothing: a background thread registers the run and
-ingests whenever the ledger answers, and the end is recorded on `finish()` (or at exit). If the
-ledger stays away longer than the script, the next `trackway` command that reaches it
-registers the run, ingests the spool and classifies the end from the script's own note.
+the spool, so a ledger that is down costs nothing. The ledger is written by a process of its own,
+the ingester (`main()` below, niced, in its own process group), which `init()` starts: the
+training process never imports the ledger's code and never shares its GIL with an ingest. It
+registers the run and ingests the spool every INGEST_INTERVAL_S while the ledger answers; the
+script's end is recorded when `finish()` (or the exit) says how it ended:
+
+    training process                               ingester
+      init: receipt -> pending file, spool
+            start the ingester  ── {"start": ...} ──►  register, ingest every INGEST_INTERVAL_S
+      log, log, ...                                     (reads what the spool writer flushed)
+      finish() / exit  ───────── {"end": code} ──────►  ingest the rest, record the end
+                       ◄──────── {"ended": bool} ─────  exits
+
+`finish()` waits for that answer: up to $TRACKWAY_LEDGER_PATIENCE_S (10 s) for a ledger that is
+away, then it says so and leaves the rest to the next `trackway` command that reaches the ledger
+(it registers the run, ingests the spool and classifies the end from the script's own note). A
+script killed without a word (SIGKILL) leaves the ingester without its parent: it ingests what
+was flushed and exits, leaving the end to the next `trackway` command in the same way.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
+import select
+import signal
+import subprocess
 import sys
-import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from trackway.ledger.records import new_run_id
+from trackway.pending import write_pending
 from trackway.settings import Settings, load_settings
 from trackway.spool import NOTE_FILE, read_json
 from trackway.taxonomy import AttemptState, RunKind, RunState, TerminationReason
 
-INGEST_INTERVAL_S = 2.0
+INGEST_INTERVAL_S = 0.5
 # How long finish() waits for an absent ledger before leaving the rest to the next `trackway` command.
 FINAL_INGEST_PATIENCE_S = float(os.environ.get("TRACKWAY_LEDGER_PATIENCE_S", "10"))
+# How long past that patience finish() waits for the ingester's answer (a long final ingest) before
+# the script exits anyway; the ingester finishes its work and records the end on its own.
+ANSWER_GRACE_S = 60.0
+NICE = 10  # the ingester's niceness: below the training process on a machine short of cores
 
 
 class StandaloneSession:
-    """The run and attempt a standalone script records, and the thread that keeps the ledger current."""
+    """The run and attempt a standalone script records, and the ingester process that keeps the ledger current."""
 
-    def __init__(self, settings: Settings, context, pending: Path):
+    def __init__(self, settings: Settings, context, pending: Path, ingester: subprocess.Popen | None = None):
         self.settings = settings
         self.context = context
         self._pending = pending
-        self._ledger = None
-        self._registered = False
-        self.last_error: str | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="trackway-ingest", daemon=True)
+        self._ingester = ingester
 
     @classmethod
     def start(cls, config: dict | None, name: str | None, project: str, model_family: str | None) -> StandaloneSession:
         from trackway.executors.inline import inline_job_id
-        from trackway.ledger.registration import write_pending
         from trackway.receipts.canonical import canonical_json
         from trackway.receipts.code import capture_code
         from trackway.receipts.environment import capture_environment
@@ -51,7 +67,8 @@ class StandaloneSession:
         from trackway.sdk.run import AttemptContext
 
         settings = load_settings()
-        run_id = new_run_id()
+        ingester = _start_ingester()  # first: its start-up (imports) overlaps the captures below
+        run_id = "r" + secrets.token_hex(5)  # as trackway.ledger.records.new_run_id
         run_dir = settings.runs_dir / run_id
         state_dir = run_dir / "attempts" / "1"
         (state_dir / "spool").mkdir(parents=True, exist_ok=True)
@@ -83,61 +100,160 @@ class StandaloneSession:
             host=host_name(), gpu_count=0, code_commit=code.commit, started_at=now,
         )
         blobs = {"config": config_bytes, "environment": capture_environment().canonical, "git_diff": code.dirty_diff}
-        session = cls(settings, context, write_pending(settings.home, run, attempt, blobs))
-        session._thread.start()
-        return session
+        pending = write_pending(settings.home, run, attempt, blobs)
+        return cls(settings, context, pending, _hand_over(ingester, settings, context, pending))
 
-    def _loop(self) -> None:
-        while not self._stop.wait(INGEST_INTERVAL_S):
-            self._sync()
+    def close(self, exit_code: int | None) -> None:
+        """Tell the ingester how the script ended, and wait for it to ingest the rest and record the end."""
+        ingester, self._ingester = self._ingester, None
+        if ingester is None:
+            _tell(f"trackway: this run was not recorded in the ledger yet; the spool at {self.context.spool_dir} "
+                  "keeps everything it logged for the next trackway command")
+            return
+        answer = None
+        try:
+            ingester.stdin.write(json.dumps({"end": {"exit_code": exit_code}}).encode() + b"\n")
+            ingester.stdin.close()
+            answer = _read_answer(ingester.stdout, FINAL_INGEST_PATIENCE_S + ANSWER_GRACE_S)
+        except (OSError, ValueError):
+            pass
+        finally:
+            ingester.stdout.close()
+        if answer is None and ingester.poll() is None:
+            _tell(f"trackway: the ingester (pid {ingester.pid}) is still writing this run to the ledger; "
+                  "it records the end when it is done")
+            return
+        if answer is None:
+            _tell(f"trackway: the ingester exited with status {ingester.returncode} before recording the end; "
+                  f"the spool at {self.context.spool_dir} keeps everything for the next trackway command")
+        try:
+            ingester.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
 
-    def _sync(self) -> bool:
+
+# How the ingester starts: with no working directory on its path (`-P`: a user's `select.py` must not
+# shadow the standard library), and with the directory holding this `trackway` on it when nothing
+# else provides it (a checkout the script put on sys.path itself).
+_BOOT = (
+    "import sys; root = sys.argv[1]; sys.path[:0] = [] if root in sys.path else [root]; "
+    "from trackway.sdk.standalone import main; sys.exit(main())"
+)
+
+
+def _start_ingester() -> subprocess.Popen | OSError:
+    """Start the ingester process (it waits for `_hand_over`); the error when it cannot start."""
+    root = str(Path(__file__).resolve().parents[2])
+    try:
+        return subprocess.Popen(
+            [sys.executable or "python3", "-P", "-c", _BOOT, root],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True,
+            # Its own process group, so that a Ctrl-C meant for the script does not kill the ingest of
+            # its end; the same session, so that the scheduler weighs its niceness against the script's.
+            process_group=0,
+        )
+    except OSError as exc:
+        return exc
+
+
+def _hand_over(
+    ingester: subprocess.Popen | OSError, settings: Settings, context, pending: Path
+) -> subprocess.Popen | None:
+    """Give the ingester its attempt; None (said on stderr) when it could not start or is gone."""
+    order = {
+        "home": str(settings.home), "db_url": settings.db_url, "cwd": os.getcwd(), "pending": str(pending),
+        "attempt_id": context.attempt_id, "spool_dir": str(context.spool_dir), "parent": os.getpid(),
+    }
+    try:
+        if isinstance(ingester, OSError):
+            raise ingester
+        ingester.stdin.write(json.dumps({"start": order}).encode() + b"\n")
+        ingester.stdin.flush()
+    except OSError as exc:
+        _tell(f"trackway: could not start the ledger ingester ({exc}); the spool at {context.spool_dir} keeps "
+              "everything this run logs for the next trackway command")
+        return None
+    return ingester
+
+
+def _read_answer(stream, timeout: float) -> dict | None:
+    """The ingester's one-line answer, or None when it closed its end or did not answer within `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        try:
+            ready, _, _ = select.select([stream], [], [], left)
+        except InterruptedError:
+            continue
+        if ready:
+            line = stream.readline()
+            return json.loads(line) if line.strip() else None
+
+
+def _tell(message: str) -> None:
+    try:
+        print(message, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
+# -- the ingester process ---------------------------------------------------------------------------
+
+
+class Ingester:
+    """Registers a standalone run (once), ingests its attempt's spool, and records the attempt's end."""
+
+    def __init__(self, settings: Settings, attempt_id: str, pending: Path, spool_dir: Path):
+        self.settings = settings
+        self.attempt_id = attempt_id
+        self.spool_dir = spool_dir
+        self._pending = pending
+        self._ledger = None
+        self._registered = False
+        self.last_error: str | None = None
+
+    def sync(self) -> bool:
         """Register (once) and ingest; False while the ledger does not answer."""
         try:
             from trackway.ledger import open_ledger
             from trackway.ledger.ingest import ingest_attempt
             from trackway.ledger.records import get_attempt
+            from trackway.ledger.registration import register_pending
 
             if self._ledger is None:
                 self._ledger = open_ledger(self.settings.db_url)
             if not self._registered:
-                self._register()
+                register_pending(self._ledger, self._pending)
+                self._registered = True
             with self._ledger.read() as conn:
-                attempt = get_attempt(conn, self.context.attempt_id)
+                attempt = get_attempt(conn, self.attempt_id)
             ingest_attempt(self._ledger, attempt)
             self.last_error = None
             return True
-        except Exception as exc:  # noqa: BLE001 - the ledger being away must never stop training
+        except Exception as exc:  # noqa: BLE001 - a ledger that is away is waited for, whatever it raises
             self.last_error = f"{type(exc).__name__}: {exc}"
             return False
 
-    def _register(self) -> None:
-        from trackway.ledger.registration import register_pending
-
-        register_pending(self._ledger, self._pending)
-        self._registered = True
-
-    def close(self, exit_code: int | None) -> None:
-        """Final ingest and the attempt's end, waiting a little for a ledger that is away."""
-        self._stop.set()
-        if self._thread.is_alive() and threading.current_thread() is not self._thread:
-            self._thread.join(timeout=30)
+    def finish(self, exit_code: int | None, record_end: bool) -> bool:
+        """The last ingest, waiting up to FINAL_INGEST_PATIENCE_S for the ledger; then (if asked) the end."""
         deadline = time.monotonic() + FINAL_INGEST_PATIENCE_S
-        while not self._sync():
+        while not self.sync():
             if time.monotonic() > deadline:
-                print(
-                    f"trackway: could not reach the ledger ({self.last_error}); the spool at "
-                    f"{self.context.spool_dir} keeps everything this run logged",
-                    file=sys.stderr,
-                )
-                return
+                _tell(f"trackway: could not reach the ledger ({self.last_error}); the spool at "
+                      f"{self.spool_dir} keeps everything this run logged")
+                return False
             time.sleep(0.5)
-        self._record_end(exit_code)
+        if record_end:
+            self._record_end(exit_code)
+        self._ledger.dispose()
+        return True
 
     def _record_end(self, exit_code: int | None) -> None:
         from trackway.ledger.records import get_attempt, record_attempt_end
 
-        note = read_json(self.context.spool_dir / NOTE_FILE)
+        note = read_json(self.spool_dir / NOTE_FILE)
         if note and note.get("reason") in TerminationReason._value2member_map_:
             reason, rule, lines = TerminationReason(note["reason"]), "sdk:note", [note.get("message", "")]
         else:
@@ -145,7 +261,7 @@ class StandaloneSession:
             lines = ["the script exited without run.finish() and without an uncaught exception"]
         evidence = json.dumps({"rule": rule, "lines": lines, "exit_code": exit_code, "signal": None})
         with self._ledger.write() as conn:
-            attempt = get_attempt(conn, self.context.attempt_id)
+            attempt = get_attempt(conn, self.attempt_id)
             record_attempt_end(
                 conn,
                 attempt,
@@ -156,4 +272,73 @@ class StandaloneSession:
                 signal=None,
                 cost_per_gpu_hour=self.settings.resource("local").cost_per_gpu_hour,
             )
-        self._ledger.dispose()
+
+
+class _Orders:
+    """One JSON object per line from the training process, read without blocking past a timeout."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self._buffer = b""
+        self.closed = False
+
+    def next(self, timeout: float) -> dict | None:
+        """The next order; None when none came within `timeout` or the training process closed its end."""
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buffer and not self.closed:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            ready, _, _ = select.select([self.fd], [], [], left)
+            if ready:
+                chunk = os.read(self.fd, 65536)
+                self.closed = not chunk
+                self._buffer += chunk
+        if b"\n" not in self._buffer:
+            return None
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return json.loads(line)
+
+
+def main() -> int:
+    """The ingester (see the module docstring): orders on stdin, one answer on stdout."""
+    answers = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # whatever else prints goes to stderr, not into the answer
+    try:
+        os.nice(NICE)  # training comes first: on a busy machine the ingest waits, not the script
+    except OSError:
+        pass
+    signal.signal(signal.SIGTTOU, signal.SIG_IGN)  # a background group may write to the terminal (stderr)
+    orders = _Orders(sys.stdin.fileno())
+    import trackway.ledger.ingest  # noqa: F401 - imported while the script captures its receipt
+    import trackway.ledger.registration  # noqa: F401
+
+    start = orders.next(timeout=60.0)
+    if not start or "start" not in start:
+        return 2
+    order = start["start"]
+    settings = load_settings(home=order["home"], db=order["db_url"], cwd=Path(order["cwd"]))
+    ingester = Ingester(settings, order["attempt_id"], Path(order["pending"]), Path(order["spool_dir"]))
+    ingester.sync()  # registered at once, while the script starts
+    while True:
+        message = orders.next(timeout=INGEST_INTERVAL_S)
+        if message is not None and "end" in message:
+            ended = ingester.finish(message["end"].get("exit_code"), record_end=True)
+            try:
+                answers.write(json.dumps({"ended": ended}) + "\n")
+                answers.flush()
+            except (OSError, ValueError):
+                pass  # the script is gone; the end is recorded all the same
+            # Everything is written and the ledger disposed of: skip the interpreter's teardown, which
+            # the script would otherwise wait for.
+            sys.stderr.flush()
+            os._exit(0)
+        if orders.closed or os.getppid() != order["parent"]:
+            # The script ended without a word (killed): ingest what it flushed; its end is for later.
+            ingester.finish(None, record_end=False)
+            return 0
+        ingester.sync()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,8 +1,12 @@
 """The spool writer: `run.log` appends to an in-memory queue; one background thread writes it to the spool.
 
 The training thread pays for one `deque.append` per call. Every `flush_interval_s` the writer
-drains the queue into one columnar line per set of keys, and refreshes the heartbeat file.
-Nothing here touches the ledger, so a locked, slow or absent ledger cannot slow training.
+drains the queue in slices of `SLICE_ROWS` rows: each slice becomes one columnar line per set of
+keys, built by C loops (`trackway.spool.metric_batches`), and is appended before the next slice is
+taken. A slice holds the GIL for about a millisecond, and nothing holds it for a whole flush, so a
+log call never waits behind the writer for longer than that (or the interpreter's switch interval).
+Then the writer refreshes the heartbeat file. Nothing here touches the ledger, so a locked, slow or
+absent ledger cannot slow training.
 
 A spool that cannot be written (a full disk) loses nothing silently. The lines it refused stay
 in memory and are retried on every flush; the first failure prints one stderr line (the path,
@@ -20,6 +24,7 @@ from __future__ import annotations
 import errno
 import json
 import math
+import operator
 import os
 import re
 import shutil
@@ -28,21 +33,25 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
+from itertools import repeat
 from pathlib import Path
 from typing import Any
 
 from trackway.spool import (
     EVENTS_FILE,
     HEARTBEAT_FILE,
+    MetricBatch,
     append_lines,
-    as_float,
-    encode_metric_batches,
+    end_torn_line,
     make_fallback_dir,
+    metric_batches,
     metrics_file,
     write_json_atomic,
 )
 
 FLUSH_INTERVAL_S = 0.25
+# Rows encoded and appended at a time: about a millisecond of the GIL per slice.
+SLICE_ROWS = 2048
 HEARTBEAT_INTERVAL_S = 5.0
 # Metric keys whose non-finite values end the attempt as nan_loss: `loss`, `*_loss`, `*/loss` (and
 # Lightning's `*_loss_step` / `*_loss_epoch`), and `grad_norm`. Matched against the whole key.
@@ -175,6 +184,11 @@ class SpoolWriter:
         # (`_busy`); the write it interrupted, or the next flush, writes it.
         self._lock = threading.RLock()
         self._busy = False
+        # Held by whoever drains the queue (this writer's thread, or `close()`), so that slices are
+        # written in the order they were logged; events do not wait for it.
+        self._flushing = threading.Lock()
+        self._flusher: int | None = None
+        end_torn_line(self.metrics_path)  # this rank's file: only a process of this rank that died writes it
         self._metrics = _Backlog(self.metrics_path)
         self._events = _Backlog(self.events_path)
         self._outage: _Outage | None = None
@@ -217,35 +231,62 @@ class SpoolWriter:
 
     def flush(self) -> None:
         """Write everything queued so far, and retry what the spool refused before (callable from any thread)."""
-        with self._lock:
-            if self._busy:
-                return
-            self._busy = True
+        me = threading.get_ident()
+        if self._flusher == me:
+            return  # a signal handler inside this thread's own flush: that flush writes everything
+        with self._flushing:
+            self._flusher = me
             try:
-                self._flush()
+                self._drain()
+                with self._lock:
+                    if self._busy:
+                        return
+                    self._busy = True
+                    try:
+                        if self._write(self._metrics) and self._write(self._events):
+                            self._end_outage()
+                    finally:
+                        self._busy = False
             finally:
-                self._busy = False
+                self._flusher = None
 
-    def _flush(self) -> None:
-        """Encode the queued rows, then write what every backlog holds; end an outage that is over."""
-        rows = []
-        queue = self.queue
-        while True:
-            try:
-                rows.append(queue.popleft())
-            except IndexError:
-                break
-        if rows:
-            self._check_finite(rows)
-            batches = encode_metric_batches(rows)
-            if self._outage is not None:
-                self._outage.points_held += sum(points for _, points in batches)
-            self._metrics.add(batches)
-            if self.last_step is None or rows[-1][0] != self.last_step:
-                self.last_progress_t = rows[-1][1]
-            self.last_step = rows[-1][0]
-        if self._write(self._metrics) and self._write(self._events):
-            self._end_outage()
+    def _drain(self) -> None:
+        """Encode and append the queued rows, a slice at a time; once the spool refuses one, hold the rest."""
+        queue, pop = self.queue, self.queue.popleft
+        in_thread = threading.current_thread() is self._thread
+        refused = False
+        while queue:
+            rows = list(map(operator.call, repeat(pop, min(len(queue), SLICE_ROWS))))
+            batches = metric_batches(rows)
+            self._progress(rows[-1])
+            del rows  # freed here, a slice at a time, rather than all at the end
+            if self.non_finite is None and self.loss_keys is not None:
+                self._check_finite(batches)
+            lines = [(batch.line(), batch.points) for batch in batches]
+            with self._lock:
+                if self._outage is not None:
+                    self._outage.points_held += sum(points for _, points in lines)
+                self._metrics.add(lines)
+                if refused:
+                    self._bound()
+                elif not self._busy:
+                    self._busy = True
+                    try:
+                        refused = not self._write(self._metrics)
+                    finally:
+                        self._busy = False
+            if in_thread:
+                time.sleep(0)  # let a waiting training thread have the GIL between slices
+
+    def _progress(self, row: tuple[Any, float, Any]) -> None:
+        step = row[0]
+        try:
+            step = operator.index(step)
+        except TypeError:
+            pass
+        if self.last_step is None or step != self.last_step:
+            self.last_progress_t = row[1]
+        self.last_step = step
 
     def _write(self, backlog: _Backlog, fsync: bool = False) -> bool:
         """Append what `backlog` holds to its spool file; False (the rest still held) when the spool refuses."""
@@ -277,6 +318,10 @@ class SpoolWriter:
                 "file": backlog.path.name, "error": self._outage.error, "free_bytes": free,
                 "points_pending": self._metrics.points,
             })
+        self._bound()
+
+    def _bound(self) -> None:
+        """Past `max_pending_bytes` held, what is held goes to the fallback directory."""
         if self._metrics.size + self._events.size > self.max_pending_bytes:
             self._spill(bounded=True)
 
@@ -333,17 +378,15 @@ class SpoolWriter:
         self._enqueue_event("spool_write_failed", {**_outage_payload(outage, free), "recovered": True})
         self._write(self._events, fsync=True)
 
-    def _check_finite(self, rows) -> None:
+    def _check_finite(self, batches: list[MetricBatch]) -> None:
+        """Find a non-finite value under a loss key (plain floats never get here non-finite: `Run.log` raised)."""
         is_loss = self.loss_keys
-        if self.non_finite is not None or is_loss is None:
-            return
-        for step, _, metrics in rows:
-            for key, value in metrics.items():
-                if value is not None and value.__class__ is not float and is_loss(key):
-                    number = as_float(value)
-                    if number is not None and not math.isfinite(number):
-                        self.non_finite = (key, number, step)
-                        return
+        for batch in batches:
+            for key, column in zip(batch.keys, batch.columns):
+                if is_loss(key) and not all(map(math.isfinite, column)):
+                    at = next(i for i, value in enumerate(column) if not math.isfinite(value))
+                    self.non_finite = (key, column[at], batch.steps[at])
+                    return
 
     def heartbeat(self) -> None:
         self._last_heartbeat = time.monotonic()

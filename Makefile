@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench bench-peers clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,5 +29,10 @@ bench: $(STAMP)
 	bash scripts/ensure-postgres.sh
 	$(PY) bench/run_all.py
 
+# trackway's log call beside wandb, mlflow, aim and tensorboardX, in one table; not part of `make bench`.
+# The peers are no dependency of trackway: the first run installs them into bench/.peers-venv.
+bench-peers: $(STAMP)
+	$(PY) bench/bench_peers.py
+
 clean:
-	rm -rf $(VENV) .trackway
+	rm -rf $(VENV) .trackway bench/.peers-venv

@@ -17,11 +17,12 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) examples/demo.py
 
-# PostgreSQL is started (installed, on a fresh machine) when it is not up; a no-op when it is.
+# PostgreSQL and a single-node Slurm are started (installed, on a fresh machine) when they are not up; a no-op when they are.
 # Tests that need a background supervisor turn it on themselves; elsewhere none is started,
 # so that no supervisor outlives the test that caused it.
 test: $(STAMP)
 	bash scripts/ensure-postgres.sh
+	bash scripts/ensure-slurm.sh
 	TRACKWAY_BACKGROUND_SUPERVISOR=0 $(PY) -m pytest -n 2 --dist loadfile
 
 # One table: figure, value, baseline, ratio, target, met; exits non-zero naming each missed figure.

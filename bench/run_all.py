@@ -30,6 +30,7 @@ BENCHES = [
     "bench_checkpoint_kills.py",
     "bench_supervisor.py",
     "bench_supervisor_kills.py",
+    "bench_slurm.py",
     "bench_evals.py",
 ]
 

@@ -11,21 +11,29 @@ Run it with `make demo`. Every step is a real `trackway` command; what it prints
 4. the reference run's evaluations: pass@1 and pass@2 rising across checkpoints, escalation to
    three seeds once pass@1 clears 10%, and one injected evaluator crash retried while training
    was never touched;
-5. the receipts, checkpoints, metrics, waste report and the seed query over the ledger.
+5. the receipts, checkpoints, metrics, waste report and the seed query over the ledger;
+6. when a Slurm answers here (scripts/ensure-slurm.sh brings up the local test cluster), the same
+   model as a `full` run that selection sends to the Slurm resource, preempted by a job in the
+   `high` partition that needs its GPUs, resumed to the reference's final loss; `explain` shows
+   the placement and why the resource was chosen.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.rule import Rule
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,12 +49,14 @@ SEED_QUERY = (
 )
 
 
-def trackway(*args: str, check: bool = True, quiet: bool = False) -> subprocess.CompletedProcess:
+def trackway(*args: str, check: bool = True, quiet: bool = False, cwd: Path = ROOT,
+             env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     shown = " ".join(shlex.quote(a) for a in args)
     if not quiet:
         console.print(Rule(f"[bold]trackway {shown}", align="left"))
     result = subprocess.run(
-        [sys.executable, "-m", "trackway", *args], cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        [sys.executable, "-m", "trackway", *args], cwd=cwd, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        env={**os.environ, **env} if env else None,
     )
     if not quiet:
         sys.stdout.write(result.stdout)
@@ -56,8 +66,8 @@ def trackway(*args: str, check: bool = True, quiet: bool = False) -> subprocess.
     return result
 
 
-def as_json(*args: str):
-    return json.loads(trackway(*args, "--json", quiet=True).stdout)
+def as_json(*args: str, **where):
+    return json.loads(trackway(*args, "--json", quiet=True, **where).stdout)
 
 
 def demo_eval_spec() -> Path:
@@ -100,6 +110,97 @@ def wait_for(what: str, check, timeout: float = 120):
 
 def final_loss(name: str) -> float:
     return as_json("metrics", name, "--key", "loss")[-1]["value"]
+
+
+SLURM_DIR = ROOT / ".trackway" / "demo" / "slurm"
+SLURM_NODE_LOCK = Path(tempfile.gettempdir()) / "trackway-tests-slurm-node.lock"
+# The demo's own project directory for step 6: a workstation for tests, the Slurm cluster for full runs.
+SLURM_TOML = """\
+# Written by examples/demo.py (step 6): this machine for test runs, the local Slurm for full runs.
+[resources.local]
+executor = "local"
+use_for = ["test"]
+
+[resources.cluster]
+executor = "slurm"
+partition = "test"
+gpus_per_node = 2
+use_for = ["test", "full"]
+grace_seconds = 20
+# The test cluster gives a job 256 MB unless asked (DefMemPerCPU) and enforces it: PyTorch needs more.
+sbatch = ["--mem=1G"]
+
+[selection]
+full = ["cluster", "local"]
+"""
+
+
+def slurm_answers() -> bool:
+    if shutil.which("sinfo") is None:
+        return False
+    try:
+        return subprocess.run(["sinfo", "--noheader"], capture_output=True, timeout=5).returncode == 0
+    except subprocess.TimeoutExpired:
+        return False
+
+
+def on_slurm(stamp: str, corpus: Path, reference: str, ref_loss: float) -> bool:
+    """Step 6: the reference's model and config as a full run on the local Slurm, preempted and resumed.
+
+    Returns whether its final loss matched the reference's (True when there was nothing to compare).
+    """
+    SLURM_DIR.mkdir(parents=True, exist_ok=True)
+    (SLURM_DIR / "trackway.toml").write_text(SLURM_TOML)
+    # The same ledger as the rest of the demo; this directory's trackway.toml declares the resources
+    # (a supervisor started elsewhere, like the background one of steps 1-4, places this run's
+    # retries among them too: it reads the trackway.toml of the run's working directory).
+    home = ROOT / os.environ.get("TRACKWAY_HOME", ".trackway")  # the home steps 1-5 used (from ROOT)
+    where = {"cwd": SLURM_DIR, "env": {"TRACKWAY_HOME": str(home), "TRACKWAY_BACKGROUND_SUPERVISOR": "0"}}
+    console.print(escape(f"in {SLURM_DIR.relative_to(ROOT)}: its trackway.toml declares `local` (test runs) and "
+                         "`cluster` (the local Slurm, partition test, 2 GPUs); "
+                         '[selection] full = ["cluster", "local"]'))
+    name = f"tiny-lm-{stamp}-slurm"
+    trackway("submit", "--detach", "--name", name, "--project", "demo", "--model-family", "reasoning", "--kind", "full",
+             "--gpus", "2", "--config", str(EXAMPLES / "tiny.toml"), "--set", f"train.steps={STEPS}",
+             "--data", str(corpus), "--", sys.executable, str(EXAMPLES / "train_tiny.py"), "--data-file", str(corpus),
+             "--step-delay", "0.02", **where)
+
+    def committed() -> bool:
+        trackway("supervise", "--once", quiet=True, **where)
+        return any(c["state"] == "committed" for c in as_json("checkpoints", name, **where))
+
+    wait_for("a committed checkpoint on Slurm", committed, timeout=180)
+    (attempt,) = as_json("attempts", name, **where)
+    high = ["sbatch", "--parsable", "--partition=high", "--gres=gpu:2", "--output=/dev/null", "--wrap", "sleep 1"]
+    console.print(f"{attempt['attempt_id']} runs as Slurm job {attempt['executor_job_id']} and holds both GPUs; "
+                  f"`{shlex.join(high)}` asks for them in the `high` partition, which preempts `test`: Slurm sends "
+                  "the job its USR1 notice, the SDK checkpoints and exits")
+    high_job = subprocess.run(high, capture_output=True, text=True, check=True, timeout=30).stdout.strip()
+    console.print(f"high-priority job {high_job} submitted; `trackway supervise --once` until the run completes:")
+
+    def completed() -> bool:
+        trackway("supervise", "--once", quiet=True, **where)
+        return as_json("show", name, **where)["state"] in ("completed", "failed", "cancelled")
+
+    wait_for("the Slurm run to complete", completed, timeout=300)
+    trackway("attempts", name, **where)
+    explained = trackway("explain", name, check=False, **where).returncode == 0
+    attempts_ = as_json("attempts", name, **where)
+    reference_config, slurm_config = as_json("show", reference)["config"], as_json("show", name, **where)["config"]
+    slurm_loss = final_loss(name)
+    if reference_config != slurm_config:
+        console.print(f"final loss on Slurm {slurm_loss:.6f}; its config differs from the reference's: not compared")
+        same = True
+    else:
+        same = slurm_loss == ref_loss
+        console.print(f"final loss: uninterrupted (step 1, local) {ref_loss:.6f}, on Slurm preempted and resumed "
+                      f"{slurm_loss:.6f}: {'the same' if same else 'DIFFERENT'}")
+    reasons = [a["termination_reason"] for a in attempts_]
+    if reasons != ["preempted", "completed"]:
+        raise SystemExit(f"demo: the Slurm run's attempts ended {reasons}, not preempted then completed")
+    if not explained:
+        raise SystemExit(f"demo: `trackway explain {name}` failed (its output is above)")
+    return same
 
 
 def main() -> None:
@@ -165,6 +266,15 @@ def main() -> None:
     trackway("report", "waste")
     trackway("runs", "--limit", "5")
     trackway("sql", SEED_QUERY)
+    console.print("\n[bold]6. The same model on the local Slurm[/bold]")
+    slurm_same = True
+    if slurm_answers():
+        with open(SLURM_NODE_LOCK, "a") as node:  # the test cluster's one node, shared with the tests
+            fcntl.flock(node, fcntl.LOCK_EX)
+            slurm_same = on_slurm(stamp, corpus, reference, ref_loss)
+    else:
+        console.print("skipped: no Slurm answers here (`sinfo`); start the local test cluster with "
+                      "`bash scripts/ensure-slurm.sh` (as root) and run `make demo` again")
     console.print(Rule("[bold]done", align="left"))
     console.print(f"the ledger is at .trackway/ledger.db; try `trackway attempts {interrupted} --json`.")
     if ref_loss != resumed_loss:
@@ -174,6 +284,8 @@ def main() -> None:
         raise SystemExit(f"demo: evaluations did not complete with pass@1 rising: {pass1}")
     if [a["termination_reason"] for a in as_json("attempts", reference)] != ["completed"]:
         raise SystemExit("demo: evaluations touched the training run's attempts")
+    if not slurm_same:
+        raise SystemExit("demo: the run preempted and resumed on Slurm did not reproduce the reference's final loss")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -131,3 +132,37 @@ def cli_process(home: Path):
 
     return invoke
 
+
+ENSURE_SLURM = Path(__file__).resolve().parents[1] / "scripts" / "ensure-slurm.sh"
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> None:
+    """A single-node Slurm up on this machine (scripts/ensure-slurm.sh), or the test fails saying why."""
+    if os.environ.get("TRACKWAY_SKIP_SLURM") == "1":
+        pytest.skip("TRACKWAY_SKIP_SLURM=1: the Slurm executor's tests were asked not to run")
+    try:
+        done = subprocess.run(["bash", str(ENSURE_SLURM)], capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{ENSURE_SLURM} did not bring Slurm up within 300 s", pytrace=False)
+    if done.returncode != 0:
+        lines = (done.stderr.strip() or done.stdout.strip() or f"exit code {done.returncode}").splitlines()
+        pytest.fail(f"Slurm is not up: {lines[-1]}", pytrace=False)
+
+
+@pytest.fixture
+def slurm_node(slurm_cluster, tmp_path_factory) -> Iterator[None]:
+    """The single node to this test alone: tests in other workers that submit jobs wait their turn.
+
+    The node has two GPUs and preemption is by partition: a job of one test would queue behind,
+    or be preempted by, another test's job, and either would read as the other's failure.
+    """
+    import fcntl
+
+    lock = Path(tempfile.gettempdir()) / "trackway-tests-slurm-node.lock"
+    with open(lock, "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(held, fcntl.LOCK_UN)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from trackway.errors import InputError
+from trackway.resources.registry import Resource, default_local, parse_resources, parse_selection
 from trackway.validation import finite
 
 CONFIG_FILE_NAME = "trackway.toml"
@@ -32,6 +33,31 @@ executor = "local"
 cost_per_gpu_hour = 0.0
 # Seconds between SIGTERM and SIGKILL when a time limit is hit or a run is cancelled.
 grace_seconds = 30
+# Also: gpu = "RTX 5090", gpu_memory_gb = 32, gpus_per_node (NVML's count by default),
+# preemptible = false, use_for = ["test", "full", "eval"] (the run kinds it takes).
+
+# A Slurm cluster (`trackway resources` shows what each can take now):
+# [resources.ailab]
+# executor = "slurm"
+# gpu = "B200"
+# gpu_memory_gb = 180
+# gpus_per_node = 8
+# cost_per_gpu_hour = 2.5
+# partition = "lab"
+# account = "ml-group"
+# grace_seconds = 60          # USR1 this long before a time limit; the SDK saves and exits
+# sbatch = ["--constraint=b200"]
+# setup = "module load cuda && source ~/venv/bin/activate"
+# [[resources.ailab.qos]]     # the smallest tier whose max_hours covers --time-limit is used
+# name = "gpu-short"
+# max_hours = 24
+
+# [selection]
+# With resources declared, `submit` chooses (--resource auto): kind, GPUs, --gpu-memory-min and
+# --time-limit filter; then free GPUs now, this order per run kind, and cost rank. The choice and
+# every resource passed over are recorded with the reason (`trackway explain`).
+# full = ["ailab", "local"]
+# test = ["local", "ailab"]
 
 [checkpoints]
 # Retention, applied by `trackway gc`. The newest committed checkpoint, the one a running
@@ -79,20 +105,11 @@ max_running = 2
 
 
 @dataclass(frozen=True)
-class Resource:
-    """A named place to run, as trackway.toml declares it."""
-
-    name: str
-    executor: str = "local"
-    cost_per_gpu_hour: float = 0.0
-    grace_seconds: float = 30.0
-
-
-@dataclass(frozen=True)
 class Settings:
     home: Path
     db_url: str
-    resources: dict[str, Resource] = field(default_factory=dict)
+    resources: dict[str, Resource] = field(default_factory=dict)  # [resources.NAME] in trackway.toml
+    selection: dict[str, tuple[str, ...]] = field(default_factory=dict)  # [selection]: run kind → preferred resources
     retention: dict[str, Any] = field(default_factory=dict)  # [checkpoints] in trackway.toml
     retry: dict[str, Any] = field(default_factory=dict)  # [retry] in trackway.toml (supervisor/policy.py)
     stall_seconds: float = 600.0  # [supervisor] stall_seconds: no heartbeat or no new step for this long
@@ -104,35 +121,20 @@ class Settings:
     checkpoint_paths: tuple[str, ...] = ()  # [checkpoints] path: globs relative to the run's working directory
 
     def resource(self, name: str = "local") -> Resource:
-        return self.resources.get(name) or Resource(name=name)
+        """The resource called `name`; an undeclared one (a run recorded before it was removed) runs locally."""
+        return self.resources.get(name) or (default_local() if name == "local" else Resource(name=name, declared=False))
 
     @property
     def runs_dir(self) -> Path:
         return self.home / "runs"
 
 
-def _read_toml(path: Path) -> dict[str, Any]:
+def _read_toml(path: Path) -> tuple[dict[str, Any], str]:
+    text = path.read_text()
     try:
-        return tomllib.loads(path.read_text())
+        return tomllib.loads(text), text
     except tomllib.TOMLDecodeError as exc:
         raise InputError(f"{path}: not valid TOML: {exc}") from None
-
-
-def _parse_resources(doc: dict[str, Any], path: Path) -> dict[str, Resource]:
-    resources: dict[str, Resource] = {}
-    for name, body in (doc.get("resources") or {}).items():
-        if not isinstance(body, dict):
-            raise InputError(f"{path}: [resources.{name}] must be a table")
-        where = f"{path}: [resources.{name}]"
-        resources[name] = Resource(
-            name=name,
-            executor=str(body.get("executor", "local")),
-            cost_per_gpu_hour=_number(
-                body.get("cost_per_gpu_hour", 0.0), f"{where} cost_per_gpu_hour", 0.0, 1e6, "dollars per GPU-hour"
-            ),
-            grace_seconds=_number(body.get("grace_seconds", 30.0), f"{where} grace_seconds", 0.0, 86400.0, "seconds"),
-        )
-    return resources
 
 
 def _number(value: Any, field: str, low: float, high: float, unit: str) -> float:
@@ -152,7 +154,7 @@ def load_settings(home: str | Path | None = None, db: str | None = None, cwd: Pa
         source = "--home" if home else "TRACKWAY_HOME" if os.environ.get("TRACKWAY_HOME") else "home"
         raise InputError(f"{source} {home_path}: expected a directory, but {existing} is a file")
     toml_path = cwd / CONFIG_FILE_NAME
-    doc = _read_toml(toml_path) if toml_path.is_file() else {}
+    doc, text = _read_toml(toml_path) if toml_path.is_file() else ({}, "")
     url = db or os.environ.get("TRACKWAY_DB") or (doc.get("ledger") or {}).get("url")
     if not url:
         url = f"sqlite:///{home_path / 'ledger.db'}"
@@ -188,10 +190,12 @@ def load_settings(home: str | Path | None = None, db: str | None = None, cwd: Pa
     max_running = evals.get("max_running", 2) if isinstance(evals, dict) else None
     if not isinstance(max_running, int) or isinstance(max_running, bool) or max_running < 1:
         raise InputError(f"{toml_path}: [evals] max_running: expected a whole number ≥ 1")
+    resources = parse_resources(doc, toml_path, text)
     return Settings(
         home=home_path,
         db_url=url,
-        resources=_parse_resources(doc, toml_path),
+        resources=resources,
+        selection=parse_selection(doc, toml_path, text, resources),
         retention=retention,
         retry=retry,
         stall_seconds=stall_seconds,

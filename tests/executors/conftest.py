@@ -22,7 +22,7 @@ from trackway.executors.local_shim import process_create_time, read_json, same_p
 DEADLINE_S = 30.0
 
 
-def wait_for(predicate: Callable[[], object], what: str, timeout: float = DEADLINE_S):
+def wait_for(predicate: Callable[[], object], what: str, timeout: float = DEADLINE_S, interval: float = 0.02):
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
@@ -30,7 +30,7 @@ def wait_for(predicate: Callable[[], object], what: str, timeout: float = DEADLI
             return value
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.02)
+        time.sleep(interval)
 
 
 def wait_terminal(executor: Executor, handle: JobHandle, timeout: float = DEADLINE_S) -> JobStatus:

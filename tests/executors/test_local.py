@@ -202,6 +202,38 @@ def test_cancel_ends_the_job_and_its_grandchildren(executor, make_request, tmp_p
     wait_for(lambda: not group_alive(sub.pid), "the process group to be gone")
 
 
+def test_shim_sends_usr1_and_sigterm_on_to_the_command(executor, make_request):
+    """A preemption notice reaches the training process: SIGUSR1 (Slurm's --signal=B:USR1) stops
+    nothing and is noted with its time; SIGTERM then ends the job as before."""
+    sub = executor.submit(make_request(python("""
+        import signal, sys, time
+        def on(signum, frame):
+            print("got", signal.Signals(signum).name, flush=True)
+            if signum == signal.SIGTERM:
+                sys.exit(75)
+        signal.signal(signal.SIGUSR1, on)
+        signal.signal(signal.SIGTERM, on)
+        print("ready", flush=True)
+        while True:
+            time.sleep(0.05)
+    """)))
+    log = sub.handle.state_dir / "output.log"
+    wait_for(lambda: "ready" in log_text(log), "the command to start")
+    shim = int(sub.handle.job_id)
+
+    os.kill(shim, signal.SIGUSR1)
+    wait_for(lambda: "got SIGUSR1" in log_text(log), "the notice to reach the command")
+    assert executor.poll(sub.handle).phase is JobPhase.RUNNING
+    os.kill(shim, signal.SIGTERM)
+    status = wait_ended(executor, sub.handle)
+
+    assert (status.exit_code, status.signal) == (75, None)
+    assert [text for _, tag, text in log_lines(log) if tag == "out"] == ["ready", "got SIGUSR1", "got SIGTERM"]
+    assert any("received SIGUSR1 (a notice): sent it on to process group" in line for line in status.evidence)
+    notices = read_json(sub.handle.state_dir / "exit.json")["notices"]
+    assert [notice["signal"] for notice in notices] == ["SIGUSR1"]
+
+
 def test_cancelling_an_ended_job_does_nothing(executor, make_request):
     sub = executor.submit(make_request(python("pass")))
     before = wait_ended(executor, sub.handle)

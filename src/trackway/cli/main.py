@@ -42,6 +42,7 @@ COMMANDS: dict[str, Entry] = {
     "checkpoints": Entry("checkpoints_cmd", "List a run's checkpoints as storage holds them: state, step, size and lineage; set-aside ones with why."),
     "gc": Entry("checkpoints_cmd", "Apply checkpoint retention in one pass: what is not kept is superseded, then deleted (marker first)."),
     "evals": Entry("evals_cmd", "The run's checkpoints with their evaluations: step, progress, each metric per seed and aggregated."),
+    "resources": Entry("resources_cmd", "List the resources runs may go to, with live availability (free GPUs, jobs running and pending)."),
     "supervise": Entry("supervise_cmd", "Drive every unfinished run: notice ends, classify them, decide by policy, resume what should resume."),
     "explain": Entry("explain_cmd", "A run's attempts and decisions, then one attempt in full: config, data, placement, checkpoints, retries, evaluations and what happens next."),
     "eval": Entry("evals_cmd", "Evaluate a checkpoint (`trackway eval RUN@STEP --spec FILE`), show an evaluation, compare two."),

@@ -15,7 +15,8 @@ from trackway.validation import attempt_ref, limit as check_limit
 
 RUN_COLUMNS = [
     "run_id", "name", "project", "model_family", "kind", "state", "termination_reason", "attempt_count",
-    "created_at", "ended_at", "command", "workdir", "resource", "executor", "gpus", "time_limit_s",
+    "created_at", "ended_at", "command", "workdir", "resource", "resource_request", "gpu_memory_min_gb", "executor",
+    "gpus", "time_limit_s",
     "config_sha256", "data_manifest_sha256", "code_repo", "code_branch", "code_commit", "code_dirty_sha256",
 ]
 ATTEMPT_COLUMNS = [
@@ -24,6 +25,7 @@ ATTEMPT_COLUMNS = [
     "exit_code", "signal", "termination_reason", "termination_evidence", "config_sha256", "data_manifest_sha256",
     "environment_sha256", "code_commit", "code_dirty_sha256", "resumed_from_checkpoint", "first_step", "last_step",
     "checkpoints_committed", "useful_gpu_seconds", "wasted_gpu_seconds", "retry_decision", "log_path", "environ_sha256", "started_by",
+    "resource", "qos", "selection",
 ]
 
 
@@ -150,6 +152,16 @@ def _number(value: float | None) -> str:
     return "-" if value is None else f"{value:,.1f}"
 
 
+def _placement_line(a) -> str:
+    """Where the attempt went and why, as the selection recorded it."""
+    from trackway.resources.selection import Selection
+
+    chosen = Selection.from_json(a["selection"])
+    if chosen is None:
+        return f"{a['resource'] or 'the run’s'} (chosen before trackway recorded its reasons)"
+    return chosen.text()
+
+
 def _wall(a) -> float | None:
     if a["started_at"] and a["ended_at"]:
         return (a["ended_at"] - a["started_at"]).total_seconds()
@@ -234,7 +246,9 @@ def _print_run(app: AppContext, run, config_sha, config, data_sha, manifest, sho
         ("workdir", run["workdir"]),
         ("created", f"{short_time(run['created_at'])} UTC"
          + (f", ended {short_time(run['ended_at'])} UTC" if run["ended_at"] else "")),
-        ("resource", f"{run['resource']} ({run['executor']}), gpus {run['gpus']}, time limit {limit}"),
+        ("resource", ("auto, first chosen: " if run["resource_request"] == "auto" else "")
+         + f"{run['resource']} ({run['executor']}), gpus {run['gpus']}"
+         + (f" of ≥ {run['gpu_memory_min_gb']:g} GB" if run["gpu_memory_min_gb"] else "") + f", time limit {limit}"),
         ("data", f"{short_sha(data_sha)}  {len(files)} file(s), {sum(f['size'] for f in files):,} bytes"
          if manifest else "no data declared"),
         ("code", code),
@@ -284,6 +298,7 @@ def _print_attempt(a) -> None:
     for label, value in (
         ("state", ending),
         ("started by", a["started_by"] or "not recorded"),
+        ("resource", _placement_line(a)),
         ("executor", f"{a['executor']} job {a['executor_job_id'] or 'not started'} on {a['host'] or 'no host yet'}"),
         ("gpus", gpus if a["gpu_count"] else "none"),
         ("time", f"{short_time(a['started_at'])} → {short_time(a['ended_at'])} UTC ({duration(_wall(a))})"

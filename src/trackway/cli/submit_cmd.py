@@ -31,6 +31,12 @@ def submit(
     data: list[str] = typer.Option([], "--data", help="A data file or directory to hash into the manifest (repeatable)."),
     gpus: int = typer.Option(0, "--gpus", help="GPUs to assign (through CUDA_VISIBLE_DEVICES)."),
     time_limit: float = typer.Option(None, "--time-limit", help="Hours before the attempt is ended (SIGTERM, grace, SIGKILL)."),
+    resource: str = typer.Option(
+        None, "--resource",
+        help="A resource declared in trackway.toml, or auto: chosen by kind, GPUs, memory, time limit, availability "
+             "and cost (the default once any resource is declared; see `trackway resources`).",
+    ),
+    gpu_memory_min: float = typer.Option(None, "--gpu-memory-min", help="GB of memory each GPU must have."),
     repo: str = typer.Option(None, "--repo", help="Clone this git repository into the run's workspace and run there."),
     branch: str = typer.Option(None, "--branch", help="The branch of --repo to clone."),
     retry_policy: str = typer.Option(None, "--retry-policy", help="A TOML retry policy for this run (over trackway.toml's [retry])."),
@@ -69,6 +75,8 @@ def submit(
         data_paths=list(data),
         gpus=gpus,
         time_limit_hours=time_limit,
+        resource=resource,
+        gpu_memory_min_gb=gpu_memory_min,
         repo_url=repo,
         branch=branch,
         retry_policy_path=retry_policy,
@@ -78,17 +86,16 @@ def submit(
     )
     supervisor = Supervisor(app.ledger, app.settings)
     run_id = submit_run(app.ledger, app.settings, spec, console=err_console)
-    with app.ledger.read() as conn:
-        run = resolve_run(conn, run_id)
     attempt_id = start_attempt(
-        app.ledger, app.settings, run_id, supervisor.executor(run["executor"]), first=True,
-        started_by=command_by("trackway submit"),
+        app.ledger, app.settings, run_id, supervisor.executor, first=True, started_by=command_by("trackway submit"),
     )
     if attempt_id is None:
         # A supervisor took over a launch it judged abandoned (this process was stopped that long).
         with app.ledger.read() as conn:
             attempt_id = latest_attempt(conn, run_id)["attempt_id"]
     console.print(run_id, highlight=False)
+    if app.settings.resources:
+        _say_placement(app, attempt_id)
     _say_declared_paths(app, attempt_id)
     if detach:
         err_console.print(app.hint(f"attempt {attempt_id} started; follow it with `trackway logs {attempt_id} -f`"),
@@ -100,6 +107,16 @@ def submit(
         # Evaluations (and, after Ctrl-C, the run itself) go on after this command returns.
         ensure_background_supervisor(app)
     raise typer.Exit(code)
+
+
+def _say_placement(app: AppContext, attempt_id: str) -> None:
+    """Where the first attempt went and why, in one line on stderr."""
+    from trackway.resources.selection import Selection
+
+    with app.ledger.read() as conn:
+        placement = Selection.from_json(get_attempt(conn, attempt_id)["selection"])
+    if placement is not None:
+        err_console.print(Text(f"trackway: {printable(placement.text())}", style="dim"))
 
 
 def resume(
@@ -121,7 +138,7 @@ def resume(
     if record["state"] in (RunState.RUNNING.value, RunState.QUEUED.value, RunState.COMPLETED.value):
         raise InputError(f"run {run!r}: is {record['state']}; only a run that ended without completing can be resumed")
     attempt_id = start_attempt(
-        app.ledger, app.settings, record["run_id"], supervisor.executor(record["executor"]), overrides=list(overrides),
+        app.ledger, app.settings, record["run_id"], supervisor.executor, overrides=list(overrides),
         started_by=command_by(shlex.join(["trackway", "resume", *(a for o in overrides for a in ("--set", o))])),
     )
     with app.ledger.read() as conn:

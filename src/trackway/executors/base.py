@@ -4,23 +4,30 @@ An executor starts one attempt per `submit()` and afterwards answers from its ow
 durable state, so that a supervisor restarted after a crash can `poll()` handles
 it did not create in this process. Phases of a job as `poll()` reports them:
 
-    submit() ──► RUNNING ──► ENDED      exit code or signal known; timed_out / cancelled set
-                    │
-                    └──────► VANISHED   gone without an exit status (the executor lost it)
+    submit() ──► QUEUED ──► RUNNING ──► ENDED      exit code or signal known; timed_out / cancelled set
+                   │           │
+                   └───────────┴──────► VANISHED   gone without an exit status (the executor lost it)
 
+QUEUED is for executors with a queue (Slurm: submitted, not yet running); local jobs start RUNNING.
 ENDED and VANISHED are terminal. `cancel()` only asks; the end shows up in `poll()`.
+`poll_many()` answers for many jobs at once: an executor with a remote queue asks it once per
+call, never once per job (the base implementation just loops over `poll()`).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trackway.errors import InputError
+
+if TYPE_CHECKING:
+    from trackway.resources.registry import Resource
 
 
 @dataclass(frozen=True)
@@ -39,6 +46,10 @@ class LaunchRequest:
     # True: `env` is the whole environment (the run's submitted one plus TRACKWAY_*); False: `env`
     # is added to the executor's own, for runs recorded before environments were stored.
     env_is_complete: bool = False
+    # Where to run, as trackway.toml declares it (Slurm: partition, account, sbatch options, setup
+    # prologue, nodes); None: the executor's defaults. `qos`: the QoS tier the selection chose.
+    resource: "Resource | None" = None
+    qos: str | None = None
 
 
 @dataclass(frozen=True)
@@ -63,17 +74,24 @@ class Submission:
 
 
 class JobPhase(str, Enum):
+    QUEUED = "queued"
     RUNNING = "running"
     ENDED = "ended"
     VANISHED = "vanished"
 
     def is_terminal(self) -> bool:
-        return self is not JobPhase.RUNNING
+        return self in (JobPhase.ENDED, JobPhase.VANISHED)
 
 
 @dataclass(frozen=True)
 class JobStatus:
-    """A job as the executor sees it now; `evidence` holds executor-state lines for the receipt."""
+    """A job as the executor sees it now; `evidence` holds executor-state lines for the receipt.
+
+    `reason`: a `trackway.taxonomy.TerminationReason` value, set only when the executor knows the
+    cause for certain (Slurm PREEMPTED -> "preempted", TIMEOUT -> "timeout", ...); None leaves it to
+    the classifier. `placement`: where the job runs or ran, as the executor knows it (Slurm: job
+    id, node list, partition, QoS, allocated GPUs), None when it has nothing to add.
+    """
 
     phase: JobPhase
     exit_code: int | None = None
@@ -83,6 +101,8 @@ class JobStatus:
     timed_out: bool = False
     cancelled: bool = False
     evidence: tuple[str, ...] = ()
+    reason: str | None = None
+    placement: dict | None = None
 
 
 class Executor(ABC):
@@ -97,6 +117,10 @@ class Executor(ABC):
     @abstractmethod
     def poll(self, handle: JobHandle) -> JobStatus:
         """Say whether the job runs, ended (and how), or vanished."""
+
+    def poll_many(self, handles: Iterable[JobHandle]) -> dict[str, JobStatus]:
+        """`poll()` for many jobs, keyed by job id. Executors with a remote queue override it to ask once."""
+        return {handle.job_id: self.poll(handle) for handle in handles}
 
     @abstractmethod
     def cancel(self, handle: JobHandle) -> None:
@@ -124,7 +148,13 @@ def _inline(home: Path) -> Executor:
     return InlineExecutor(home)
 
 
-_REGISTRY: dict[str, Callable[[Path], Executor]] = {"local": _local, "inline": _inline}
+def _slurm(home: Path) -> Executor:
+    from trackway.executors.slurm import SlurmExecutor
+
+    return SlurmExecutor(home)
+
+
+_REGISTRY: dict[str, Callable[[Path], Executor]] = {"local": _local, "inline": _inline, "slurm": _slurm}
 
 
 def known_executors() -> list[str]:

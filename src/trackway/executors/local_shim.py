@@ -16,8 +16,18 @@ whole group, and whatever is left of the group when the command exits is killed 
        └─ shim got SIGTERM  ──┴─► SIGTERM to group ─► grace ─► SIGKILL to group ─► exit.json
 
 A shim SIGTERM is how `cancel()` works (it writes `cancel.json` first) and how a host shutdown
-arrives. `--kill-group PGID GRACE` is a second mode: SIGTERM, then SIGKILL after the grace, for a
-group whose shim is gone.
+arrives. A shim SIGUSR1 (a preemption or time-limit notice, e.g. Slurm's `--signal=B:USR1@N`) is
+sent on to the group and noted, with its time, in `exit.json`'s `notices`; it stops nothing.
+`--kill-group PGID GRACE` is a second mode: SIGTERM, then SIGKILL after the grace, for a group
+whose shim is gone.
+
+`--foreground STATE_DIR` runs the shim without forking, as the batch step of a Slurm job (the
+Slurm executor's sbatch script execs it): the job's environment is the shim's own, GPUs are what
+the scheduler put in CUDA_VISIBLE_DEVICES, job.json keeps the scheduler's job variables
+(`batch_env`), and the shim exits as the command did (its exit code, or 128 + the signal), so
+that the scheduler's record agrees with exit.json. A SIGTERM is not sent on there: Slurm signals
+every process of the job itself (scancel, time limit, preemption), while `--signal=B:USR1` reaches
+only the batch step, the shim, which sends it on.
 
 Stdlib only, on purpose: this starts for every attempt and submit() waits for it.
 """
@@ -40,6 +50,9 @@ from pathlib import Path
 
 PUMP_DRAIN_S = 2.0
 CANNOT_START_EXIT_CODE = 127
+# What a batch job's shim keeps from its environment in job.json: where the scheduler placed it.
+BATCH_ENV = ("SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_JOB_PARTITION", "SLURM_JOB_QOS", "SLURM_JOB_ACCOUNT",
+             "SLURM_JOB_GPUS", "SLURM_GPUS_ON_NODE", "CUDA_VISIBLE_DEVICES", "SLURM_RESTART_COUNT")
 # Output with no newline (a progress bar redrawn with \r) is cut into log lines of at most this many bytes.
 _MAX_LINE = 1 << 16
 _boot_time: float | None = None
@@ -265,12 +278,15 @@ class _Log:
 class Shim:
     """One run of one command, from launch.json to exit.json."""
 
-    def __init__(self, state_dir: Path, launch: dict):
+    def __init__(self, state_dir: Path, launch: dict, foreground: bool = False):
         self.state_dir = state_dir
         self.launch = launch
+        self.foreground = foreground
         self.grace_s = float(launch.get("grace_s", 30.0))
         self.time_limit_s = launch.get("time_limit_s")
-        self.gpu_ids = list(launch.get("gpu_ids", []))
+        self.gpu_ids = list(launch.get("gpu_ids", [])) or (_visible_gpus() if foreground else [])
+        self.notices: list[dict] = []  # SIGUSR1s received: {"signal", "at"}, sent on to the group
+        self._unforwarded: list[int] = []  # appended by the handler, popped by the loop (both atomic)
         self.leases = LeaseFiles(Path(launch["lease_dir"])) if launch.get("lease_dir") else None
         self.evidence: list[str] = []
         self.stop_signal: int | None = None
@@ -285,6 +301,7 @@ class Shim:
         signal.set_wakeup_fd(wake_w)
         signal.signal(signal.SIGTERM, self._on_stop)
         signal.signal(signal.SIGINT, self._on_stop)
+        signal.signal(signal.SIGUSR1, self._on_notice)
         signal.signal(signal.SIGCHLD, lambda signum, frame: None)
         if self.leases is not None and self.gpu_ids:
             owner = {"pid": os.getpid(), "create_time": self.create_time, "state_dir": str(self.state_dir),
@@ -336,23 +353,40 @@ class Shim:
             exit_code=returncode if returncode >= 0 else None,
             signum=-returncode if returncode < 0 else None,
         )
+        if self.foreground:
+            return returncode if returncode >= 0 else 128 - returncode
         return 0
 
     def _on_stop(self, signum, frame) -> None:
         if self.stop_signal is None:
             self.stop_signal = signum
 
+    def _on_notice(self, signum, frame) -> None:
+        self.notices.append({"signal": signal_name(signum), "at": utc_now().isoformat()})
+        self._unforwarded.append(signum)
+
+    def _forward_notices(self, pgid: int, log: _Log) -> None:
+        while self._unforwarded:
+            signal_group(pgid, self._unforwarded.pop(0))
+            note = f"executor shim received SIGUSR1 (a notice): sent it on to process group {pgid}"
+            self.evidence.append(note)
+            log.note(note)
+
     def _supervise(self, child: subprocess.Popen, started: float, wake_r: int, log: _Log) -> None:
         pgid = child.pid
         deadline = started + float(self.time_limit_s) if self.time_limit_s is not None else None
         while not _has_exited(child.pid):
             now = time.monotonic()
+            self._forward_notices(pgid, log)
             if self.term_at is None and self.stop_signal is not None:
                 if (self.state_dir / "cancel.json").exists():
                     why = "cancel requested"
                 else:
                     why = f"executor shim received {signal_name(self.stop_signal)}"
-                self._terminate(pgid, why, log)
+                if self.foreground and self.stop_signal == signal.SIGTERM:
+                    self._await_scheduler_kill(why, log)
+                else:
+                    self._terminate(pgid, why, log)
             if self.term_at is None and deadline is not None and now >= deadline:
                 self.timed_out = True
                 self._terminate(pgid, f"time limit {format_seconds(float(self.time_limit_s))} s reached", log)
@@ -372,6 +406,20 @@ class Shim:
             # Signals (SIGCHLD, SIGTERM) write to wake_r, so this returns as soon as anything happens.
             if select.select([wake_r], [], [], timeout)[0]:
                 os.read(wake_r, 512)
+
+    def _await_scheduler_kill(self, why: str, log: _Log) -> None:
+        """A batch job's SIGTERM: the scheduler sent it to every process of the job, the command included.
+
+        Sending it on would deliver it twice, and a second SIGTERM that lands while Python exits
+        kills the process by the signal instead of its own exit code (seen on Slurm: the SDK's
+        exit 75 after a preemption became "killed by SIGTERM"). Only the SIGKILL after the grace is
+        the shim's; the scheduler's own (after its KillWait) usually comes first.
+        """
+        self.term_at = time.monotonic()
+        note = (f"{why} (sent by the scheduler to every process of the job, the command included):"
+                f" SIGKILL after {format_seconds(self.grace_s)} s grace")
+        self.evidence.append(note)
+        log.note(note)
 
     def _terminate(self, pgid: int, why: str, log: _Log) -> None:
         self.term_at = time.monotonic()
@@ -397,10 +445,10 @@ class Shim:
         self.evidence.append(note)
         self._write_job(None, None, utc_now())
         self._finish(exit_code=CANNOT_START_EXIT_CODE, signum=None)
-        return 0
+        return CANNOT_START_EXIT_CODE if self.foreground else 0
 
     def _write_job(self, child_pid: int | None, child_create_time: float | None, started_at: datetime) -> None:
-        write_json_atomic(self.state_dir / "job.json", {
+        job = {
             "shim_pid": os.getpid(),
             "create_time": self.create_time,
             "child_pid": child_pid,
@@ -409,7 +457,10 @@ class Shim:
             "started_at": started_at.isoformat(),
             "host": socket.gethostname(),
             "gpu_ids": self.gpu_ids,
-        })
+        }
+        if self.foreground:
+            job["batch_env"] = {name: os.environ[name] for name in BATCH_ENV if name in os.environ}
+        write_json_atomic(self.state_dir / "job.json", job)
 
     def _finish(self, exit_code: int | None, signum: int | None) -> None:
         # Leases go first: whoever sees exit.json may submit again at once and expect the GPUs free.
@@ -422,7 +473,14 @@ class Shim:
             "timed_out": self.timed_out,
             "cancelled": (self.state_dir / "cancel.json").exists(),
             "evidence": self.evidence,
+            "notices": self.notices,
         })
+
+
+def _visible_gpus() -> list[int]:
+    """The GPU indices the scheduler gave this job (CUDA_VISIBLE_DEVICES), when they are numbers."""
+    ids = [part.strip() for part in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if part.strip()]
+    return [int(part) for part in ids] if all(part.isdigit() for part in ids) else []
 
 
 def _has_exited(pid: int) -> bool:
@@ -451,8 +509,11 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) == 3 and args[0] == "--kill-group":
         return kill_group(int(args[1]), float(args[2]))
+    foreground = len(args) == 2 and args[0] == "--foreground"
+    if foreground:
+        args = args[1:]
     if len(args) != 1:
-        print("usage: python -m trackway.executors.local_shim STATE_DIR", file=sys.stderr)
+        print("usage: python -m trackway.executors.local_shim [--foreground] STATE_DIR", file=sys.stderr)
         return 2
     state_dir = Path(args[0])
     try:
@@ -462,11 +523,12 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         print(f"local shim cannot read its launch file: {exc}", file=sys.stderr)
         return 1
-    # Fork once more so the shim is reparented to init: no submitter has to reap it, ever.
-    if os.fork() != 0:
+    # Fork once more so the shim is reparented to init: no submitter has to reap it, ever. In the
+    # foreground (a batch job's step), the shim stays the process the scheduler started and watches.
+    if not foreground and os.fork() != 0:
         os._exit(0)
     try:
-        return Shim(state_dir, launch).run()
+        return Shim(state_dir, launch, foreground=foreground).run()
     except BaseException as exc:
         print(f"local shim failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         traceback.print_exc()

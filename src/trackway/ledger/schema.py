@@ -97,6 +97,9 @@ runs = Table(
     # Scripts without the SDK (supervisor/log_metrics.py, supervisor/outside_checkpoints.py):
     Column("log_patterns", Text),  # JSON list of regexes read from output.log; group `step` is the step
     Column("checkpoint_paths", Text),  # JSON list of globs (relative to workdir) committed as checkpoints
+    # What the submitter asked for: a resource's name or "auto" (NULL before 0008: `resource`).
+    Column("resource_request", String(200)),
+    Column("gpu_memory_min_gb", Float),  # submit --gpu-memory-min
 )
 
 attempts = Table(
@@ -139,6 +142,10 @@ attempts = Table(
     Column("environ_sha256", String(64), ForeignKey("blobs.sha256")),  # the variables this attempt was given
     # Who started it, in one line: "trackway submit (ana@gpu3)", "supervisor: preempted: resume (1 of 10)".
     Column("started_by", Text),
+    # Where it was sent and why (resources/selection.py); NULL before 0008: the run's resource.
+    Column("resource", String(200)),
+    Column("qos", String(200)),
+    Column("selection", Text),  # JSON: {"chosen", "qos", "reasons": [...], "skipped": [{"resource", "reason"}]}
     UniqueConstraint("run_id", "attempt_number", name="uq_attempts_run_number"),
 )
 

@@ -193,6 +193,7 @@ class Evidence:
     cancelled: bool = False
     vanished: bool = False
     executor_state: str | None = None
+    executor_reason: str | None = None  # a reason the executor knows for certain (JobStatus.reason)
     executor_lines: Sequence[str] = ()
     log_tail: Sequence[str] = ()
     made_progress: bool = False
@@ -287,6 +288,9 @@ def _classify(evidence: Evidence) -> Classification:
         return Classification(reason, f"watcher:{kind}", (why,) + tuple(e.executor_lines[-MAX_EVIDENCE_LINES:]))
     if e.cancelled:
         return Classification(R.USER_CANCELLED, "trackway:cancel", tuple(e.executor_lines[-MAX_EVIDENCE_LINES:]))
+    if e.executor_reason in R._value2member_map_:
+        return Classification(R(e.executor_reason), f"executor:{e.executor_reason}",
+                              tuple(e.executor_lines[-MAX_EVIDENCE_LINES:]))
     if e.executor_state and e.executor_state.upper() in EXECUTOR_STATES:
         state = e.executor_state.upper()
         return Classification(EXECUTOR_STATES[state], f"executor:{state}", tuple(e.executor_lines[-MAX_EVIDENCE_LINES:]))

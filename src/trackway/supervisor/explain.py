@@ -21,6 +21,7 @@ from sqlalchemy import Connection, RowMapping, select
 from trackway import display as d
 from trackway.ledger.blobs import get_blob
 from trackway.ledger.ingest import SUPERVISOR_RANK
+from trackway.supervisor.placement import PLACED_EVENT
 from trackway.ledger.script_config import CONFLICTS_EVENT
 from trackway.ledger.records import list_attempts, resolve_attempt, resolve_run
 from trackway.ledger.schema import attempt_events, checkpoints, run_eval_specs
@@ -133,7 +134,8 @@ def explain(conn: Connection, ref: str, now: datetime | None = None) -> dict[str
         },
         "config": _config_facts(conn, attempt, config, previous, first),
         "data": _data_facts(conn, attempt, previous),
-        "placement": {k: attempt[k] for k in ("host", "executor", "executor_job_id", "gpu_count", "gpu_model", "gpu_ids")},
+        "placement": {k: attempt[k] for k in ("host", "executor", "executor_job_id", "gpu_count", "gpu_model", "gpu_ids")}
+        | _chosen(attempt, run) | {"scheduler": _placed(conn, attempt["attempt_id"])},
         "compared_with": previous["attempt_id"] if previous is not None else None,
         "changes": _changes(conn, previous, attempt) if previous is not None else {},
         "checkpoints": _checkpoint_facts(attempt, run_checkpoints),
@@ -234,11 +236,22 @@ def _watched(conn: Connection, attempt_id: str) -> list[str]:
         .where(
             attempt_events.c.attempt_id == attempt_id,
             attempt_events.c.rank == SUPERVISOR_RANK,
-            attempt_events.c.kind != CONFLICTS_EVENT,  # shown with the config it is about
+            # Shown with what they are about: the config, and where the job was placed.
+            attempt_events.c.kind.not_in((CONFLICTS_EVENT, PLACED_EVENT)),
         )
         .order_by(attempt_events.c.seq)
     )
     return [json.loads(payload)["message"] for payload in conn.execute(query).scalars()]
+
+
+def _placed(conn: Connection, attempt_id: str) -> dict[str, Any] | None:
+    """Where a queued job started, as its executor reported it (Slurm: job id, nodes, partition, QoS, GPUs)."""
+    payload = conn.execute(
+        select(attempt_events.c.payload).where(
+            attempt_events.c.attempt_id == attempt_id, attempt_events.c.kind == PLACED_EVENT
+        ).order_by(attempt_events.c.seq)
+    ).scalars().first()
+    return json.loads(payload) if payload else None
 
 
 def _script_config(conn: Connection, attempt_id: str) -> dict[str, Any]:
@@ -264,7 +277,8 @@ def _timeline_row(a: RowMapping, run_checkpoints: list[dict[str, Any]]) -> dict[
         "started_by": a["started_by"],
         "started_at": a["started_at"],
         "ended_at": a["ended_at"],
-        "placement": {k: a[k] for k in ("host", "executor", "executor_job_id", "gpu_count", "gpu_model", "gpu_ids")},
+        "placement": {k: a[k] for k in ("host", "executor", "executor_job_id", "gpu_count", "gpu_model", "gpu_ids")}
+        | {"resource": a["resource"], "qos": a["qos"]},
         "first_step": a["first_step"],
         "last_step": a["last_step"],
         "resumed_from": a["resumed_from_checkpoint"],
@@ -501,9 +515,27 @@ def who_started(started_by: str | None) -> str:
     return f"a person: {started_by}"
 
 
+def _chosen(attempt, run) -> dict[str, Any]:
+    """Where the attempt was sent and why (attempts recorded before selection: the run's resource, no reasons)."""
+    from trackway.resources.selection import Selection
+
+    placement = Selection.from_json(attempt["selection"])
+    return {
+        "resource": attempt["resource"] or run["resource"],
+        "qos": attempt["qos"],
+        "selection": None if placement is None else {
+            "requested": placement.requested, "reason": placement.reason,
+            "skipped": [{"resource": name, "reason": why} for name, why in placement.skipped],
+            "text": placement.text(),
+        },
+    }
+
+
 def _placement_text(p: dict[str, Any]) -> str:
     job = f"job {p['executor_job_id']}" if p["executor_job_id"] else "no job id yet"
-    return f"{p['executor']} {job} on {d.text_or(p['host'], 'no host yet')}, {d.gpus_text(p['gpu_count'], p['gpu_model'], p['gpu_ids'])}"
+    where = p.get("resource")
+    where = f"{where}/{p['qos']}: " if where and p.get("qos") else f"{where}: " if where else ""
+    return f"{where}{p['executor']} {job} on {d.text_or(p['host'], 'no host yet')}, {d.gpus_text(p['gpu_count'], p['gpu_model'], p['gpu_ids'])}"
 
 
 def _ending_text(row: dict[str, Any]) -> str:
@@ -677,8 +709,27 @@ def _data_blocks(facts: dict[str, Any]) -> list[Block]:
 def _placement_blocks(facts: dict[str, Any]) -> list[Block]:
     """Question 3, which machine: host, GPUs and their model, executor and its job id."""
     p = facts["placement"]
-    return [
+    chosen = p["selection"]
+    resource = f"{p['resource']}" + (f", QoS {p['qos']}" if p["qos"] else "")
+    if chosen is None:
+        why = "chosen before trackway recorded its reasons"
+    elif chosen["requested"] != "auto":
+        why = f"asked for by name (--resource {chosen['requested']}): {chosen['reason']}"
+    else:
+        why = f"chosen: {chosen['reason']}"
+    blocks: list[Block] = [
         ("heading", "Placement"),
+        ("item", 0, "resource", f"{resource} ({why})"),
+    ]
+    for skipped in (chosen or {}).get("skipped", []):
+        blocks.append(("item", 1, "passed over", f"{skipped['resource']}: {skipped['reason']}"))
+    scheduler = p["scheduler"]
+    if scheduler:
+        said = [f"job {scheduler['slurm_job_id']}"] if scheduler.get("slurm_job_id") else []
+        said += [f"{label} {scheduler[key]}" for key, label in (("partition", "partition"), ("qos", "QoS"),
+                                                                   ("node_list", "nodes")) if scheduler.get(key)]
+        blocks.append(("item", 0, "scheduler", ", ".join(said) or "placed"))
+    return blocks + [
         ("item", 0, "host", d.text_or(p["host"], "no host yet (the attempt had not started)")),
         ("item", 0, "GPUs", d.gpus_text(p["gpu_count"], p["gpu_model"], p["gpu_ids"])),
         ("item", 0, "executor", f"{p['executor']}, job {d.text_or(p['executor_job_id'], 'not started')}"),

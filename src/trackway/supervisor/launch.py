@@ -11,7 +11,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -20,7 +20,7 @@ from rich.console import Console
 from sqlalchemy import select, update
 
 from trackway.errors import ExecutorError, InputError, TrackwayError
-from trackway.executors.base import Executor, LaunchRequest
+from trackway.executors.base import Executor, LaunchRequest, get_executor
 from trackway.ledger import Ledger
 from trackway.ledger.blobs import get_blob, put_blob
 from trackway.ledger.schema import attempts, runs
@@ -30,6 +30,7 @@ from trackway.ledger.records import (
     get_attempt,
     insert_attempt,
     insert_run,
+    latest_attempt,
     name_taken,
     new_run_id,
     resolve_run,
@@ -41,8 +42,9 @@ from trackway.receipts.code import CodeRef, capture_code, clone_branch
 from trackway.receipts.config import load_config
 from trackway.receipts.data_manifest import build_data_manifest
 from trackway.receipts.environment import capture_environment
-from trackway.receipts.placement import gpu_inventory
 from trackway.settings import Settings
+from trackway.resources.selection import NoResourceFits
+from trackway.supervisor.placement import place, project_settings
 from trackway.taxonomy import AttemptState, RunKind, RunState, TerminationReason
 
 
@@ -63,7 +65,8 @@ class RunSpec:
     time_limit_hours: float | None = None
     repo_url: str | None = None
     branch: str | None = None
-    resource: str = "local"
+    resource: str | None = None  # a declared resource's name, or "auto"; None: auto once any is declared
+    gpu_memory_min_gb: float | None = None  # per GPU; resources with less are passed over
     retry_policy_path: str | None = None
     eval_spec_paths: list[str] = field(default_factory=list)  # evaluate committed checkpoints with these
     environ: dict[str, str] | None = None  # the submitter's environment variables; None: this process's
@@ -99,17 +102,39 @@ def _validate(spec: RunSpec) -> None:
         compile_patterns(spec.metric_patterns, "--metric-pattern")
     if spec.checkpoint_paths:
         validate_paths(spec.checkpoint_paths, "--checkpoint-path")
-    if spec.gpus > 0:
+    if spec.gpu_memory_min_gb is not None:
+        validation.finite(spec.gpu_memory_min_gb, "--gpu-memory-min", 0, 10_000, "GB", low_open=True)
+
+
+def preview_placement(settings: Settings, spec: RunSpec):
+    """Where the run's first attempt would go now; InputError (naming each resource's reason) when nowhere fits.
+
+    The attempt itself is placed when it launches (availability may change in between); this
+    refuses, before anything is recorded, a run that no declared resource could ever take.
+    """
+    from trackway.resources.selection import AUTO
+
+    asked = spec.resource or (AUTO if settings.resources else "local")
+    if not settings.resources and spec.gpus > 0:
+        # No resources declared: the run goes to this machine, and the answer is about it.
+        from trackway.receipts.placement import gpu_inventory
+
         available = len(gpu_inventory())
         if available < spec.gpus:
             raise InputError(f"--gpus {spec.gpus}: this machine has {available} GPU(s)")
+    if asked != AUTO and asked not in settings.resources and asked != "local":
+        declared = ", ".join(sorted(settings.resources)) or "none"
+        raise InputError(f"--resource {asked!r}: not declared in trackway.toml (declared: {declared}, or auto)")
+    run = {"resource_request": asked, "resource": asked, "kind": spec.kind, "gpus": spec.gpus,
+           "time_limit_s": spec.time_limit_hours * 3600 if spec.time_limit_hours else None,
+           "gpu_memory_min_gb": spec.gpu_memory_min_gb}
+    return place(settings, run)
 
 
 def submit_run(ledger: Ledger, settings: Settings, spec: RunSpec, console: Console | None = None) -> str:
     """Capture the run's receipt and record the run (state queued); return its id."""
     _validate(spec)
-    if spec.resource not in settings.resources and spec.resource != "local":
-        raise InputError(f"--resource {spec.resource!r}: not declared in trackway.toml")
+    selection = preview_placement(settings, spec)
     if spec.name:
         with ledger.read() as conn:
             if name_taken(conn, spec.name):
@@ -147,8 +172,10 @@ def submit_run(ledger: Ledger, settings: Settings, spec: RunSpec, console: Conso
                     state=RunState.QUEUED.value,
                     command=json.dumps(spec.command),
                     workdir=str(workdir),
-                    resource=spec.resource,
-                    executor=settings.resource(spec.resource).executor,
+                    resource=selection.resource,
+                    resource_request=selection.requested,
+                    gpu_memory_min_gb=spec.gpu_memory_min_gb,
+                    executor=settings.resource(selection.resource).executor,
                     gpus=spec.gpus,
                     time_limit_s=spec.time_limit_hours * 3600 if spec.time_limit_hours else None,
                     config_sha256=config_sha,
@@ -288,13 +315,18 @@ def start_attempt(
     ledger: Ledger,
     settings: Settings,
     run_id: str,
-    executor: Executor,
+    executor: Executor | Callable[[str], Executor],
     overrides: Sequence[str] = (),
     from_queue: bool = False,
     first: bool = False,
     started_by: str | None = None,
 ) -> str | None:
-    """Record a new attempt of `run_id` and hand it to `executor`; return the attempt id.
+    """Record a new attempt of `run_id` and hand it to its executor; return the attempt id.
+
+    The attempt goes where supervisor/placement.py places it (its resource, QoS tier and the
+    reasons are recorded on it). `executor` is the executor to use, or a function from an
+    executor's name to one (Supervisor.executor); an executor whose name is not the chosen
+    resource's is replaced by the right one.
 
     `overrides` (`KEY=VALUE`, as `--set`) change the config from this attempt on: the new config
     is snapshotted for the attempt, and its memory footprint is what an OOM retry compares.
@@ -315,7 +347,21 @@ def start_attempt(
 
     environment = capture_environment()
     with ledger.read() as conn:
-        declared = paths_of(resolve_run(conn, run_id))
+        found = resolve_run(conn, run_id)
+        declared = paths_of(found)
+        previous = latest_attempt(conn, found["run_id"])
+    project = project_settings(settings, found)
+    try:
+        placement = place(project, found, previous)
+    except NoResourceFits as exc:
+        if from_queue and previous is not None:
+            _hold_unplaced(ledger, found, previous, exc)
+        raise
+    resource = project.resource(placement.resource)
+    if not isinstance(executor, Executor):
+        executor = executor(resource.executor)
+    elif executor.name != resource.executor:
+        executor = get_executor(resource.executor, settings.home)
     checkpoint_root = settings.runs_dir / run_id / "checkpoints"
     resume_from = resume_target(checkpoint_root, verify_files=bool(declared))
     config_path = effective_config_path(settings, run_id)
@@ -355,9 +401,12 @@ def start_attempt(
                 code_commit=run["code_commit"],
                 code_dirty_sha256=run["code_dirty_sha256"],
                 resumed_from_checkpoint=resume_from,
-                memory_fingerprint=memory_fingerprint(values, run["resource"], run["gpus"]),
+                memory_fingerprint=memory_fingerprint(values, resource.name, run["gpus"]),
                 started_at=datetime.now(timezone.utc),  # the launch; replaced by when the command started
                 started_by=started_by,
+                resource=resource.name,
+                qos=placement.qos,
+                selection=placement.to_json(),
             ),
         )
         update_run(conn, run_id, state=RunState.RUNNING.value, not_before=None, ended_at=None)
@@ -389,8 +438,10 @@ def start_attempt(
             log_path=state_dir / "output.log",
             gpus=run["gpus"],
             time_limit_s=run["time_limit_s"],
-            grace_s=settings.resource(run["resource"]).grace_seconds,
+            grace_s=resource.grace_seconds,
             env_is_complete=submitted is not None,
+            resource=resource if resource.declared else None,
+            qos=placement.qos,
         )
         submission = executor.submit(request)
     except TrackwayError as exc:
@@ -411,7 +462,8 @@ def start_attempt(
                 host=submission.host,
                 gpu_ids=",".join(str(i) for i in submission.gpu_ids) or None,
                 gpu_model=submission.gpu_model,
-                gpu_count=len(submission.gpu_ids),
+                # A queued job's GPUs are not known yet (Slurm): the count asked for until its placement is.
+                gpu_count=len(submission.gpu_ids) or run["gpus"],
                 started_at=submission.started_at,
             )
         )
@@ -420,6 +472,25 @@ def start_attempt(
 
             add_supervisor_event(conn, attempt_id, "checkpoint_path_restored", restored.as_event())
     return attempt_id
+
+
+# How long a queued retry that no resource can take now waits before it is placed again.
+UNPLACED_RETRY_S = 30.0
+
+
+def _hold_unplaced(ledger: Ledger, run, previous, exc: NoResourceFits) -> None:
+    """A retry no resource can take now (a cluster unreachable, a declaration changed): said on the attempt
+    it follows, and tried again later rather than every tick."""
+    from datetime import timedelta
+
+    from trackway.ledger.ingest import add_supervisor_event
+
+    with ledger.write() as conn:
+        add_supervisor_event(conn, previous["attempt_id"], "retry_not_placed", {
+            "message": f"the retry could not be placed: {exc}; it stays queued and is tried again every "
+                       f"{UNPLACED_RETRY_S:g} s",
+        })
+        update_run(conn, run["run_id"], not_before=datetime.now(timezone.utc) + timedelta(seconds=UNPLACED_RETRY_S))
 
 
 def command_by(command: str) -> str:
@@ -436,8 +507,6 @@ def command_by(command: str) -> str:
 
 def _queued_by(conn, run) -> str:
     """Who queued a run the supervisor now launches: the rule on its last attempt, or the evaluation trigger."""
-    from trackway.ledger.records import latest_attempt
-
     latest = latest_attempt(conn, run["run_id"])
     if latest is None:
         return "supervisor: evaluation of a committed checkpoint" if run["kind"] == RunKind.EVAL.value else "supervisor"
@@ -497,8 +566,6 @@ def _has_unfinished_attempt(conn, run_id: str) -> bool:
 
 def _previous_config_sha(conn, run) -> str | None:
     """The config of the run's latest attempt (it may have been changed by `resume --set`), else the run's."""
-    from trackway.ledger.records import latest_attempt
-
     latest = latest_attempt(conn, run["run_id"])
     return latest["config_sha256"] if latest is not None else run["config_sha256"]
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -26,6 +27,7 @@ from trackway.ledger.records import active_attempts, get_attempt, record_attempt
 from trackway.settings import Settings
 from trackway.supervisor.classify import Classification, Evidence, classify
 from trackway.supervisor.launch import start_attempt
+from trackway.supervisor.placement import PLACED_EVENT, project_settings
 from trackway.supervisor.policy import Decision
 from trackway.supervisor.retry import decide_after_end, due_retries
 from trackway.supervisor.log_metrics import LogReport, NonFiniteLoss, ingest_log_metrics
@@ -135,9 +137,10 @@ class Supervisor:
         ]
         deadline = time.monotonic() + self.tick_budget_s
         self.backlog = False
-        polled = [(attempt, self.executor(attempt["executor"]).poll(handle_of(attempt))) for attempt in pending]
+        polled = self._poll(pending)
+        self._note_placements(polled)
         for attempt, status in polled:
-            if status.phase is JobPhase.RUNNING:
+            if not status.phase.is_terminal():
                 continue
             if ends and time.monotonic() > deadline:
                 self.backlog = True
@@ -148,7 +151,7 @@ class Supervisor:
         self._cursor = ""
         for attempt, status in polled:
             if status.phase is not JobPhase.RUNNING:
-                continue
+                continue  # a queued job has nothing to ingest or watch yet
             if time.monotonic() > deadline:
                 self._cursor = attempt["attempt_id"]
                 self.backlog = True
@@ -161,6 +164,46 @@ class Supervisor:
         self.launch_due_retries(deadline)
         self.start_evaluations(deadline)
         return ends
+
+    def _poll(self, pending: list) -> list[tuple[Any, JobStatus]]:
+        """Every attempt's status, asked of each executor once for all its jobs (one `squeue` per tick, not per job).
+
+        An executor that cannot answer now (a Slurm controller that is down) leaves its attempts
+        for the next tick: a job is never taken for ended because its queue did not answer.
+        """
+        by_executor: dict[str, list] = {}
+        for attempt in pending:
+            by_executor.setdefault(attempt["executor"], []).append(attempt)
+        polled = []
+        for name, group in by_executor.items():
+            try:
+                statuses = self.executor(name).poll_many([handle_of(attempt) for attempt in group])
+            except TrackwayError as exc:
+                self.findings.append((group[0]["attempt_id"], f"{name}: {exc}"))
+                continue
+            polled += [(attempt, statuses[attempt["executor_job_id"]]) for attempt in group
+                       if attempt["executor_job_id"] in statuses]
+        return polled
+
+    def _note_placements(self, polled: list[tuple[Any, JobStatus]]) -> None:
+        """Where a queued job started (its node, its GPUs), recorded once its executor knows it."""
+        # Only once the command runs ("host" known) or the job ended: before that the GPUs are not known yet.
+        changed = [(attempt, status) for attempt, status in polled
+                   if status.placement and not attempt["host"]
+                   and ("host" in status.placement or status.phase.is_terminal())]
+        if not changed:
+            return
+        with self.ledger.write() as conn:
+            for attempt, status in changed:
+                where = status.placement
+                gpus = [str(gpu) for gpu in where.get("gpu_ids") or []]
+                values = {"host": where.get("host") or where.get("node_list")}
+                if gpus:
+                    values |= {"gpu_ids": ",".join(gpus), "gpu_count": len(gpus)}
+                if status.started_at is not None:
+                    values["started_at"] = status.started_at
+                conn.execute(update(attempts).where(attempts.c.attempt_id == attempt["attempt_id"]).values(**values))
+                add_supervisor_event(conn, attempt["attempt_id"], PLACED_EVENT, where)
 
     def _end(self, attempt, status: JobStatus) -> AttemptEnd | None:
         """Record the end of an attempt its executor reports ended: what it said last, then the receipt."""
@@ -292,7 +335,13 @@ class Supervisor:
             ]
         ends = []
         for attempt in stale:
-            adopted = self.executor(attempt["executor"]).adopt(Path(attempt["state_dir"]))
+            try:
+                adopted = self.executor(attempt["executor"]).adopt(Path(attempt["state_dir"]))
+            except TrackwayError as exc:
+                # Its queue did not answer (a Slurm controller down): ending the attempt now could start a
+                # retry beside a job that is queued after all. Asked again next tick.
+                self.findings.append((attempt["attempt_id"], f"{attempt['executor']}: {exc}"))
+                continue
             if adopted is not None:
                 with self.ledger.write() as conn:
                     conn.execute(
@@ -401,7 +450,9 @@ class Supervisor:
         first_rss = self._first_rss.setdefault(attempt["attempt_id"], rss)
         if (message := memory_growing(first_rss, rss)) is not None:
             found.append(("memory_growing", message))
-        if attempt["gpu_ids"] and (message := gpu_underused(gpu_utilization(attempt["gpu_ids"]))) is not None:
+        # NVML here sees this machine's GPUs only: another executor's GPUs are on another node.
+        local = attempt["executor"] == "local"
+        if local and attempt["gpu_ids"] and (message := gpu_underused(gpu_utilization(attempt["gpu_ids"]))) is not None:
             found.append(("gpu_underused", message))
         if new_points:
             with self.ledger.read() as conn:
@@ -428,6 +479,7 @@ class Supervisor:
             timed_out=status.timed_out,
             cancelled=status.cancelled,
             vanished=status.phase is JobPhase.VANISHED,
+            executor_reason=status.reason,
             executor_lines=status.evidence,
             log_tail=read_log_tail(Path(attempt["log_path"])),
             made_progress=attempt["last_step"] is not None,
@@ -451,7 +503,9 @@ class Supervisor:
                 evidence_json=verdict.evidence_json(evidence),
                 exit_code=status.exit_code,
                 signal=status.signal,
-                cost_per_gpu_hour=self.settings.resource(run["resource"]).cost_per_gpu_hour,
+                # Priced where it ran, as the run's own project declares that resource.
+                cost_per_gpu_hour=project_settings(self.settings, run).resource(
+                    attempt["resource"] or run["resource"]).cost_per_gpu_hour,
             )
             if gpu_seconds is None:
                 return None

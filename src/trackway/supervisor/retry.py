@@ -56,8 +56,23 @@ def run_config(settings: Settings, run_id: str) -> dict | None:
     return json.loads(path.read_text()) if path is not None else None
 
 
-def next_fingerprint(settings: Settings, run: RowMapping) -> str:
-    return memory_fingerprint(run_config(settings, run["run_id"]), run["resource"], run["gpus"])
+def next_fingerprint(settings: Settings, run: RowMapping, previous: RowMapping | None = None) -> str:
+    """The memory footprint of the run's next attempt: its config, and where it would run.
+
+    Only an OOM can move an `auto` run (supervisor/placement.py), so only then is the placement
+    worked out here; any other retry stays where `previous` ran.
+    """
+    resource = (previous["resource"] if previous is not None else None) or run["resource"]
+    if previous is not None and previous["termination_reason"] == TerminationReason.OOM.value:
+        from trackway.resources.selection import NoResourceFits
+        from trackway.supervisor.placement import place, project_settings, requested
+
+        if requested(run) == "auto":
+            try:
+                resource = place(project_settings(settings, run), run, previous).resource
+            except NoResourceFits:
+                pass  # nowhere else fits: the retry would run where the OOM happened
+    return memory_fingerprint(run_config(settings, run["run_id"]), resource, run["gpus"])
 
 
 def decide_after_end(conn: Connection, settings: Settings, run: RowMapping, attempt_id: str) -> Decision:
@@ -92,7 +107,7 @@ def decide_after_end(conn: Connection, settings: Settings, run: RowMapping, atte
         decision = decide(
             policy,
             history,
-            next_memory_fingerprint=next_fingerprint(settings, run),
+            next_memory_fingerprint=next_fingerprint(settings, run, rows[-1] if rows else None),
             run_gpu_seconds=float(spent),
             run_ref=run_ref,
         )

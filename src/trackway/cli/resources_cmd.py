@@ -1,0 +1,72 @@
+"""`trackway resources`: the resources trackway.toml declares, with what each can take now and how long asking took."""
+
+from __future__ import annotations
+
+import typer
+
+from trackway.cli.context import app_context
+from trackway.cli.jsonout import print_json
+
+
+def resources(
+    ctx: typer.Context,
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """List the resources runs may go to, with live availability (free GPUs, jobs running and pending)."""
+    from trackway.resources.availability import look_up
+    from trackway.supervisor.placement import candidates
+
+    app = app_context(ctx)
+    declared = candidates(app.settings)
+    found = look_up(declared)
+    if as_json:
+        print_json([_record(resource, found[resource.name]) for resource in declared])
+        return
+    from trackway.cli.render import KEY, Column, console, err_console, table
+
+    rows = []
+    for resource in declared:
+        row = found[resource.name]
+        gpus = "-" if row.total_gpus is None else f"{row.free_gpus}/{row.total_gpus}"
+        model = resource.gpu or row.gpu_model or ""
+        memory = resource.gpu_memory_gb if resource.gpu_memory_gb is not None else row.gpu_memory_gb
+        jobs = "-" if row.running_jobs is None else f"{row.running_jobs}/{row.pending_jobs}"
+        tiers = " ".join(f"{tier.name}≤{tier.max_hours:g}h" for tier in resource.qos)
+        rows.append([
+            resource.name, resource.executor, gpus if row.reachable else "unreachable", model,
+            "" if memory is None else f"{memory:g}", jobs, f"{resource.cost_per_gpu_hour:.2f}",
+            ",".join(resource.use_for), tiers, f"{row.lookup_ms:.0f}",
+        ])
+    console.print(table(
+        None,
+        [Column("resource", KEY), Column("executor", 80), Column("gpus free", 90, right=True), Column("gpu", 50, shorten_to=8),
+         Column("gb", 40, right=True), Column("run/pend", 70, right=True), Column("$/gpu-h", 30, right=True),
+         Column("use for", 20, shorten_to=6), Column("qos", 10, shorten_to=8), Column("ms", 60, right=True)],
+        rows,
+    ))
+    for resource in declared:
+        row = found[resource.name]
+        if not row.reachable:
+            err_console.print(f"{resource.name}: {row.error}", highlight=False, markup=False)
+    if not app.settings.resources:
+        err_console.print(app.hint("no [resources.NAME] in trackway.toml: runs go to this machine "
+                                   "(`trackway init` writes a commented example)"), highlight=False)
+
+
+def _record(resource, row) -> dict:
+    return {
+        "resource": resource.name, "executor": resource.executor, "declared": resource.declared,
+        "gpu": resource.gpu or row.gpu_model, "gpu_memory_gb": resource.gpu_memory_gb or row.gpu_memory_gb,
+        "gpus_per_node": resource.gpus_per_node, "nodes": resource.nodes,
+        "cost_per_gpu_hour": resource.cost_per_gpu_hour, "preemptible": resource.preemptible,
+        "grace_seconds": resource.grace_seconds, "use_for": list(resource.use_for),
+        "partition": resource.partition, "account": resource.account,
+        "qos": [{"name": tier.name, "max_hours": tier.max_hours} for tier in resource.qos],
+        "reachable": row.reachable, "free_gpus": row.free_gpus, "total_gpus": row.total_gpus,
+        "running_jobs": row.running_jobs, "pending_jobs": row.pending_jobs,
+        "lookup_ms": round(row.lookup_ms, 1), "error": row.error,
+    }
+
+
+def register(app: typer.Typer) -> None:
+    app.command("resources")(resources)

@@ -1,0 +1,175 @@
+"""Live availability of each resource: free and total GPUs, jobs running and waiting, and how long asking took.
+
+Local: NVML's GPUs, free when no process holds one. Slurm: one `sinfo` (GPUs configured and
+allocated per node of the partition) and one `squeue` (jobs of the partition by state), run side
+by side with a timeout, so that an unreachable controller makes a row that says so instead of a
+hang. Resources are looked up in parallel: a listing costs the slowest look-up, not their sum.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+
+from trackway.resources.registry import Resource
+
+LOOKUP_TIMEOUT_S = float(os.environ.get("TRACKWAY_RESOURCE_TIMEOUT_S", "5"))
+
+
+@dataclass(frozen=True)
+class Availability:
+    """What a resource can take now. None: not known (the row's `error` or `note` says why)."""
+
+    resource: str
+    reachable: bool
+    free_gpus: int | None = None
+    total_gpus: int | None = None
+    gpu_model: str | None = None
+    gpu_memory_gb: float | None = None
+    running_jobs: int | None = None
+    pending_jobs: int | None = None
+    lookup_ms: float = 0.0
+    error: str | None = None
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def describe(self) -> str:
+        """`2 of 8 GPUs free, 3 running, 41 pending` / `unreachable: sinfo timed out after 5 s`."""
+        if not self.reachable:
+            return f"unreachable: {self.error}"
+        parts = []
+        if self.total_gpus is not None:
+            parts.append(f"{self.free_gpus} of {self.total_gpus} GPUs free" if self.total_gpus else "no GPUs")
+        if self.running_jobs is not None:
+            parts.append(f"{self.running_jobs} running, {self.pending_jobs} pending")
+        return ", ".join(parts) or "available"
+
+
+def look_up(resources: list[Resource], timeout_s: float = LOOKUP_TIMEOUT_S) -> dict[str, Availability]:
+    """Every resource's availability, looked up side by side."""
+    if not resources:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(8, len(resources))) as pool:
+        found = list(pool.map(lambda resource: availability(resource, timeout_s), resources))
+    return {row.resource: row for row in found}
+
+
+def availability(resource: Resource, timeout_s: float = LOOKUP_TIMEOUT_S) -> Availability:
+    started = time.perf_counter()
+    if resource.executor == "slurm":
+        row = _slurm(resource, timeout_s)
+    else:
+        row = _local(resource)
+    return Availability(**{**row.as_dict(), "lookup_ms": (time.perf_counter() - started) * 1000})
+
+
+def _local(resource: Resource) -> Availability:
+    from trackway.receipts.placement import gpu_inventory
+
+    gpus = gpu_inventory()
+    free = sum(1 for gpu in gpus if gpu.processes == 0)
+    memory = min((gpu.memory_total_bytes for gpu in gpus), default=None)
+    return Availability(
+        resource=resource.name,
+        reachable=True,
+        free_gpus=free,
+        total_gpus=len(gpus),
+        gpu_model=gpus[0].name if gpus else resource.gpu,
+        gpu_memory_gb=round(memory / 1e9, 1) if memory else resource.gpu_memory_gb,
+    )
+
+
+def _slurm(resource: Resource, timeout_s: float) -> Availability:
+    partition = ["--partition", resource.partition] if resource.partition else []
+    commands = {
+        # One line per node: its configured GRES, the GRES allocated now, and its state.
+        "sinfo": ["sinfo", "--noheader", "--Node", *partition, "--Format=NodeHost:64,Gres:200,GresUsed:200,StateCompact:32"],
+        "squeue": ["squeue", "--noheader", *partition, "--format=%T"],
+    }
+    try:
+        out = _run_side_by_side(commands, timeout_s)
+    except _LookupFailed as exc:
+        return Availability(resource=resource.name, reachable=False, gpu_model=resource.gpu,
+                            gpu_memory_gb=resource.gpu_memory_gb, error=str(exc))
+    if not out["sinfo"].strip():
+        where = f"partition {resource.partition!r}" if resource.partition else "the cluster"
+        return Availability(resource=resource.name, reachable=False, gpu_model=resource.gpu,
+                            gpu_memory_gb=resource.gpu_memory_gb, error=f"sinfo lists no node in {where}")
+    total = used = 0
+    seen: set[str] = set()
+    for line in out["sinfo"].splitlines():
+        fields = line.split()
+        if len(fields) < 4 or fields[0] in seen:
+            continue  # a node in two partitions is listed twice without --partition
+        seen.add(fields[0])
+        if _unusable(fields[3]):
+            continue
+        total += gres_gpus(fields[1])
+        used += gres_gpus(fields[2])
+    states = out["squeue"].split()
+    return Availability(
+        resource=resource.name,
+        reachable=True,
+        free_gpus=max(total - used, 0),
+        total_gpus=total,
+        gpu_model=resource.gpu,
+        gpu_memory_gb=resource.gpu_memory_gb,
+        running_jobs=sum(1 for state in states if state in ("RUNNING", "COMPLETING")),
+        pending_jobs=sum(1 for state in states if state in ("PENDING", "REQUEUED", "CONFIGURING")),
+    )
+
+
+_GRES = re.compile(r"gpu(?::[^:(,]+)?:(\d+)")
+
+
+def gres_gpus(text: str) -> int:
+    """GPUs in a Slurm GRES string: `gpu:2`, `gpu:b200:8(S:0-1)`, `gpu:(null):1(IDX:0)`, `gpu:a100:2,gpu:h100:4`."""
+    return sum(int(count) for count in _GRES.findall(text.replace("(null)", "null")))
+
+
+def _unusable(state: str) -> bool:
+    """A node that takes no jobs now: down, drained or draining, failing, powered off, or not responding (`*`)."""
+    state = state.lower()
+    return state.endswith("*") or any(word in state for word in ("down", "drain", "fail", "maint", "powered", "unk"))
+
+
+class _LookupFailed(Exception):
+    pass
+
+
+def _run_side_by_side(commands: dict[str, list[str]], timeout_s: float) -> dict[str, str]:
+    """Every command's stdout; _LookupFailed (one line) when one cannot start, fails or takes too long."""
+    started = {}
+    try:
+        for name, argv in commands.items():
+            started[name] = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    except FileNotFoundError as exc:
+        _kill(started)
+        raise _LookupFailed(f"{exc.filename} not found: is the Slurm client installed here?") from None
+    deadline = time.monotonic() + timeout_s
+    out = {}
+    try:
+        for name, process in started.items():
+            try:
+                stdout, stderr = process.communicate(timeout=max(deadline - time.monotonic(), 0.01))
+            except subprocess.TimeoutExpired:
+                raise _LookupFailed(f"{name} did not answer within {timeout_s:g} s") from None
+            if process.returncode != 0:
+                first = (stderr.strip().splitlines() or [f"exit status {process.returncode}"])[0]
+                raise _LookupFailed(f"{name} failed: {first}")
+            out[name] = stdout
+    finally:
+        _kill(started)
+    return out
+
+
+def _kill(started: dict[str, subprocess.Popen]) -> None:
+    for process in started.values():
+        if process.poll() is None:
+            process.kill()
+            process.wait()

@@ -1,0 +1,209 @@
+"""Choosing where a run goes, and saying why: filter by what it needs, rank what is left, pick a QoS tier.
+
+    filter   the run's kind in `use_for`; enough GPUs; enough GPU memory; a QoS tier (or no tiers)
+             covering the time limit; the resource answers
+    rank     free GPUs now before a queue; then the order of [selection] for the run's kind
+             (resources it does not list come after, as declared); then cost per GPU-hour
+    tier     the smallest QoS tier whose max_hours covers the time limit (the longest without one)
+
+The result keeps every candidate passed over with its reason, so that `show` and `explain` can
+say "chose ailab/gpu-short: 2 of 8 B200 free, the 24 h tier covers 20 h; skipped local-5090:
+32 GB < 80 GB asked; skipped della-h100: 0 of 16 GPUs free, 41 jobs pending". Nothing here runs
+a command: availability is looked up by the caller (resources/availability.py) and passed in.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from trackway.errors import InputError
+from trackway.resources.availability import Availability
+from trackway.resources.registry import QosTier, Resource
+
+AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class Need:
+    """What a run asks of a resource."""
+
+    kind: str
+    gpus: int = 0
+    gpu_memory_min_gb: float | None = None
+    time_limit_hours: float | None = None
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The resource chosen, its QoS tier, why, and every candidate passed over with its reason."""
+
+    requested: str
+    resource: str
+    qos: str | None
+    reason: str
+    skipped: tuple[tuple[str, str], ...] = field(default=())
+
+    def text(self) -> str:
+        chosen = f"{self.resource}/{self.qos}" if self.qos else self.resource
+        parts = [f"chose {chosen}: {self.reason}", *(f"skipped {name}: {why}" for name, why in self.skipped)]
+        return "; ".join(parts)
+
+    def to_json(self) -> str:
+        return json.dumps({
+            "requested": self.requested, "chosen": self.resource, "qos": self.qos, "reason": self.reason,
+            "skipped": [{"resource": name, "reason": why} for name, why in self.skipped],
+        })
+
+    @classmethod
+    def from_json(cls, text: str | None) -> Selection | None:
+        if not text:
+            return None
+        data = json.loads(text)
+        return cls(data["requested"], data["chosen"], data.get("qos"), data["reason"],
+                   tuple((item["resource"], item["reason"]) for item in data.get("skipped", [])))
+
+
+class NoResourceFits(InputError):
+    """No declared resource can take the run; the message lists each with its reason."""
+
+
+def select(
+    need: Need,
+    resources: list[Resource],
+    available: dict[str, Availability],
+    priority: tuple[str, ...] = (),
+    requested: str = AUTO,
+    field_name: str = "--resource",
+) -> Selection:
+    """The resource for a run needing `need` (see the module docstring); NoResourceFits when none can take it."""
+    candidates = resources if requested == AUTO else [r for r in resources if r.name == requested]
+    if not candidates:
+        declared = ", ".join(r.name for r in resources) or "none"
+        raise InputError(f"{field_name} {requested!r}: not declared in trackway.toml (declared: {declared})")
+    fitting: list[tuple[Resource, QosTier | None]] = []
+    skipped: list[tuple[str, str]] = []
+    for resource in candidates:
+        row = available.get(resource.name)
+        why = _unfit(need, resource, row, explicit=requested != AUTO)
+        if why is not None:
+            skipped.append((resource.name, why))
+            continue
+        fitting.append((resource, _tier(resource, need.time_limit_hours)))
+    if not fitting:
+        what = f"{field_name} {requested!r}" if requested != AUTO else "no resource can take this run"
+        raise NoResourceFits(f"{what}: " + "; ".join(f"{name}: {why}" for name, why in skipped))
+    order = {name: index for index, name in enumerate(priority)}
+    declared = {resource.name: index for index, resource in enumerate(resources)}
+
+    def rank(item: tuple[Resource, QosTier | None]) -> tuple:
+        resource = item[0]
+        return (not _free_now(need, available.get(resource.name)), order.get(resource.name, len(order)),
+                resource.cost_per_gpu_hour, declared[resource.name])
+
+    fitting.sort(key=rank)
+    (best, tier), rest = fitting[0], fitting[1:]
+    for resource, _ in rest:
+        skipped.append((resource.name, _ranked_below(need, resource, best, available, order)))
+    # Listed as they were declared: a reader finds a resource where trackway.toml has it.
+    skipped.sort(key=lambda item: declared.get(item[0], len(declared)))
+    return Selection(
+        requested=requested,
+        resource=best.name,
+        qos=tier.name if tier else None,
+        reason=_chosen_reason(need, best, tier, available.get(best.name), order,
+                              len(resources) if requested == AUTO else 0),
+        skipped=tuple(skipped),
+    )
+
+
+def _unfit(need: Need, resource: Resource, row: Availability | None, explicit: bool) -> str | None:
+    """Why `resource` cannot take the run, or None when it can."""
+    if need.kind not in resource.use_for:
+        return f"not used for {need.kind} runs (use_for: {', '.join(resource.use_for)})"
+    if row is not None and not row.reachable and not explicit:
+        return f"unreachable ({row.error})"
+    if need.gpu_memory_min_gb is not None:
+        memory = resource.gpu_memory_gb if resource.gpu_memory_gb is not None else (row.gpu_memory_gb if row else None)
+        if memory is None:
+            return f"{need.gpu_memory_min_gb:g} GB per GPU asked, and its GPU memory is unknown (declare gpu_memory_gb)"
+        if memory < need.gpu_memory_min_gb:
+            return f"{memory:g} GB < {need.gpu_memory_min_gb:g} GB asked"
+    total = resource.total_gpus if resource.total_gpus is not None else (row.total_gpus if row else None)
+    if need.gpus:
+        if total is None:
+            return f"{need.gpus} GPU(s) asked, and its GPU count is unknown (declare gpus_per_node)"
+        if total < need.gpus:
+            return f"{need.gpus} GPU(s) asked, it has {total}"
+    if resource.qos and need.time_limit_hours is not None and _tier(resource, need.time_limit_hours) is None:
+        longest = resource.qos[-1]
+        return f"{need.time_limit_hours:g} h asked, its longest QoS ({longest.name}) allows {longest.max_hours:g} h"
+    return None
+
+
+def _tier(resource: Resource, hours: float | None) -> QosTier | None:
+    """The smallest tier covering `hours` (tiers are sorted shortest first); the longest when no limit is asked."""
+    if not resource.qos:
+        return None
+    if hours is None:
+        return resource.qos[-1]
+    return next((tier for tier in resource.qos if tier.max_hours >= hours), None)
+
+
+def _free_now(need: Need, row: Availability | None) -> bool:
+    if row is None or not row.reachable:
+        return False
+    if not need.gpus:
+        return True
+    return row.free_gpus is not None and row.free_gpus >= need.gpus
+
+
+def _chosen_reason(
+    need: Need, resource: Resource, tier: QosTier | None, row: Availability | None, order: dict[str, int], count: int
+) -> str:
+    """Why `resource` was chosen; `count`: how many resources were ranked (0 when it was asked for by name)."""
+    parts = []
+    model = resource.gpu or (row.gpu_model if row else None) or "GPU"
+    if need.gpus and row is not None and row.reachable and row.free_gpus is not None:
+        if row.free_gpus >= need.gpus:
+            parts.append(f"{row.free_gpus} of {row.total_gpus} {model} free")
+        else:
+            queue = f", {row.pending_jobs} jobs pending" if row.pending_jobs is not None else ""
+            parts.append(f"{row.free_gpus} of {row.total_gpus} {model} free, so the run waits in its queue{queue}"
+                         " (no resource that fits has enough free now)")
+    elif row is not None and not row.reachable:
+        parts.append(f"availability unknown ({row.error})")
+    if tier is not None:
+        if need.time_limit_hours is None:
+            parts.append(f"no time limit asked: the longest tier ({tier.max_hours:g} h)")
+        else:
+            parts.append(f"the {tier.max_hours:g} h tier covers {need.time_limit_hours:g} h")
+    if resource.name in order:
+        parts.append(f"{_ordinal(order[resource.name] + 1)} in [selection] {need.kind}")
+    elif count == 1:
+        parts.append("the only resource declared" if resource.declared else "this machine (no resources declared)")
+    if resource.cost_per_gpu_hour:
+        parts.append(f"${resource.cost_per_gpu_hour:.2f}/GPU-h")
+    return ", ".join(parts) or "it fits"
+
+
+def _ranked_below(
+    need: Need, resource: Resource, best: Resource, available: dict[str, Availability], order: dict[str, int]
+) -> str:
+    row = available.get(resource.name)
+    if not _free_now(need, row) and _free_now(need, available.get(best.name)):
+        if row is None or not row.reachable:
+            return f"availability unknown ({row.error if row else 'not looked up'})"
+        queue = f", {row.pending_jobs} jobs pending" if row.pending_jobs is not None else ""
+        return f"{row.free_gpus} of {row.total_gpus} GPUs free{queue}"
+    mine, theirs = order.get(resource.name), order.get(best.name)
+    if mine != theirs:
+        place = f"{_ordinal(mine + 1)}" if mine is not None else "not listed"
+        return f"{place} in [selection] {need.kind}, after {best.name}"
+    if resource.cost_per_gpu_hour != best.cost_per_gpu_hour:
+        return f"${resource.cost_per_gpu_hour:.2f}/GPU-h against ${best.cost_per_gpu_hour:.2f} for {best.name}"
+    return f"declared after {best.name}, which fits as well"
+
+
+def _ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"

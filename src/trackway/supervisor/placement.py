@@ -1,0 +1,114 @@
+"""Where an attempt goes: the run's request (a resource's name, or auto) turned into a resource, a QoS tier and reasons.
+
+Attempt 1 of an `auto` run is placed by resources/selection.py against live availability. A
+retry stays where the previous attempt ran (its checkpoints, caches and queue position are
+there) unless that attempt ran out of memory: then it moves to a resource with more GPU memory
+per GPU when one fits, which the retry policy counts as a changed memory footprint. A run asked
+for by name goes there, with the tier its time limit needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from trackway.errors import InputError
+from trackway.resources.availability import look_up
+from trackway.resources.registry import Resource
+from trackway.resources.selection import AUTO, Need, NoResourceFits, Selection, select
+from trackway.settings import CONFIG_FILE_NAME, Settings, load_settings
+from trackway.taxonomy import TerminationReason
+
+# The supervisor event recording where a queued job started, as its executor reported it.
+PLACED_EVENT = "placed"
+
+
+def requested(run: Mapping[str, Any]) -> str:
+    """What the run asked for; runs recorded before selection existed asked for their `resource` by name."""
+    return run.get("resource_request") or run["resource"]
+
+
+def need_of(run: Mapping[str, Any], gpu_memory_min_gb: float | None = None) -> Need:
+    limit = run["time_limit_s"]
+    return Need(
+        kind=run["kind"],
+        gpus=run["gpus"],
+        gpu_memory_min_gb=gpu_memory_min_gb if gpu_memory_min_gb is not None else run.get("gpu_memory_min_gb"),
+        time_limit_hours=limit / 3600 if limit else None,
+    )
+
+
+def candidates(settings: Settings) -> list[Resource]:
+    """The declared resources; this machine alone when trackway.toml declares none."""
+    return list(settings.resources.values()) or [settings.resource("local")]
+
+
+def project_settings(settings: Settings, run: Mapping[str, Any]) -> Settings:
+    """The settings of the run's own project: the trackway.toml in its working directory, where it was submitted.
+
+    A supervisor started elsewhere (a background one, another project's) must place a retry
+    among the resources the run was submitted with, not among its own. Without such a file, or
+    with one that no longer reads, the supervisor's settings stand.
+    """
+    workdir = Path(run["workdir"]) if run.get("workdir") else None
+    if workdir is None or not (workdir / CONFIG_FILE_NAME).is_file():
+        return settings
+    try:
+        return load_settings(home=settings.home, db=settings.db_url, cwd=workdir)
+    except InputError:
+        return settings
+
+
+def place(settings: Settings, run: Mapping[str, Any], previous: Mapping[str, Any] | None = None) -> Selection:
+    """The resource and QoS tier for the run's next attempt (`previous`: its latest attempt, if any)."""
+    asked = requested(run)
+    need = need_of(run)
+    if asked != AUTO:
+        resource = settings.resource(asked)
+        if not resource.declared and resource.name != "local":
+            # Removed from trackway.toml after the run was recorded: it runs as it was, locally.
+            return Selection(asked, asked, None, "asked for by name (no longer declared: runs locally)")
+        # Only this machine's GPU count needs asking (NVML); a cluster's is declared, and its queue does not matter.
+        return select(need, [resource], look_up([resource]) if resource.executor == "local" else {}, requested=asked)
+    pool = candidates(settings)
+    if previous is not None:
+        moved = _after_oom(settings, run, previous, pool, need)
+        if moved is not None:
+            return moved
+        stay = settings.resources.get(previous.get("resource") or run["resource"])
+        if stay is not None:
+            try:
+                kept = select(need, [stay], {}, requested=stay.name)
+            except NoResourceFits:
+                pass  # its declaration changed so that it no longer fits: choose again
+            else:
+                number = previous["attempt_number"]
+                return Selection(AUTO, kept.resource, kept.qos,
+                                 f"where attempt {number} ran: a retry stays with its checkpoints and queue"
+                                 + (f"; {kept.reason}" if kept.reason != "it fits" else ""))
+    return select(need, pool, look_up(pool), settings.selection.get(run["kind"], ()))
+
+
+def _after_oom(
+    settings: Settings, run: Mapping[str, Any], previous: Mapping[str, Any], pool: list[Resource], need: Need
+) -> Selection | None:
+    """After an OOM, a resource with more memory per GPU than where it ran; None when none fits (it stays)."""
+    if previous.get("termination_reason") != TerminationReason.OOM.value:
+        return None
+    where = settings.resources.get(previous.get("resource") or run["resource"])
+    if where is None or where.gpu_memory_gb is None:
+        return None
+    bigger = [r for r in pool if r.gpu_memory_gb is not None and r.gpu_memory_gb > where.gpu_memory_gb]
+    if not bigger:
+        return None
+    roomier = Need(need.kind, need.gpus, None, need.time_limit_hours)
+    try:
+        chosen = select(roomier, bigger, look_up(bigger), settings.selection.get(run["kind"], ()))
+    except NoResourceFits:
+        return None
+    memory = settings.resource(chosen.resource).gpu_memory_gb
+    return Selection(AUTO, chosen.resource, chosen.qos,
+                     f"attempt {previous['attempt_number']} ran out of memory on {where.name} "
+                     f"({where.gpu_memory_gb:g} GB per GPU), {chosen.resource} has {memory:g} GB: {chosen.reason}",
+                     chosen.skipped)

@@ -1,0 +1,242 @@
+"""One contract, two executors: the same runs end the same way on the local machine and on a real Slurm.
+
+Each case runs real scripts through `submit_run`/`start_attempt` and the supervisor's tick,
+against a resource declared in trackway.toml as `executor = "local"` or `executor = "slurm"`
+(partition `test` of the single-node cluster scripts/ensure-slurm.sh brings up). What differs
+is only how the outside world ends a job: locally a SIGTERM to the process group (a spot
+reclaim), on Slurm a job in the `high` partition that needs our GPUs (a real preemption, with
+the `--signal=B:USR1` notice first).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from trackway.executors.slurm import job_name
+from trackway.ledger import open_ledger
+from trackway.ledger.metrics import metric_points_for_run
+from trackway.ledger.records import list_attempts, resolve_run
+from trackway.ledger.schema import attempt_events
+from trackway.settings import load_settings
+from trackway.supervisor.launch import RunSpec, start_attempt, submit_run
+from trackway.supervisor.loop import Supervisor
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+TINY = ["train.log_every=5", "train.checkpoint_every=10", "model.hidden=32", "train.batch_size=16"]
+
+# A time limit of a minute (Slurm's least) may take several attempts; each must commit a newer checkpoint.
+RETRY = "[retry.reasons.timeout]\nbudget = 20\n"
+RESOURCES = {
+    "local": '[resources.here]\nexecutor = "local"\ngrace_seconds = 20\n',
+    "slurm": ('[resources.here]\nexecutor = "slurm"\npartition = "test"\ngpus_per_node = 2\ngrace_seconds = 20\n'
+              'setup = "echo setup ran"\n'
+              # torch needs more than the test cluster's default of 256 MB a job.
+              'sbatch = ["--mem=2G"]\n'),
+}
+
+
+class Project:
+    """A working directory with its trackway.toml, a ledger, and a supervisor ticking over it."""
+
+    def __init__(self, executor: str, work: Path, db_url: str):
+        self.executor = executor
+        self.work = work
+        (work / "trackway.toml").write_text(RESOURCES[executor] + RETRY)
+        self.settings = load_settings(home=work / "home", db=db_url, cwd=work)
+        self.ledger = open_ledger(db_url)
+        self.supervisor = Supervisor(self.ledger, self.settings)
+        self.corpus = work / "corpus.txt"
+
+    def submit(self, command: list[str], gpus: int = 0, time_limit_hours: float | None = None,
+               overrides: list[str] = ()) -> str:
+        spec = RunSpec(command=command, cwd=self.work, gpus=gpus, time_limit_hours=time_limit_hours,
+                       resource="here", overrides=list(overrides),
+                       config_path=str(EXAMPLES / "tiny.toml") if overrides else None)
+        run_id = submit_run(self.ledger, self.settings, spec)
+        start_attempt(self.ledger, self.settings, run_id, self.supervisor.executor, first=True)
+        return run_id
+
+    def tiny(self, steps: int, delay: float, gpus: int = 0, time_limit_hours: float | None = None) -> str:
+        if not self.corpus.exists():
+            subprocess.run([sys.executable, str(EXAMPLES / "make_corpus.py"), str(self.corpus), "--lines", "2000"],
+                           check=True, capture_output=True)
+        command = [sys.executable, str(EXAMPLES / "train_tiny.py"), "--data-file", str(self.corpus),
+                   "--step-delay", str(delay)]
+        return self.submit(command, gpus=gpus, time_limit_hours=time_limit_hours,
+                           overrides=[f"train.steps={steps}", *TINY])
+
+    def state(self, run_id: str) -> str:
+        with self.ledger.read() as conn:
+            return resolve_run(conn, run_id)["state"]
+
+    def attempts(self, run_id: str) -> list:
+        with self.ledger.read() as conn:
+            return list_attempts(conn, run_id=run_id)
+
+    def until(self, what: str, done, timeout: float = 240.0, each=None):
+        deadline = time.monotonic() + timeout
+        while True:
+            self.supervisor.tick()
+            if each is not None:
+                each()
+            value = done()
+            if value:
+                return value
+            assert time.monotonic() < deadline, f"timed out after {timeout:g} s waiting for {what}"
+            time.sleep(0.3)
+
+    def ended(self, *run_ids: str, timeout: float = 240.0) -> None:
+        self.until(f"{run_ids} to end", lambda: all(self.state(r) in ("completed", "failed", "cancelled") for r in run_ids), timeout)
+
+    def trackway(self, *args: str) -> subprocess.CompletedProcess:
+        env = {**os.environ, "TRACKWAY_HOME": str(self.settings.home), "TRACKWAY_DB": self.settings.db_url}
+        done = subprocess.run([sys.executable, "-m", "trackway", *args], cwd=self.work, env=env, capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return done
+
+    def final_loss(self, run_id: str) -> float:
+        with self.ledger.read() as conn:
+            return metric_points_for_run(conn, run_id, key="loss")[-1]["value"]
+
+    def evidence(self, attempt) -> dict:
+        return json.loads(attempt["termination_evidence"])
+
+
+@pytest.fixture(params=["local", "slurm"])
+def project(request, tmp_path, sqlite_url, monkeypatch):
+    if request.param == "slurm":
+        request.getfixturevalue("slurm_node")
+    monkeypatch.setenv("TRACKWAY_DB", sqlite_url)
+    made = Project(request.param, tmp_path, sqlite_url)
+    yield made
+    if request.param == "slurm":  # a failed case must not leave its jobs holding the node
+        for attempt in list_attempts_all(made):
+            if attempt["executor_job_id"] and attempt["state"] != "ended":
+                subprocess.run(["scancel", attempt["executor_job_id"]], capture_output=True, timeout=30)
+    made.ledger.dispose()
+
+
+def list_attempts_all(project: Project) -> list:
+    with project.ledger.read() as conn:
+        return list_attempts(conn)
+
+
+def test_completion_and_a_failure_with_its_evidence(project):
+    ok = project.submit([sys.executable, "-c", "print('done')"])
+    bad = project.submit([sys.executable, "-c", "raise ValueError('bad value 42')"])
+
+    project.ended(ok, bad)
+
+    (good,), (failed,) = project.attempts(ok), project.attempts(bad)
+    assert good["termination_reason"] == "completed" and good["exit_code"] == 0
+    assert good["resource"] == "here" and good["executor"] == project.executor and good["host"]
+    assert failed["termination_reason"] == "code_error"
+    assert "ValueError: bad value 42" in "\n".join(project.evidence(failed)["lines"])
+    assert project.state(bad) == "failed"  # a code error is not retried
+    if project.executor == "slurm":
+        with project.ledger.read() as conn:
+            placed = conn.execute(select(attempt_events.c.payload).where(
+                attempt_events.c.attempt_id == good["attempt_id"], attempt_events.c.kind == "placed")).scalar_one()
+        assert json.loads(placed)["slurm_job_id"] == good["executor_job_id"]
+        explained = " ".join(project.trackway("explain", ok).stdout.split())
+        assert f"scheduler: job {good['executor_job_id']}, partition test, nodes " in explained
+        assert "setup ran" in Path(good["state_dir"], "slurm.out").read_text()
+
+
+def test_cancel_ends_the_run_as_user_cancelled(project):
+    run_id = project.submit([sys.executable, "-c", "import time\nprint('up', flush=True)\ntime.sleep(600)"])
+    project.until("the job to run", lambda: "up" in Path(project.attempts(run_id)[0]["log_path"]).read_text()
+                  if Path(project.attempts(run_id)[0]["log_path"]).exists() else False, timeout=60)
+
+    project.supervisor.cancel(run_id)
+    project.ended(run_id, timeout=60)
+
+    (attempt,) = project.attempts(run_id)
+    assert attempt["termination_reason"] == "user_cancelled"
+    assert project.state(run_id) == "cancelled"
+
+
+def test_a_preemption_resumes_from_the_last_committed_checkpoint_to_the_same_final_loss(project):
+    reference = project.tiny(steps=60, delay=0.05)
+    # On Slurm the preempted run holds both GPUs, so the `high` job that needs them must evict it.
+    preempted = project.tiny(steps=60, delay=0.05, gpus=2 if project.executor == "slurm" else 0)
+    sent = []
+
+    def preempt_once_it_committed():
+        (attempt, *_) = project.attempts(preempted)
+        log = Path(attempt["log_path"])
+        if sent or attempt["state"] != "running" or not log.exists() or "step 25 " not in log.read_text():
+            return
+        if project.executor == "slurm":
+            subprocess.run(["sbatch", "--parsable", "--partition=high", "--gres=gpu:2", "--time=1",
+                            "--output=/dev/null", "--wrap=sleep 2"], check=True, capture_output=True, timeout=30)
+        else:
+            os.kill(int(attempt["executor_job_id"]), signal.SIGTERM)  # the shim passes it on, as a reclaim would
+        sent.append(time.monotonic())
+
+    project.until("both runs to end", lambda: all(project.state(r) in ("completed", "failed")
+                                                   for r in (reference, preempted)),
+                  timeout=300, each=preempt_once_it_committed)
+
+    attempts = project.attempts(preempted)
+    assert [a["termination_reason"] for a in attempts] == ["preempted", "completed"]
+    assert json.loads(attempts[0]["retry_decision"])["action"] == "resume"
+    assert attempts[1]["resumed_from_checkpoint"] is not None
+    assert project.final_loss(preempted) == project.final_loss(reference)
+
+
+@pytest.mark.slow
+def test_a_time_limit_ends_as_timeout_and_resumes_from_a_newer_checkpoint(project):
+    # Slurm's limits are whole minutes, checked every ~30 s; locally a few seconds do.
+    hours = 1 / 60 if project.executor == "slurm" else 0.002
+    delay = 0.05 if project.executor == "slurm" else 0.02
+    run_id = project.tiny(steps=700 if project.executor == "slurm" else 250, delay=delay, time_limit_hours=hours)
+
+    project.ended(run_id, timeout=480)
+
+    attempts = project.attempts(run_id)
+    assert attempts[0]["termination_reason"] == "timeout"
+    assert attempts[-1]["termination_reason"] == "completed"
+    assert attempts[0]["resumed_from_checkpoint"] is None
+    assert attempts[1]["resumed_from_checkpoint"] is not None  # work done before the limit was kept
+
+
+def test_a_supervisor_killed_mid_job_is_replaced_and_the_job_adopted_not_duplicated(project):
+    run_id = project.submit([sys.executable, "-c", "import time\nprint('working', flush=True)\ntime.sleep(6)\nprint('done')"])
+    env = {**os.environ, "TRACKWAY_HOME": str(project.settings.home), "TRACKWAY_DB": project.settings.db_url}
+    command = [sys.executable, "-m", "trackway", "supervise", "--interval", "0.3"]
+    first = subprocess.Popen(command, cwd=project.work, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(2)
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=30)
+        second = subprocess.Popen(command, cwd=project.work, env=env, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 120
+            while project.state(run_id) not in ("completed", "failed"):
+                assert time.monotonic() < deadline, "the run did not end under the second supervisor"
+                time.sleep(0.3)
+        finally:
+            second.terminate()
+            second.wait(timeout=30)
+    finally:
+        if first.poll() is None:
+            first.kill()
+
+    (attempt,) = project.attempts(run_id)
+    assert attempt["termination_reason"] == "completed"
+    if project.executor == "slurm":
+        jobs = subprocess.run(["squeue", "--noheader", "--states=all", f"--name={job_name(attempt['attempt_id'])}", "--format=%i"],
+                              capture_output=True, text=True, timeout=30).stdout.split()
+        assert jobs == [attempt["executor_job_id"]]

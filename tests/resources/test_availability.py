@@ -95,6 +95,7 @@ def test_trackway_resources_lists_each_with_what_it_can_take_now(slurm_cluster, 
     assert rows["gone"]["error"] == "sinfo lists no node in partition 'retired'"
     assert rows["desk"]["use_for"] == ["test"]
 
+    monkeypatch.setenv("COLUMNS", "200")
     shown = cli_process("resources")
     assert shown.code == 0
     assert "unreachable" in shown.out and "normal≤24h" in shown.out

@@ -41,7 +41,7 @@ def resources(
         None,
         [Column("resource", KEY), Column("executor", 80), Column("gpus free", 90, right=True), Column("gpu", 50, shorten_to=8),
          Column("gb", 40, right=True), Column("run/pend", 70, right=True), Column("$/gpu-h", 30, right=True),
-         Column("use for", 20, shorten_to=6), Column("qos", 10, shorten_to=8), Column("ms", 60, right=True)],
+         Column("use for", 20, shorten_to=6), Column("qos", 35, shorten_to=8), Column("ms", 15, right=True)],
         rows,
     ))
     for resource in declared:

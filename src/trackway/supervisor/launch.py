@@ -42,8 +42,8 @@ from trackway.receipts.code import CodeRef, capture_code, clone_branch
 from trackway.receipts.config import load_config
 from trackway.receipts.data_manifest import build_data_manifest
 from trackway.receipts.environment import capture_environment
-from trackway.settings import Settings
 from trackway.resources.selection import NoResourceFits
+from trackway.settings import Settings
 from trackway.supervisor.placement import place, project_settings
 from trackway.taxonomy import AttemptState, RunKind, RunState, TerminationReason
 

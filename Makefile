@@ -28,6 +28,7 @@ test: $(STAMP)
 # One table: figure, value, baseline, ratio, target, met; exits non-zero naming each missed figure.
 bench: $(STAMP)
 	bash scripts/ensure-postgres.sh
+	bash scripts/ensure-slurm.sh
 	$(PY) bench/run_all.py
 
 # trackway's log call beside wandb, mlflow, aim and tensorboardX, in one table; not part of `make bench`.

@@ -1,6 +1,6 @@
 """trackway's log call beside its peers': wandb, mlflow, aim and tensorboardX, measured the same way.
 
-The measurement is bench_sdk.py's (its `_timed`, `_stats` and `_metrics` are imported, not copied):
+The measurement is bench_sdk.py's (its `_timed`, `_stats`, `_metrics` and `append_stats` are imported, not copied):
 each row is a fresh interpreter that logs STEPS steps of 5 scalars, timing every call with
 perf_counter_ns, and in the same process, just before and just after, appends the same
 (step, time, copy of the dict) tuple to a list: the least a logging call can do, the baseline.
@@ -56,7 +56,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 # bench_sdk imports nothing but the standard library at its top, so the peers' interpreters import it too.
-from bench_sdk import KEYS, STEPS, _metrics, _stats, _timed  # noqa: E402
+from bench_sdk import KEYS, STEPS, _metrics, _stats, _timed, append_stats, bracketed  # noqa: E402
 
 VENV = HERE / ".peers-venv"
 MARKER = VENV / ".installed.json"
@@ -189,14 +189,7 @@ def worker(row: str, steps: int, directory: Path) -> dict:
     import importlib
 
     payloads = [_metrics(i) for i in range(steps)]
-    sink: list = []
-    now = time.time
-
-    def append(payload: dict, step: int) -> None:
-        sink.append((step, now(), dict(payload)))
-
-    before = _stats(_timed(append, payloads, False))
-    sink.clear()
+    before = append_stats(payloads, False)
     result: dict = {"row": row}
     started = time.perf_counter()
     try:
@@ -214,9 +207,7 @@ def worker(row: str, steps: int, directory: Path) -> dict:
     finish()
     result["finish"] = time.perf_counter() - started
     payloads = [_metrics(i) for i in range(steps)]  # afresh: a peer may have added keys to the dicts it was given
-    after = _stats(_timed(append, payloads, False))
-    # The baseline brackets the log loop in time: the mean of the loops just before and just after it.
-    result["append"] = {name: (before[name] + after[name]) / 2 for name in before}
+    result["append"] = bracketed(before, append_stats(payloads, False))
     result["status"] = "ok"
     return result
 

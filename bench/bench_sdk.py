@@ -83,6 +83,22 @@ def _stats(durations: array) -> dict[str, float]:
             "p999": ordered[int(n * 0.999)] / 1e9, "max": ordered[-1] / 1e9}
 
 
+def append_stats(payloads: list[dict], paced: bool) -> dict[str, float]:
+    """The log call's baseline: `list.append` of what a log call keeps (the step, the time, a copy of the dict)."""
+    sink: list = []
+    now = time.time
+
+    def append(payload: dict, step: int) -> None:
+        sink.append((step, now(), dict(payload)))
+
+    return _stats(_timed(append, payloads, paced))
+
+
+def bracketed(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """The baseline bracketing the log loop in time: the mean of the loops just before and just after it."""
+    return {name: (before[name] + after[name]) / 2 for name in before}
+
+
 def _count_points(db: str, run_id: str) -> int:
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
         return conn.execute(
@@ -96,14 +112,7 @@ def trainer(steps: int, paced: bool) -> dict:
     import trackway
 
     payloads = [_metrics(i) for i in range(steps)]
-    sink: list = []
-    now = time.time
-
-    def append(payload: dict, step: int) -> None:
-        sink.append((step, now(), dict(payload)))
-
-    before = _stats(_timed(append, payloads, paced))
-    sink.clear()
+    before = append_stats(payloads, paced)
     result: dict = {}
     started = time.perf_counter()
     run = trackway.init(config={"lr": 3e-4, "steps": steps}, install_hooks=False)
@@ -119,9 +128,7 @@ def trainer(steps: int, paced: bool) -> dict:
     counted = _count_points(db, run.run_id)
     if counted != steps * KEYS:
         raise SystemExit(f"finish() returned with {counted} of {steps * KEYS} points queryable")
-    after = _stats(_timed(append, payloads, paced))
-    # The baseline brackets the log loop in time: the mean of the loops just before and just after it.
-    result["append"] = {name: (before[name] + after[name]) / 2 for name in before}
+    result["append"] = bracketed(before, append_stats(payloads, paced))
     if paced:
         started = time.perf_counter()
         for _ in range(1000):

@@ -8,33 +8,19 @@ import subprocess
 import sys
 import textwrap
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 from sqlalchemy import func, select
 
 from trackway.ledger.ingest import ingest_attempt, ingester_event_key
-from trackway.ledger.records import get_attempt, insert_attempt, insert_run
 from trackway.ledger.schema import attempt_events, metric_points, metric_series, spool_cursors
 from trackway.spool import QUARANTINE_FILE, encode_metric_rows
 from trackway.supervisor.explain import incidents
 
+from .conftest import attempt_with_spool
+
 TOKEN = "hf_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6"
-
-
-def _attempt(ledger, state_dir: Path, run_id: str = "rfaults") -> dict:
-    """A run and its first attempt whose spool is `state_dir/spool`."""
-    now = datetime.now(timezone.utc)
-    with ledger.write() as conn:
-        insert_run(conn, dict(run_id=run_id, project="p", kind="full", state="running", command="[]",
-                              workdir=str(state_dir), resource="local", executor="local", gpus=0, created_at=now))
-        attempt_id = insert_attempt(conn, dict(run_id=run_id, attempt_number=1, state="running", executor="local",
-                                               state_dir=str(state_dir), log_path=str(state_dir / "output.log"),
-                                               gpu_count=0))
-    (state_dir / "spool").mkdir(parents=True, exist_ok=True)
-    with ledger.read() as conn:
-        return get_attempt(conn, attempt_id)
 
 
 def _metric_line(steps: range) -> bytes:
@@ -82,7 +68,7 @@ BAD_METRIC_LINES = [
 
 
 def test_a_garbage_line_mid_spool_is_quarantined_and_the_rest_ingested(ledger, tmp_path):
-    attempt = _attempt(ledger, tmp_path / "attempt")
+    attempt = attempt_with_spool(ledger, tmp_path / "attempt", run_id="rfaults")
     spool = tmp_path / "attempt" / "spool"
     metrics = spool / "metrics-r0.jsonl"
     offsets = _append(metrics, _metric_line(range(0, 10)), *(line + b"\n" for line in BAD_METRIC_LINES),
@@ -127,7 +113,7 @@ def test_a_garbage_line_mid_spool_is_quarantined_and_the_rest_ingested(ledger, t
 
 
 def test_a_quarantined_line_is_recorded_once_however_often_it_is_read(ledger, tmp_path):
-    attempt = _attempt(ledger, tmp_path / "attempt")
+    attempt = attempt_with_spool(ledger, tmp_path / "attempt", run_id="rfaults")
     metrics = tmp_path / "attempt" / "spool" / "metrics-r0.jsonl"
     _append(metrics, _metric_line(range(0, 5)), b'{"keys": [\n')
     ingest_attempt(ledger, attempt)
@@ -143,8 +129,8 @@ def test_a_quarantined_line_is_recorded_once_however_often_it_is_read(ledger, tm
 
 
 def test_one_bad_spool_does_not_stop_another_runs_ingest(ledger, tmp_path):
-    bad = _attempt(ledger, tmp_path / "bad", run_id="rbad")
-    good = _attempt(ledger, tmp_path / "good", run_id="rgood")
+    bad = attempt_with_spool(ledger, tmp_path / "bad", run_id="rbad")
+    good = attempt_with_spool(ledger, tmp_path / "good", run_id="rgood")
     _append(tmp_path / "bad" / "spool" / "metrics-r0.jsonl", b"\x00\x01\x02\n", _metric_line(range(3)))
     _append(tmp_path / "good" / "spool" / "metrics-r0.jsonl", _metric_line(range(4)))
     for attempt in (bad, good):
@@ -185,7 +171,7 @@ INGESTER = textwrap.dedent("""
 
 
 def test_two_processes_ingesting_one_attempt_store_everything_once(ledger, ledger_url, tmp_path):
-    attempts = [_attempt(ledger, tmp_path / f"a{i}", run_id=f"rconc{i}") for i in range(2)]
+    attempts = [attempt_with_spool(ledger, tmp_path / f"a{i}", run_id=f"rconc{i}") for i in range(2)]
     stop = tmp_path / "stop"
     ingesters = [
         subprocess.Popen([sys.executable, "-c", INGESTER, ledger_url, a["attempt_id"], str(stop)],

@@ -8,17 +8,17 @@ import signal
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 from sqlalchemy import select
 
 from trackway.ledger.ingest import ingest_attempt
-from trackway.ledger.records import get_attempt, insert_attempt, insert_run
 from trackway.ledger.schema import metric_points, metric_series, spool_cursors
 from trackway.sdk.writer import SpoolWriter
 from trackway.spool import decode_metric_line, encode_metric_rows, read_complete_lines
+
+from .conftest import attempt_with_spool
 
 SCRIPT = Path(__file__).resolve().parents[1] / "sdk" / "scripts" / "log_forever.py"
 
@@ -28,19 +28,6 @@ FORMAT_1 = [
     b'"values": [[1.0, 0.5, 0.25], [0.1, 0.1, 0.1]]}\n',
     b'{"keys": ["loss"], "steps": [3], "times": [1003], "values": [[NaN]]}\n',
 ]
-
-
-def _attempt(ledger, state_dir: Path, run_id: str = "rformat") -> dict:
-    now = datetime.now(timezone.utc)
-    with ledger.write() as conn:
-        insert_run(conn, dict(run_id=run_id, project="p", kind="full", state="running", command="[]",
-                              workdir=str(state_dir), resource="local", executor="local", gpus=0, created_at=now))
-        attempt_id = insert_attempt(conn, dict(run_id=run_id, attempt_number=1, state="running", executor="local",
-                                               state_dir=str(state_dir), log_path=str(state_dir / "output.log"),
-                                               gpu_count=0))
-    (state_dir / "spool").mkdir(parents=True, exist_ok=True)
-    with ledger.read() as conn:
-        return get_attempt(conn, attempt_id)
 
 
 def _points(ledger, run_id: str) -> dict[tuple[str, int], float | None]:
@@ -64,7 +51,7 @@ def _expected(lines: list[bytes]) -> dict[tuple[str, int], float]:
 
 
 def test_format_1_lines_written_by_an_earlier_sdk_still_ingest_beside_format_2(ledger, tmp_path):
-    attempt = _attempt(ledger, tmp_path / "attempt")
+    attempt = attempt_with_spool(ledger, tmp_path / "attempt", run_id="rformat")
     metrics = tmp_path / "attempt" / "spool" / "metrics-r0.jsonl"
     format_2 = encode_metric_rows([(4, 1004.0, {"loss": 0.2, "lr": 0.05}), (5, 1005.0, {"loss": 0.1, "lr": 0.05})])
     assert all(line.startswith(b'{"v":2,') for line in format_2)
@@ -77,7 +64,7 @@ def test_format_1_lines_written_by_an_earlier_sdk_still_ingest_beside_format_2(l
 
 
 def test_a_step_logged_twice_keeps_its_last_value(ledger, tmp_path):
-    attempt = _attempt(ledger, tmp_path / "attempt")
+    attempt = attempt_with_spool(ledger, tmp_path / "attempt", run_id="rformat")
     lines = encode_metric_rows([(step, 1000.0 + step, {"loss": 1.0}) for step in range(10)])
     lines += encode_metric_rows([(5, 1020.0, {"loss": 2.0}), (3, 1021.0, {"loss": 3.0})])
     (tmp_path / "attempt" / "spool" / "metrics-r0.jsonl").write_bytes(b"".join(lines))
@@ -110,7 +97,7 @@ def _start(attempt: dict, tmp_path: Path) -> subprocess.Popen:
 
 
 def test_a_spool_cut_by_sigkill_ingests_exactly_what_was_flushed(ledger, tmp_path):
-    attempt = _attempt(ledger, tmp_path / "attempt")
+    attempt = attempt_with_spool(ledger, tmp_path / "attempt", run_id="rformat")
     metrics = Path(attempt["state_dir"]) / "spool" / "metrics-r0.jsonl"
     process = _start(attempt, tmp_path)
     deadline = time.time() + 60

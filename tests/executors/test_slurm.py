@@ -93,13 +93,11 @@ def wrap_commands(tmp_path: Path, monkeypatch, names: tuple[str, ...], before: s
 
 def test_completion_is_ended_with_exit_code_0_and_placement(slurm, make_request):
     assert isinstance(get_executor("slurm", Path("/nonexistent")), SlurmExecutor)
-    started = time.monotonic()
     sub = slurm.submit(make_request(python("print('hello from slurm')")))
-    submitted_s = time.monotonic() - started
+    assert sub.host == "", "submit() returns right after sbatch, before Slurm places the job"
 
     status = wait_ended(slurm, sub.handle)
 
-    assert submitted_s < 5, "submit() returns right after sbatch"
     assert sub.handle.executor == "slurm" and sub.handle.job_id.isdigit() and sub.pid is None
     assert (status.exit_code, status.signal, status.timed_out, status.cancelled, status.reason) == (0, None, False,
                                                                                                       False, None)
@@ -413,10 +411,9 @@ def test_missing_client_and_silent_controller_are_one_line_errors(slurm, make_re
     slow = SlurmExecutor(slurm.home, timeout_s=1)
     other = make_request(python("print(4)"))
     handle = JobHandle("slurm", "999999999", other.state_dir)
-    started = time.monotonic()
     with pytest.raises(ExecutorError) as silent:
         slow.poll(handle)
-    assert time.monotonic() - started < 5
+    # Said by the 1 s timeout, not after the wrapper's 30 s sleep.
     assert str(silent.value) == "squeue did not answer within 1 s: is slurmctld reachable?"
 
 

@@ -27,7 +27,7 @@ from trackway.ledger.records import active_attempts, get_attempt, record_attempt
 from trackway.settings import Settings
 from trackway.supervisor.classify import Classification, Evidence, classify
 from trackway.supervisor.launch import start_attempt
-from trackway.supervisor.placement import PLACED_EVENT, project_settings
+from trackway.supervisor.placement import PLACED_EVENT, project_settings, resource_after_oom
 from trackway.supervisor.policy import Decision
 from trackway.supervisor.retry import decide_after_end, due_retries
 from trackway.supervisor.log_metrics import LogReport, NonFiniteLoss, ingest_log_metrics
@@ -493,6 +493,12 @@ class Supervisor:
         ended_at = status.ended_at or datetime.now(timezone.utc)
         if attempt["started_at"] is None and status.started_at is not None:
             attempt = {**attempt, "started_at": status.started_at}
+        moves_to = None
+        if verdict.reason is TerminationReason.OOM:
+            # Before the write lock: finding a roomier resource may ask a cluster, which may be slow to answer.
+            with self.ledger.read() as conn:
+                ran = resolve_run(conn, attempt["run_id"])
+            moves_to = resource_after_oom(self.settings, ran, attempt)
         with self.ledger.write() as conn:
             run = resolve_run(conn, attempt["run_id"])
             gpu_seconds = record_attempt_end(
@@ -509,7 +515,7 @@ class Supervisor:
             )
             if gpu_seconds is None:
                 return None
-            decision = decide_after_end(conn, self.settings, run, attempt["attempt_id"])
+            decision = decide_after_end(conn, self.settings, run, attempt["attempt_id"], moves_to)
             if is_eval:
                 from trackway.evals.progress import after_eval_attempt
 

@@ -112,3 +112,14 @@ def _after_oom(
                      f"attempt {previous['attempt_number']} ran out of memory on {where.name} "
                      f"({where.gpu_memory_gb:g} GB per GPU), {chosen.resource} has {memory:g} GB: {chosen.reason}",
                      chosen.skipped)
+
+
+def resource_after_oom(settings: Settings, run: Mapping[str, Any], attempt: Mapping[str, Any]) -> str | None:
+    """Where the retry of `attempt`, which ran out of memory, would go: a resource with more memory per GPU,
+    or None when it would stay (a run asked for by name, or nothing bigger fits). Asks live availability."""
+    if requested(run) != AUTO:
+        return None
+    project = project_settings(settings, run)
+    moved = _after_oom(project, run, {**attempt, "termination_reason": TerminationReason.OOM.value},
+                       candidates(project), need_of(run))
+    return moved.resource if moved is not None else None

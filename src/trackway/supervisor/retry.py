@@ -56,27 +56,24 @@ def run_config(settings: Settings, run_id: str) -> dict | None:
     return json.loads(path.read_text()) if path is not None else None
 
 
-def next_fingerprint(settings: Settings, run: RowMapping, previous: RowMapping | None = None) -> str:
+def next_fingerprint(settings: Settings, run: RowMapping, previous: RowMapping | None = None,
+                     moves_to: str | None = None) -> str:
     """The memory footprint of the run's next attempt: its config, and where it would run.
 
-    Only an OOM can move an `auto` run (supervisor/placement.py), so only then is the placement
-    worked out here; any other retry stays where `previous` ran.
+    A retry runs where `previous` ran, unless `moves_to` names the resource an OOM moves it to
+    (supervisor/placement.py's `resource_after_oom`, asked before the ledger's write lock is taken).
     """
-    resource = (previous["resource"] if previous is not None else None) or run["resource"]
-    if previous is not None and previous["termination_reason"] == TerminationReason.OOM.value:
-        from trackway.resources.selection import NoResourceFits
-        from trackway.supervisor.placement import place, project_settings, requested
-
-        if requested(run) == "auto":
-            try:
-                resource = place(project_settings(settings, run), run, previous).resource
-            except NoResourceFits:
-                pass  # nowhere else fits: the retry would run where the OOM happened
+    resource = moves_to or (previous["resource"] if previous is not None else None) or run["resource"]
     return memory_fingerprint(run_config(settings, run["run_id"]), resource, run["gpus"])
 
 
-def decide_after_end(conn: Connection, settings: Settings, run: RowMapping, attempt_id: str) -> Decision:
-    """Decide what follows `attempt_id`'s end, store the decision on it, and queue a retry if resuming."""
+def decide_after_end(
+    conn: Connection, settings: Settings, run: RowMapping, attempt_id: str, moves_to: str | None = None
+) -> Decision:
+    """Decide what follows `attempt_id`'s end, store the decision on it, and queue a retry if resuming.
+
+    `moves_to`: the resource an OOM retry would move to, if any (see `next_fingerprint`).
+    """
     rows = list(
         conn.execute(
             select(attempts).where(attempts.c.run_id == run["run_id"]).order_by(attempts.c.attempt_number)
@@ -107,7 +104,7 @@ def decide_after_end(conn: Connection, settings: Settings, run: RowMapping, atte
         decision = decide(
             policy,
             history,
-            next_memory_fingerprint=next_fingerprint(settings, run, rows[-1] if rows else None),
+            next_memory_fingerprint=next_fingerprint(settings, run, rows[-1] if rows else None, moves_to),
             run_gpu_seconds=float(spent),
             run_ref=run_ref,
         )

@@ -11,24 +11,27 @@ $(STAMP): pyproject.toml
 	# torch first and pinned: the CPU build of 2.13.0 lies on this machine's disk; an unpinned
 	# torch would pull a multi-GB CUDA build.
 	$(PY) -m pip install --quiet --disable-pip-version-check "torch==2.13.0"
-	$(PY) -m pip install --quiet --disable-pip-version-check "torch==2.13.0" -e ".[torch,postgres,frameworks,dev]"
+	$(PY) -m pip install --quiet --disable-pip-version-check "torch==2.13.0" -e ".[torch,postgres,frameworks,remote,dev]"
 	touch $(STAMP)
 
 demo: $(STAMP)
 	$(PY) examples/demo.py
 
 # PostgreSQL and a single-node Slurm are started (installed, on a fresh machine) when they are not up; a no-op when they are.
+# sshd is installed when missing (the SSH tests start their own hosts).
 # Tests that need a background supervisor turn it on themselves; elsewhere none is started,
 # so that no supervisor outlives the test that caused it.
 test: $(STAMP)
 	bash scripts/ensure-postgres.sh
 	bash scripts/ensure-slurm.sh
+	bash scripts/ensure-sshd.sh
 	TRACKWAY_BACKGROUND_SUPERVISOR=0 $(PY) -m pytest -n 2 --dist loadfile
 
 # One table: figure, value, baseline, ratio, target, met; exits non-zero naming each missed figure.
 bench: $(STAMP)
 	bash scripts/ensure-postgres.sh
 	bash scripts/ensure-slurm.sh
+	bash scripts/ensure-sshd.sh
 	$(PY) bench/run_all.py
 
 # trackway's log call beside wandb, mlflow, aim and tensorboardX, in one table; not part of `make bench`.

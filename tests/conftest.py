@@ -166,3 +166,8 @@ def slurm_node(slurm_cluster, tmp_path_factory) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(held, fcntl.LOCK_UN)
+
+
+# Real SSH hosts (sshd on loopback and in network namespaces), for every test that asks for one.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ssh_hosts import loopback_host, netns_hosts, ssh_key  # noqa: E402,F401

@@ -65,7 +65,7 @@ def test_a_declared_cluster_is_read_whole(tmp_path):
     (("gpu_memory_gb = 180", 'gpu_memory_gb = "180GB"'),
      r"trackway.toml:10: \[resources.ailab\] gpu_memory_gb: expected a number of GB above 0 and at most 10000, got '180GB'$"),
     (('executor = "slurm"', 'executor = "kubernetes"'),
-     r"trackway.toml:8: \[resources.ailab\] executor: expected 'local' or 'slurm', got 'kubernetes'$"),
+     r"trackway.toml:8: \[resources.ailab\] executor: expected 'local' or 'slurm' or 'ssh', got 'kubernetes'$"),
     (("max_hours = 1\n", "max_hours = 0\n"),
      r"trackway.toml:26: \[\[resources.ailab.qos\]\] #2 max_hours: expected a number of hours above 0"),
     (('use_for = ["test", "full"]', 'use_for = ["training"]'),

@@ -1,11 +1,12 @@
-"""One contract, two executors: the same runs end the same way on the local machine and on a real Slurm.
+"""One contract, three executors: the same runs end the same way locally, on a real Slurm and over real SSH.
 
 Each case runs real scripts through `submit_run`/`start_attempt` and the supervisor's tick,
 against a resource declared in trackway.toml as `executor = "local"` or `executor = "slurm"`
-(partition `test` of the single-node cluster scripts/ensure-slurm.sh brings up). What differs
-is only how the outside world ends a job: locally a SIGTERM to the process group (a spot
-reclaim), on Slurm a job in the `high` partition that needs our GPUs (a real preemption, with
-the `--signal=B:USR1` notice first).
+(partition `test` of the single-node cluster scripts/ensure-slurm.sh brings up) or `executor =
+"ssh"` (OpenSSH's sshd on a loopback port, started by the test: tests/ssh_hosts.py). What
+differs is only how the outside world ends a job: locally and over SSH a SIGTERM to the shim (a
+host shutting down), on Slurm a job in the `high` partition that needs our GPUs (a real
+preemption, with the `--signal=B:USR1` notice first).
 """
 
 from __future__ import annotations
@@ -47,10 +48,10 @@ RESOURCES = {
 class Project:
     """A working directory with its trackway.toml, a ledger, and a supervisor ticking over it."""
 
-    def __init__(self, executor: str, work: Path, db_url: str):
+    def __init__(self, executor: str, work: Path, db_url: str, resource_toml: str | None = None):
         self.executor = executor
         self.work = work
-        (work / "trackway.toml").write_text(RESOURCES[executor] + RETRY)
+        (work / "trackway.toml").write_text((resource_toml or RESOURCES[executor]) + RETRY)
         self.settings = load_settings(home=work / "home", db=db_url, cwd=work)
         self.ledger = open_ledger(db_url)
         self.supervisor = Supervisor(self.ledger, self.settings)
@@ -112,12 +113,26 @@ class Project:
         return json.loads(attempt["termination_evidence"])
 
 
-@pytest.fixture(params=["local", "slurm"])
+def ssh_resource(host) -> str:
+    return (f'[resources.here]\nexecutor = "ssh"\nhosts = ["{host.spec}"]\nkey_file = "{host.key}"\n'
+            f'workdir = "{host.work}"\ngrace_seconds = 20\nsetup = "echo setup ran"\n'
+            'ssh_options = ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"]\n')
+
+
+def shim_pid(attempt) -> int:
+    """The shim's pid: the local job id, or the SSH one's `PID@host` (the test's host is this machine)."""
+    return int(attempt["executor_job_id"].split("@")[0])
+
+
+@pytest.fixture(params=["local", "slurm", "ssh"])
 def project(request, tmp_path, sqlite_url, monkeypatch):
+    resource_toml = None
     if request.param == "slurm":
         request.getfixturevalue("slurm_node")
+    if request.param == "ssh":
+        resource_toml = ssh_resource(request.getfixturevalue("loopback_host"))
     monkeypatch.setenv("TRACKWAY_DB", sqlite_url)
-    made = Project(request.param, tmp_path, sqlite_url)
+    made = Project(request.param, tmp_path, sqlite_url, resource_toml)
     yield made
     if request.param == "slurm":  # a failed case must not leave its jobs holding the node
         for attempt in list_attempts_all(made):
@@ -151,6 +166,9 @@ def test_completion_and_a_failure_with_its_evidence(project):
         explained = " ".join(project.trackway("explain", ok).stdout.split())
         assert f"scheduler: job {good['executor_job_id']}, partition test, nodes " in explained
         assert "setup ran" in Path(good["state_dir"], "slurm.out").read_text()
+    if project.executor == "ssh":
+        assert good["host"].startswith("root@127.0.0.1:")
+        assert "setup ran" in Path(good["log_path"]).read_text()  # the host's log, pulled back
 
 
 def test_cancel_ends_the_run_as_user_cancelled(project):
@@ -181,7 +199,7 @@ def test_a_preemption_resumes_from_the_last_committed_checkpoint_to_the_same_fin
             subprocess.run(["sbatch", "--parsable", "--partition=high", "--gres=gpu:2", "--time=1",
                             "--output=/dev/null", "--wrap=sleep 2"], check=True, capture_output=True, timeout=30)
         else:
-            os.kill(int(attempt["executor_job_id"]), signal.SIGTERM)  # the shim passes it on, as a reclaim would
+            os.kill(shim_pid(attempt), signal.SIGTERM)  # the shim passes it on, as a host shutting down would
         sent.append(time.monotonic())
 
     project.until("both runs to end", lambda: all(project.state(r) in ("completed", "failed")

@@ -16,6 +16,7 @@ call, never once per job (the base implementation just loops over `poll()`).
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING
 from trackway.errors import InputError
 
 if TYPE_CHECKING:
+    from trackway.executors.code_snapshot import CodeSnapshot
     from trackway.resources.registry import Resource
 
 
@@ -50,6 +52,10 @@ class LaunchRequest:
     # prologue, nodes); None: the executor's defaults. `qos`: the QoS tier the selection chose.
     resource: "Resource | None" = None
     qos: str | None = None
+    # For executors that run elsewhere (ssh): the run's own variables and TRACKWAY_*, without the
+    # submitting machine's environment; and the code to send there, rebuilt from the receipt.
+    run_env: dict[str, str] | None = None
+    code: "CodeSnapshot | None" = None
 
 
 @dataclass(frozen=True)
@@ -105,10 +111,48 @@ class JobStatus:
     placement: dict | None = None
 
 
+def status_to_json(status: JobStatus) -> dict:
+    """A terminal status as an executor keeps it on disk, so that later polls need not ask again."""
+    return {
+        "phase": status.phase.value,
+        "exit_code": status.exit_code,
+        "signal": status.signal,
+        "started_at": status.started_at.isoformat() if status.started_at else None,
+        "ended_at": status.ended_at.isoformat() if status.ended_at else None,
+        "timed_out": status.timed_out,
+        "cancelled": status.cancelled,
+        "evidence": list(status.evidence),
+        "reason": status.reason,
+        "placement": status.placement,
+        "recorded_at": time.time(),
+    }
+
+
+def status_from_json(data: dict) -> JobStatus:
+    def when(text: str | None) -> datetime | None:
+        return datetime.fromisoformat(text) if text else None
+
+    return JobStatus(
+        phase=JobPhase(data["phase"]),
+        exit_code=data["exit_code"],
+        signal=data["signal"],
+        started_at=when(data["started_at"]),
+        ended_at=when(data["ended_at"]),
+        timed_out=data["timed_out"],
+        cancelled=data["cancelled"],
+        evidence=tuple(data["evidence"]),
+        reason=data["reason"],
+        placement=data["placement"],
+    )
+
+
 class Executor(ABC):
     """A place to run attempts. Implementations keep their state where another process can read it."""
 
     name: str
+    # True for executors that run the command on another machine: the launcher then sends the
+    # code snapshot (LaunchRequest.code) and the run's own environment (run_env).
+    remote: bool = False
 
     @abstractmethod
     def submit(self, request: LaunchRequest) -> Submission:
@@ -154,7 +198,13 @@ def _slurm(home: Path) -> Executor:
     return SlurmExecutor(home)
 
 
-_REGISTRY: dict[str, Callable[[Path], Executor]] = {"local": _local, "inline": _inline, "slurm": _slurm}
+def _ssh(home: Path) -> Executor:
+    from trackway.executors.ssh import SshExecutor
+
+    return SshExecutor(home)
+
+
+_REGISTRY: dict[str, Callable[[Path], Executor]] = {"local": _local, "inline": _inline, "slurm": _slurm, "ssh": _ssh}
 
 
 def known_executors() -> list[str]:

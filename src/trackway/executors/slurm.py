@@ -50,7 +50,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
@@ -58,7 +57,16 @@ from pathlib import Path
 
 from trackway.errors import ExecutorError, NotFound
 from trackway.executors import local_shim
-from trackway.executors.base import Executor, JobHandle, JobPhase, JobStatus, LaunchRequest, Submission
+from trackway.executors.base import (
+    Executor,
+    JobHandle,
+    JobPhase,
+    JobStatus,
+    LaunchRequest,
+    Submission,
+    status_from_json,
+    status_to_json,
+)
 from trackway.executors.local_shim import read_json, utc_now, write_json_atomic
 
 SLURM_TIMEOUT_S = float(os.environ.get("TRACKWAY_SLURM_TIMEOUT_S", "30"))
@@ -242,7 +250,7 @@ class SlurmExecutor(Executor):
         for handle in handles:
             final = read_json(Path(handle.state_dir) / FINAL)
             if final is not None and final.get("job_id") == handle.job_id:
-                statuses[handle.job_id] = _status_from_json(final)
+                statuses[handle.job_id] = status_from_json(final)
             elif not _JOB_ID.match(handle.job_id):
                 statuses[handle.job_id] = JobStatus(
                     phase=JobPhase.VANISHED, evidence=(f"{handle.job_id!r} is not a Slurm job id",))
@@ -267,7 +275,7 @@ class SlurmExecutor(Executor):
             if status.phase.is_terminal():
                 try:
                     write_json_atomic(Path(handle.state_dir) / FINAL, {"job_id": handle.job_id,
-                                                                       **_status_to_json(status)})
+                                                                       **status_to_json(status)})
                 except OSError:
                     pass  # not ours to write (or a full disk): the next poll asks Slurm again
 
@@ -685,36 +693,3 @@ def _tail(path: Path, n: int) -> list[str]:
 def _slurmstepd_lines(path: Path) -> list[str]:
     """slurmstepd's own lines in the batch output: `*** JOB 7 ON node CANCELLED AT ... DUE TO PREEMPTION ***`."""
     return [line for line in _tail(path, 40) if "slurmstepd" in line][-4:]
-
-
-def _status_to_json(status: JobStatus) -> dict:
-    return {
-        "phase": status.phase.value,
-        "exit_code": status.exit_code,
-        "signal": status.signal,
-        "started_at": status.started_at.isoformat() if status.started_at else None,
-        "ended_at": status.ended_at.isoformat() if status.ended_at else None,
-        "timed_out": status.timed_out,
-        "cancelled": status.cancelled,
-        "evidence": list(status.evidence),
-        "reason": status.reason,
-        "placement": status.placement,
-        "recorded_at": time.time(),
-    }
-
-
-def _status_from_json(data: dict) -> JobStatus:
-    return JobStatus(
-        phase=JobPhase(data["phase"]),
-        exit_code=data["exit_code"],
-        signal=data["signal"],
-        started_at=_iso(data["started_at"]),
-        ended_at=_iso(data["ended_at"]),
-        timed_out=data["timed_out"],
-        cancelled=data["cancelled"],
-        evidence=tuple(data["evidence"]),
-        reason=data["reason"],
-        placement=data["placement"],
-    )
-
-

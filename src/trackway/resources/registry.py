@@ -1,7 +1,7 @@
 """The resources trackway.toml declares: `[resources.NAME]` tables, read and checked into `Resource`s.
 
     [resources.ailab]
-    executor = "slurm"            # local | slurm
+    executor = "slurm"            # local | slurm | ssh
     gpu = "B200"                  # the GPU model, as people name it
     gpu_memory_gb = 180           # per GPU
     gpus_per_node = 8
@@ -19,6 +19,18 @@
     name = "gpu-test"
     max_hours = 1
 
+    [resources.spot]
+    executor = "ssh"
+    hosts = ["root@203.0.113.7:22", "root@203.0.113.8"]   # tried in order
+    key_file = "~/.ssh/id_ed25519"
+    workdir = "/workspace/trackway"   # on the host (relative: to the login directory)
+    python = "python3"                # runs trackway's stdlib-only shim there
+    setup = "source /workspace/venv/bin/activate"
+    ssh_options = ["-o", "ProxyJump=bastion"]
+    unreachable_seconds = 600         # how long a silent host may come back before its attempt is lost
+    preemptible = true                # a lost host then ends the attempt `preempted`, else `infra_transient`
+    checkpoint_root = "s3://bucket/checkpoints"   # any executor: checkpoints that outlive the machine
+
 A bad entry is refused with one line naming the file, the line, the field and what was expected.
 This module imports nothing beyond the standard library and trackway's errors: every command
 reads trackway.toml, and none should pay for more.
@@ -34,10 +46,11 @@ from typing import Any
 
 from trackway.errors import InputError
 
-EXECUTORS = ("local", "slurm")
+EXECUTORS = ("local", "slurm", "ssh")
 RUN_KINDS = ("test", "full", "eval")
 MAX_GPUS_PER_NODE = 1024
 MAX_NODES = 100_000
+_HOST = re.compile(r"^(?:[A-Za-z0-9._-]+@)?(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(?::\d{1,5})?$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 # Options trackway sets itself in the sbatch script; a resource's own `sbatch` list must not fight them.
 SBATCH_OWNED = ("--signal", "--requeue", "--no-requeue", "--output", "--error", "--open-mode", "--job-name",
@@ -71,6 +84,13 @@ class Resource:
     qos: tuple[QosTier, ...] = ()  # ordered by max_hours, shortest first
     sbatch: tuple[str, ...] = ()
     setup: str | None = None
+    hosts: tuple[str, ...] = ()
+    key_file: str | None = None
+    workdir: str = "trackway"
+    python: str = "python3"
+    ssh_options: tuple[str, ...] = ()
+    unreachable_seconds: float = 600.0
+    checkpoint_root: str | None = None  # an fsspec URL or a path (a network volume); None: under trackway's home
     declared: bool = True  # False for the implicit `local` of a trackway.toml that names none
 
     @property
@@ -86,6 +106,8 @@ class Resource:
             parts.append(f"{count}{self.gpu or 'GPU'}{memory}")
         if self.partition:
             parts.append(f"partition {self.partition}")
+        if self.hosts:
+            parts.append(f"{len(self.hosts)} host{'s' if len(self.hosts) != 1 else ''}")
         if self.cost_per_gpu_hour:
             parts.append(f"${self.cost_per_gpu_hour:.2f}/GPU-h")
         if self.preemptible:
@@ -122,9 +144,26 @@ def _resource(name: str, body: Any, where: _Locator) -> Resource:
     for kind in use_for:
         if kind not in RUN_KINDS:
             raise where.error(table, "use_for", f"expected run kinds among {', '.join(RUN_KINDS)}, got {kind!r}")
-    slurm_only = [key for key in ("partition", "account", "qos", "sbatch", "setup") if key in body]
+    slurm_only = [key for key in ("partition", "account", "qos", "sbatch") if key in body]
     if executor != "slurm" and slurm_only:
         raise where.error(table, slurm_only[0], f"a Slurm setting, but executor is {executor!r}")
+    if executor == "local" and "setup" in body:
+        raise where.error(table, "setup", "a Slurm or SSH setting, but executor is 'local'")
+    ssh_only = [key for key in ("hosts", "key_file", "workdir", "python", "ssh_options", "unreachable_seconds")
+                if key in body]
+    if executor != "ssh" and ssh_only:
+        raise where.error(table, ssh_only[0], f"an SSH setting, but executor is {executor!r}")
+    hosts = get.strings("hosts", None)
+    if executor == "ssh" and not hosts:
+        raise where.error(table, "hosts" if "hosts" in body else None,
+                          "executor 'ssh' needs hosts = [\"user@host:port\", ...]")
+    for spec in hosts:
+        if not _HOST.match(spec):
+            raise where.error(table, "hosts", f"expected user@host or user@host:port, got {spec!r}")
+    ssh_options = get.strings("ssh_options", None)
+    for option in ssh_options:
+        if "\n" in option or option in ("-O", "-M", "-S", "-f", "-N"):
+            raise where.error(table, "ssh_options", f"{option!r} is set by trackway or would stop it working")
     sbatch = get.strings("sbatch", None)
     for option in sbatch:
         if not option.startswith("-") or "\n" in option:
@@ -147,6 +186,13 @@ def _resource(name: str, body: Any, where: _Locator) -> Resource:
         qos=_qos_tiers(body.get("qos"), table, where),
         sbatch=tuple(sbatch),
         setup=get.text("setup", multiline=True),
+        hosts=tuple(dict.fromkeys(hosts)),
+        key_file=get.text("key_file"),
+        workdir=get.text("workdir") or "trackway",
+        python=get.text("python") or "python3",
+        ssh_options=tuple(ssh_options),
+        unreachable_seconds=get.number("unreachable_seconds", 600.0, 0.0, 7 * 86400.0, "seconds"),
+        checkpoint_root=get.text("checkpoint_root"),
     )
 
 

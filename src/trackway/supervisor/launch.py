@@ -256,6 +256,17 @@ def _prepare_code(spec: RunSpec, run_dir: Path) -> tuple[Path, CodeRef]:
     )
 
 
+def _code_snapshot(ledger: Ledger, run):
+    """The run's code as its receipt records it (commit + diff), for an executor on another machine."""
+    from trackway.executors.code_snapshot import build_snapshot
+
+    diff = None
+    if run["code_dirty_sha256"]:
+        with ledger.read() as conn:
+            diff = get_blob(conn, run["code_dirty_sha256"])
+    return build_snapshot(Path(run["workdir"]), run["code_commit"], diff)
+
+
 def resume_target(checkpoint_dir: Path, verify_files: bool = False) -> str | None:
     """The checkpoint a new attempt resumes from: the newest whose commit marker verifies.
 
@@ -422,18 +433,18 @@ def start_attempt(
         command = substitute_command(
             json.loads(run["command"]), restored, checkpoint_root / resume_from if resume_from else None
         )
+        own_env = {
+            **run_environment(run, state_dir),
+            **attempt_environment(
+                settings, run_id, attempt_id, number, state_dir, resume_from, config_path,
+                restored.restored[0] if restored is not None and restored.restored else None,
+            ),
+        }
         request = LaunchRequest(
             attempt_id=attempt_id,
             command=command,
             cwd=Path(run["workdir"]),
-            env={
-                **(submitted.variables if submitted is not None else {}),
-                **run_environment(run, state_dir),
-                **attempt_environment(
-                    settings, run_id, attempt_id, number, state_dir, resume_from, config_path,
-                    restored.restored[0] if restored is not None and restored.restored else None,
-                ),
-            },
+            env={**(submitted.variables if submitted is not None else {}), **own_env},
             state_dir=state_dir,
             log_path=state_dir / "output.log",
             gpus=run["gpus"],
@@ -442,6 +453,8 @@ def start_attempt(
             env_is_complete=submitted is not None,
             resource=resource if resource.declared else None,
             qos=placement.qos,
+            run_env=own_env if executor.remote else None,
+            code=_code_snapshot(ledger, run) if executor.remote else None,
         )
         submission = executor.submit(request)
     except TrackwayError as exc:

@@ -139,6 +139,7 @@ class Supervisor:
         self.backlog = False
         polled = self._poll(pending)
         self._note_placements(polled)
+        self._note_host_reach(polled)
         for attempt, status in polled:
             if not status.phase.is_terminal():
                 continue
@@ -204,6 +205,26 @@ class Supervisor:
                     values["started_at"] = status.started_at
                 conn.execute(update(attempts).where(attempts.c.attempt_id == attempt["attempt_id"]).values(**values))
                 add_supervisor_event(conn, attempt["attempt_id"], PLACED_EVENT, where)
+
+    def _note_host_reach(self, polled: list[tuple[Any, JobStatus]]) -> None:
+        """A host that stopped answering, and one that answered again with the job still running (SSH).
+
+        Recorded once each per attempt, as watcher lines: `explain` and `show` say "unreachable since".
+        """
+        noted = []
+        for attempt, status in polled:
+            if status.phase is not JobPhase.RUNNING or not status.evidence:
+                continue
+            if (status.placement or {}).get("unreachable_since"):
+                noted.append((attempt, "host_unreachable", status.evidence[0]))
+            elif any("adopted" in line for line in status.evidence):
+                noted.append((attempt, "host_answered_again", "; ".join(status.evidence)))
+        if not noted:
+            return
+        with self.ledger.write() as conn:
+            for attempt, kind, message in noted:
+                if add_supervisor_event(conn, attempt["attempt_id"], kind, {"message": message}):
+                    self.findings.append((attempt["attempt_id"], message))
 
     def _end(self, attempt, status: JobStatus) -> AttemptEnd | None:
         """Record the end of an attempt its executor reports ended: what it said last, then the receipt."""

@@ -1,0 +1,193 @@
+"""The remote agent: what the SSH executor runs on a host to start, read and cancel attempts there.
+
+Copied to `WORKDIR/.trackway/<hash>/` beside a copy of `local_shim.py` (whose functions it
+uses), and run by the host's Python over one SSH call per action; stdlib only, like the shim,
+so a host needs nothing but python3. It answers in one JSON document on stdout.
+
+    agent.py start STATE_DIR     starts the shim detached (its own session: an SSH disconnect
+                                 does not reach it) and waits for job.json; prints
+                                 {"boot_id", "job"} or {"error"}
+    agent.py poll                stdin {"attempts": [{"dir", "offsets": {REL: bytes already
+                                 copied}}], "max_bytes"}; prints {"boot_id", "attempts": {DIR:
+                                 {"exists", "job", "exit", "shim_alive", "child_alive", "files"}}}
+    agent.py cancel STATE_DIR    writes cancel.json, SIGTERMs the shim (or, with the shim gone,
+                                 the command's process group); prints {"signalled"}
+
+`poll` sends each attempt's append-only files (output.log, the spool's `*.jsonl`) from the
+offsets the executor already holds, so nothing is read twice; small files that are replaced
+whole (heartbeat.json, termination.json) are sent whole. Bytes go as
+base64, at most `max_bytes` per call in all; the rest comes with the next poll.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import local_shim  # noqa: E402 - the copy beside this file
+
+START_TIMEOUT_S = 10.0
+# Replaced whole by their writers (write-then-rename): copied whole, never by offset.
+WHOLE = ("spool/heartbeat.json", "spool/termination.json")
+
+
+def boot_id() -> str | None:
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def start(state_dir: Path) -> dict:
+    err_path = state_dir / "shim.err"
+    with os.fdopen(os.open(err_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as err:
+        launcher = subprocess.Popen(
+            [sys.executable, str(Path(local_shim.__file__)), str(state_dir)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
+        )
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        job = local_shim.read_json(state_dir / "job.json")
+        if job is not None:
+            launcher.wait()
+            return {"boot_id": boot_id(), "job": job}
+        code = launcher.poll()
+        if code not in (None, 0):
+            return {"error": f"the shim exited with code {code}: {_first_line(err_path)}"}
+        time.sleep(0.01)
+    try:
+        os.killpg(launcher.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    launcher.wait()
+    late = local_shim.read_json(state_dir / "job.json")
+    if late is not None and late.get("pgid"):
+        local_shim.signal_group(late["pgid"], signal.SIGKILL)
+    return {"error": f"the shim did not start the command within {START_TIMEOUT_S:g} s: "
+                     f"{_first_line(err_path) or 'shim.err is empty'}"}
+
+
+def poll(request: dict) -> dict:
+    budget = int(request.get("max_bytes", 4 << 20))
+    answers = {}
+    for item in request.get("attempts", []):
+        state_dir = Path(item["dir"])
+        if not state_dir.is_dir():
+            answers[item["dir"]] = {"exists": False}
+            continue
+        job = _read_json(state_dir / "job.json")
+        answer = {
+            "exists": True,
+            "job": job,
+            "exit": _read_json(state_dir / "exit.json"),
+            "cancel_requested": (state_dir / "cancel.json").exists(),
+            "shim_alive": bool(job) and local_shim.same_process(job.get("shim_pid"), job.get("create_time")),
+            "child_alive": bool(job) and local_shim.same_process(job.get("child_pid"), job.get("child_create_time")),
+            "files": {},
+        }
+        offsets = item.get("offsets", {})
+        for rel in _files(state_dir):
+            path = state_dir / rel
+            try:
+                size = path.stat().st_size
+            except OSError:
+                continue
+            if rel in WHOLE:
+                answer["files"][rel] = {"whole": True, "size": size, "data": _read_b64(path, 0, size)}
+                continue
+            offset = int(offsets.get(rel, 0))
+            if offset > size:  # the file shrank: not ours to mirror any more (a wiped and reused dir)
+                answer["files"][rel] = {"size": size, "offset": offset, "data": "", "shrank": True}
+                continue
+            take = min(size - offset, max(budget, 0))
+            budget -= take
+            answer["files"][rel] = {"size": size, "offset": offset, "data": _read_b64(path, offset, take)}
+        answers[item["dir"]] = answer
+    return {"boot_id": boot_id(), "attempts": answers}
+
+
+def cancel(state_dir: Path) -> dict:
+    job = _read_json(state_dir / "job.json")
+    if job is None:
+        return {"signalled": None, "error": f"no job.json in {state_dir}"}
+    if (state_dir / "exit.json").exists():
+        return {"signalled": None}
+    if not (state_dir / "cancel.json").exists():
+        local_shim.write_json_atomic(state_dir / "cancel.json", {"requested_at": local_shim.utc_now().isoformat()})
+    if local_shim.same_process(job["shim_pid"], job["create_time"]):
+        try:
+            os.kill(job["shim_pid"], signal.SIGTERM)
+            return {"signalled": "shim"}
+        except ProcessLookupError:
+            pass
+    if job.get("pgid") and local_shim.same_process(job["child_pid"], job["child_create_time"]):
+        launch = _read_json(state_dir / "launch.json") or {}
+        subprocess.Popen(
+            [sys.executable, str(Path(local_shim.__file__)), "--kill-group", str(job["pgid"]),
+             str(launch.get("grace_s", 30.0))],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )
+        return {"signalled": "group"}
+    return {"signalled": None}
+
+
+def _files(state_dir: Path) -> list[str]:
+    names = ["output.log", "eval-output.jsonl"]
+    spool = state_dir / "spool"
+    try:
+        names += sorted(f"spool/{entry.name}" for entry in os.scandir(spool)
+                        if entry.is_file() and (entry.name.endswith(".jsonl") or f"spool/{entry.name}" in WHOLE))
+    except OSError:
+        pass
+    return [name for name in names if (state_dir / name).is_file()]
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return local_shim.read_json(path)
+    except (OSError, ValueError):
+        return None  # torn or unreadable: the next poll reads it again
+
+
+def _read_b64(path: Path, offset: int, length: int) -> str:
+    if length <= 0:
+        return ""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return base64.b64encode(f.read(length)).decode("ascii")
+
+
+def _first_line(path: Path) -> str:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+    return next((line.strip() for line in text.splitlines() if line.strip()), "")
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) == 2 and argv[0] == "start":
+        answer = start(Path(argv[1]))
+    elif len(argv) == 1 and argv[0] == "poll":
+        answer = poll(json.load(sys.stdin))
+    elif len(argv) == 2 and argv[0] == "cancel":
+        answer = cancel(Path(argv[1]))
+    else:
+        print("usage: agent.py start STATE_DIR | poll < REQUEST | cancel STATE_DIR", file=sys.stderr)
+        return 2
+    json.dump(answer, sys.stdout)
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

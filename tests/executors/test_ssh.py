@@ -1,0 +1,198 @@
+"""The SSH executor against real sshd hosts: pulling output and spool by offset, losing and regaining a host, code snapshots."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from trackway.errors import ExecutorError, InputError
+from trackway.executors.base import JobPhase, LaunchRequest
+from trackway.executors.code_snapshot import build_snapshot
+from trackway.executors.ssh import SshExecutor
+from trackway.receipts.code import capture_code
+from trackway.resources.registry import Resource, parse_resources
+
+NO_HOST_KEYS = ("-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null")
+
+
+def resource(*hosts, preemptible=False, unreachable_seconds=600.0, gpus_per_node=None, setup=None) -> Resource:
+    return Resource(name="pods", executor="ssh", hosts=tuple(h.spec for h in hosts), key_file=str(hosts[0].key),
+                    workdir=str(hosts[0].work), ssh_options=NO_HOST_KEYS, preemptible=preemptible,
+                    unreachable_seconds=unreachable_seconds, gpus_per_node=gpus_per_node, setup=setup)
+
+
+def launch(tmp_path: Path, res: Resource, script: str, attempt: str = "run1/1", gpus: int = 0, workdir=None,
+           code=None) -> tuple[SshExecutor, LaunchRequest]:
+    work = workdir or tmp_path / "project"
+    work.mkdir(exist_ok=True)
+    (work / "job.py").write_text(script)
+    state = tmp_path / "state" / attempt.replace("/", "-")
+    request = LaunchRequest(attempt_id=attempt, command=[sys.executable, "job.py"], cwd=work,
+                            env={"TRACKWAY_RUN_ID": "run1", "TRACKWAY_DB": "sqlite:////nowhere.db"},
+                            state_dir=state, log_path=state / "output.log", gpus=gpus, resource=res,
+                            code=code or build_snapshot(work, None, None))
+    return SshExecutor(tmp_path / "home"), request
+
+
+def wait_for(executor, handle, phase_done, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        status = executor.poll(handle)
+        if phase_done(status):
+            return status
+        assert time.monotonic() < deadline, f"last status: {status}"
+        time.sleep(0.2)
+
+
+SPOOLING = """
+import os, time, sys
+spool = os.environ["TRACKWAY_SPOOL_DIR"]
+print("db:", os.environ.get("TRACKWAY_DB"), flush=True)
+for i in range(6):
+    with open(os.path.join(spool, "events.jsonl"), "a") as f:
+        f.write('{"seq": %d}\\n' % i)
+    print("step", i, flush=True)
+    time.sleep(0.4)
+"""
+
+
+def test_output_and_spool_arrive_while_the_attempt_runs_each_byte_once(tmp_path, loopback_host):
+    executor, request = launch(tmp_path, resource(loopback_host), SPOOLING)
+    submission = executor.submit(request)
+    local_events = request.state_dir / "spool" / "events.jsonl"
+
+    wait_for(executor, submission.handle, lambda s: local_events.exists() and local_events.read_text().count("\n") >= 2)
+    assert executor.poll(submission.handle).phase is JobPhase.RUNNING  # pulled while running, not at the end
+    status = wait_for(executor, submission.handle, lambda s: s.phase.is_terminal())
+
+    assert status.phase is JobPhase.ENDED and status.exit_code == 0
+    remote = loopback_host.work / "attempts" / "run1" / "1"
+    assert local_events.read_bytes() == (remote / "spool" / "events.jsonl").read_bytes()
+    assert [line for line in local_events.read_text().splitlines()] == [f'{{"seq": {i}}}' for i in range(6)]
+    log = request.log_path.read_text()
+    assert log == (remote / "output.log").read_text() and "step 5" in log
+    assert "db: None" in log  # this machine's ledger URL is never sent to a host
+
+
+def test_a_host_that_comes_back_with_the_job_running_is_adopted(tmp_path, loopback_host):
+    script = "import time\nprint('up', flush=True)\ntime.sleep(5)\nprint('finished', flush=True)\n"
+    executor, request = launch(tmp_path, resource(loopback_host, unreachable_seconds=120), script)
+    submission = executor.submit(request)
+    wait_for(executor, submission.handle, lambda s: request.log_path.exists() and "up" in request.log_path.read_text())
+
+    loopback_host.stop_sshd()
+    away = executor.poll(submission.handle)
+    assert away.phase is JobPhase.RUNNING
+    assert away.placement["unreachable_since"] and "unreachable since" in away.evidence[0]
+    loopback_host.start()
+    back = executor.poll(submission.handle)
+    status = wait_for(executor, submission.handle, lambda s: s.phase.is_terminal())
+
+    assert back.phase is JobPhase.RUNNING and any("adopted" in line for line in back.evidence)
+    assert status.phase is JobPhase.ENDED and status.exit_code == 0 and status.reason is None
+    assert "finished" in request.log_path.read_text()
+
+
+def test_a_host_silent_past_its_window_ends_the_attempt_with_the_resources_reason(tmp_path, loopback_host):
+    script = "import time\nprint('up', flush=True)\ntime.sleep(60)\n"
+    executor, request = launch(tmp_path, resource(loopback_host, preemptible=True, unreachable_seconds=1), script)
+    submission = executor.submit(request)
+    wait_for(executor, submission.handle, lambda s: request.log_path.exists() and "up" in request.log_path.read_text())
+
+    loopback_host.reclaim()
+    loopback_host.stop_sshd()
+    first = executor.poll(submission.handle)
+    time.sleep(1.5)
+    lost = executor.poll(submission.handle)
+
+    assert first.phase is JobPhase.RUNNING
+    assert lost.phase is JobPhase.VANISHED and lost.reason == "preempted"
+    assert any("unreachable since" in line and "unreachable_seconds (1)" in line for line in lost.evidence)
+    assert executor.poll(submission.handle) == lost  # the end is kept: later polls do not ask the host
+    # A retry goes to a host that was not just lost, when the resource has one.
+    assert executor._host_order(resource(loopback_host, unreachable_seconds=600)) == [loopback_host.spec]
+
+
+def test_a_wiped_host_that_answers_again_ends_the_attempt_as_infra_transient(tmp_path, loopback_host):
+    script = "import time\nprint('up', flush=True)\ntime.sleep(60)\n"
+    executor, request = launch(tmp_path, resource(loopback_host, preemptible=False), script)
+    submission = executor.submit(request)
+    wait_for(executor, submission.handle, lambda s: request.log_path.exists() and "up" in request.log_path.read_text())
+
+    loopback_host.reclaim()  # processes killed, disk wiped; a new machine answers at the same address
+    loopback_host.start()
+    status = executor.poll(submission.handle)
+
+    assert status.phase is JobPhase.VANISHED and status.reason == "infra_transient"
+    assert any("is gone from host" in line for line in status.evidence)
+
+
+def test_cancel_stops_the_process_group_on_the_host(tmp_path, loopback_host):
+    script = ("import subprocess, time\nsubprocess.Popen(['sleep', '300'])\nprint('up', flush=True)\n"
+              "time.sleep(300)\n")
+    executor, request = launch(tmp_path, resource(loopback_host), script)
+    submission = executor.submit(request)
+    wait_for(executor, submission.handle, lambda s: request.log_path.exists() and "up" in request.log_path.read_text())
+
+    executor.cancel(submission.handle)
+    status = wait_for(executor, submission.handle, lambda s: s.phase.is_terminal(), timeout=60)
+
+    assert status.phase is JobPhase.ENDED and status.cancelled
+    left = [p for p in loopback_host.processes() if "sleep 300" in " ".join(p.cmdline())]
+    assert left == []  # the child the command started went with its group
+
+
+def test_the_snapshot_is_the_recorded_commit_and_diff_not_the_work_tree_of_later(tmp_path, loopback_host):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git = lambda *a: subprocess.run(["git", "-C", str(repo), *a], check=True, capture_output=True)  # noqa: E731
+    git("init", "-q")
+    (repo / "job.py").write_text("print('version 1')\n")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "v1")
+    (repo / "job.py").write_text("print('version 2, uncommitted')\n")
+    code = capture_code(repo, home=tmp_path / "home")
+    (repo / "job.py").write_text("print('version 3, edited after submit')\n")
+
+    snapshot = build_snapshot(repo, code.commit, code.dirty_diff)
+    executor, request = launch(tmp_path, resource(loopback_host), "print('version 3, edited after submit')\n",
+                               workdir=repo, code=snapshot)
+    submission = executor.submit(request)
+    status = wait_for(executor, submission.handle, lambda s: s.phase.is_terminal())
+
+    assert status.exit_code == 0
+    assert "version 2, uncommitted" in request.log_path.read_text()
+    assert snapshot.source == f"commit {code.commit[:12]} + the recorded diff"
+
+
+def test_gpus_are_leased_per_host_and_a_full_host_is_passed_over(tmp_path, loopback_host):
+    script = "import os, time\nprint('gpus', os.environ['CUDA_VISIBLE_DEVICES'], flush=True)\ntime.sleep(30)\n"
+    res = resource(loopback_host, gpus_per_node=1)
+    executor, first = launch(tmp_path, res, script, attempt="run1/1", gpus=1)
+    held = executor.submit(first)
+    _, second = launch(tmp_path, res, script, attempt="run1/2", gpus=1)
+
+    with pytest.raises(ExecutorError, match="GPUs are leased to running attempts"):
+        executor.submit(second)
+    wait_for(executor, held.handle, lambda s: first.log_path.exists() and "gpus 0" in first.log_path.read_text())
+    executor.cancel(held.handle)
+    wait_for(executor, held.handle, lambda s: s.phase.is_terminal())
+    executor.submit(second)  # the ended attempt's GPU is free again
+
+
+@pytest.mark.parametrize("toml, message", [
+    ('[resources.a]\nexecutor = "ssh"\n', "executor 'ssh' needs hosts"),
+    ('[resources.a]\nexecutor = "local"\nhosts = ["h"]\n', "an SSH setting, but executor is 'local'"),
+    ('[resources.a]\nexecutor = "ssh"\nhosts = ["root@host:port"]\n', "expected user@host or user@host:port"),
+    ('[resources.a]\nexecutor = "ssh"\nhosts = ["h"]\nunreachable_seconds = -1\n', "unreachable_seconds"),
+    ('[resources.a]\nexecutor = "ssh"\nhosts = ["h"]\nssh_options = ["-O"]\n', "set by trackway"),
+])
+def test_a_bad_ssh_resource_is_refused_naming_the_field(toml, message):
+    import tomllib
+
+    with pytest.raises(InputError, match=message):
+        parse_resources(tomllib.loads(toml), Path("trackway.toml"), toml)

@@ -196,3 +196,18 @@ def test_a_bad_ssh_resource_is_refused_naming_the_field(toml, message):
 
     with pytest.raises(InputError, match=message):
         parse_resources(tomllib.loads(toml), Path("trackway.toml"), toml)
+
+
+def test_availability_says_which_hosts_answer(loopback_host):
+    from ssh_hosts import free_port
+
+    from trackway.resources.availability import availability
+
+    dead = f"root@127.0.0.1:{free_port()}"  # nothing listens there
+    res = Resource(name="pods", executor="ssh", hosts=(loopback_host.spec, dead), key_file=str(loopback_host.key),
+                   ssh_options=NO_HOST_KEYS, gpus_per_node=2)
+
+    row = availability(res, timeout_s=3)
+
+    assert row.reachable and row.total_gpus == 2  # the answering host's declared GPUs only
+    assert row.error.startswith("1 of 2 hosts answer: ") and dead in row.error

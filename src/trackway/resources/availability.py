@@ -63,6 +63,8 @@ def availability(resource: Resource, timeout_s: float = LOOKUP_TIMEOUT_S) -> Ava
     started = time.perf_counter()
     if resource.executor == "slurm":
         row = _slurm(resource, timeout_s)
+    elif resource.executor == "ssh":
+        row = _ssh(resource, timeout_s)
     else:
         row = _local(resource)
     return Availability(**{**row.as_dict(), "lookup_ms": (time.perf_counter() - started) * 1000})
@@ -81,6 +83,38 @@ def _local(resource: Resource) -> Availability:
         total_gpus=len(gpus),
         gpu_model=gpus[0].name if gpus else resource.gpu,
         gpu_memory_gb=round(memory / 1e9, 1) if memory else resource.gpu_memory_gb,
+    )
+
+
+def _ssh(resource: Resource, timeout_s: float) -> Availability:
+    """Which of the resource's hosts answer now (side by side, each within the timeout).
+
+    GPUs are the declared `gpus_per_node` of each answering host: trackway leases them itself
+    (executors/ssh.py), and a host's own tools are not asked, so free GPUs are not known here.
+    """
+    from trackway.errors import ExecutorError
+    from trackway.executors.ssh_transport import SshClient, SshTarget
+
+    def probe(spec: str) -> str | None:
+        try:
+            SshClient(SshTarget.parse(spec), resource.key_file, resource.ssh_options,
+                      connect_timeout_s=timeout_s).run("true", timeout_s=timeout_s + 1)
+            return None
+        except ExecutorError as exc:
+            return str(exc)
+
+    with ThreadPoolExecutor(max_workers=min(8, len(resource.hosts))) as pool:
+        failures = dict(zip(resource.hosts, pool.map(probe, resource.hosts)))
+    answering = [spec for spec, failure in failures.items() if failure is None]
+    down = "; ".join(failure for failure in failures.values() if failure)
+    per_host = resource.gpus_per_node
+    return Availability(
+        resource=resource.name,
+        reachable=bool(answering),
+        total_gpus=per_host * len(answering) if per_host is not None and answering else None,
+        gpu_model=resource.gpu,
+        gpu_memory_gb=resource.gpu_memory_gb,
+        error=(f"{len(answering)} of {len(resource.hosts)} hosts answer: {down}" if down else None),
     )
 
 

@@ -1,7 +1,9 @@
-"""Shared fixtures: a real ledger on each backend (SQLite file, PostgreSQL database), an isolated home, the CLI."""
+"""Shared fixtures: a real ledger on each backend (SQLite file, PostgreSQL database), an isolated home, the CLI,
+and a real S3 (moto's server, from s3_server.py)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -19,6 +21,14 @@ from sqlalchemy.engine import make_url
 from trackway.cli.errors import run_app
 from trackway.cli.main import app
 from trackway.ledger import Ledger, open_ledger
+
+# tests/ is not on sys.path (import mode importlib): s3_server.py is loaded by path, once, under one name,
+# so that a test module reaching it the same way gets this very module (and its S3Server class).
+_S3_SPEC = importlib.util.spec_from_file_location("trackway_tests_s3_server", Path(__file__).with_name("s3_server.py"))
+s3_server_module = sys.modules.setdefault(_S3_SPEC.name, importlib.util.module_from_spec(_S3_SPEC))
+if not hasattr(s3_server_module, "s3_server"):
+    _S3_SPEC.loader.exec_module(s3_server_module)
+s3_server = s3_server_module.s3_server
 
 # CI starts PostgreSQL before the suite (see .ci/run); a developer may point elsewhere.
 PG_ADMIN_URL = os.environ.get("TRACKWAY_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")

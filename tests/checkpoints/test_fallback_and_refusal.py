@@ -99,9 +99,10 @@ def test_a_corrupt_newest_is_reported_with_what_was_really_restored(tmp_path: Pa
 def test_every_restore_is_reported_even_without_a_fallback(tmp_path: Path) -> None:
     saved(tmp_path, 1.0, 2.0)
     _, heard = restoring(tmp_path)
-    assert heard == [{"name": "step-00000002", "step": 2, "fallback_from": []}]
+    assert heard == [{"name": "step-00000002", "step": 2, "source": str(tmp_path / "step-00000002"),
+                      "fallback_from": []}]
     _, heard = restoring(tmp_path / "empty")
-    assert heard == [{"name": None, "step": None, "fallback_from": []}]
+    assert heard == [{"name": None, "step": None, "source": None, "fallback_from": []}]
 
 
 def test_a_refused_pickle_is_set_aside_never_run_and_the_previous_checkpoint_used(tmp_path: Path) -> None:

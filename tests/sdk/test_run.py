@@ -144,3 +144,13 @@ def test_a_config_refused_before_the_first_step_is_a_config_error_after_it_a_cod
     assert reason_for_exception(refused, made_progress=False) is TerminationReason.CONFIG_ERROR
     assert reason_for_exception(refused, made_progress=True) is TerminationReason.CODE_ERROR
     assert reason_for_exception(ValueError("shapes (3,) and (4,) differ"), made_progress=False) is TerminationReason.CODE_ERROR
+
+
+def test_a_checkpoint_store_that_does_not_answer_is_infra_transient_not_the_codes_fault():
+    from trackway.checkpoints.object_store import RemoteStoreError
+    from trackway.sdk.hooks import reason_for_exception
+    from trackway.taxonomy import TerminationReason
+
+    down = RemoteStoreError("list s3://bucket/ckpts/r1 failed: EndpointConnectionError: Could not connect")
+    assert reason_for_exception(down, made_progress=False) is TerminationReason.INFRA_TRANSIENT
+    assert reason_for_exception(down, made_progress=True) is TerminationReason.INFRA_TRANSIENT

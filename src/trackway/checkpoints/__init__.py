@@ -7,6 +7,9 @@
     formats      payload formats ("torch": state.pt, "safetensors": state.safetensors) and their files
     safetensors_state  a state as one safetensors file
     async_save   saving while training continues
+    object_store the same protocol under an fsspec URL (s3://, gs://, file://), so checkpoints outlive the machine
+    object_fs    the storage operations it needs, on fsspec and on local or mounted filesystems
+    uploader     committed checkpoints uploaded there on a background thread
     manager      `run.checkpoints` in the SDK
     mirror       the ledger's copy of what storage holds (storage is the truth)
 

@@ -10,10 +10,22 @@ one whose content the safe loader refuses (a pickle that would run code) as `ste
 `on_restore` then hears what was really restored and what was set aside, and why:
 
     {"name": "step-00000020" | None, "step": 20 | None,
+     "source": "/.../checkpoints/step-00000020" | "s3://bucket/run/step-00000020" | None,
      "fallback_from": [{"name": "step-00000030", "reason": "...",
                         "set_aside_as": "step-00000030.corrupt-...", "path": "/.../step-00000030.corrupt-..."}]}
 
 (the SDK writes it as the `checkpoint_restored` event: the receipt's resumed-from comes from it).
+
+With `remote_url` (an fsspec URL, see object_store.py) the local root is a write-through cache:
+
+    save ─► local commit ─► on_commit ─► upload queued ─► (uploader thread) marker up ─► on_upload
+    restore_latest ─► the store's newest committed checkpoint, when newer than the cache's newest
+                      (or the cache is empty: a new host), downloaded and hashed into the cache ─►
+                      loaded from the cache as always
+
+A remote checkpoint that fails verification is set aside there (`step-N.corrupt-<time>/COMMITTED`)
+and the one before it tried; `source` and each fallback's `path` say where it was read. `save()`
+never waits for an upload; `wait()` and `close()` do, until nothing has moved for `upload_stall_s`.
 
 Payload format: "torch" (state.pt, the default) or "safetensors" (state.safetensors: no pickle,
 and split in parts hashed on several cores), chosen per manager (`format=`) or per `save(format=)`;
@@ -53,6 +65,7 @@ from trackway.checkpoints.protocol import (
     CheckpointError,
     CheckpointInfo,
     CheckpointRefused,
+    CheckpointState,
     CheckpointStore,
     PendingCheckpoint,
     SetAside,
@@ -62,8 +75,13 @@ from trackway.checkpoints.protocol import (
 from trackway.errors import InputError
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from trackway.checkpoints.async_save import AsyncSaver
+    from trackway.checkpoints.object_store import RemoteCheckpoint, RemoteCheckpointStore
+    from trackway.checkpoints.retention import RetentionPlan, RetentionPolicy
     from trackway.checkpoints.torch_state import Restored, Snapshot
+    from trackway.checkpoints.uploader import Uploader
 
 STATE_FILE = "state.pt"
 
@@ -74,7 +92,12 @@ def shard_name(rank: int, format: str = DEFAULT_FORMAT) -> str:  # noqa: A002 - 
 
 
 class CheckpointManager:
-    """Saves, lists and restores one run's checkpoints under `root`; `format`: "torch" or "safetensors" payloads."""
+    """Saves, lists and restores one run's checkpoints under `root` (and `remote_url`, when given).
+
+    `format`: "torch" or "safetensors" payloads. `storage_options` go to fsspec for `remote_url`
+    (default: the environment's credentials and endpoint). `on_upload(remote, seconds)` hears each
+    checkpoint whose marker is up in the remote store, on the uploader's thread.
+    """
 
     def __init__(
         self,
@@ -90,12 +113,23 @@ class CheckpointManager:
         on_commit: Callable[[CheckpointInfo], None] | None = None,
         on_restore: Callable[[dict[str, Any]], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        remote_url: str | None = None,
+        storage_options: dict[str, Any] | None = None,
+        on_upload: Callable[[RemoteCheckpoint, float], None] | None = None,
+        upload_stall_s: float = 60.0,
     ) -> None:
         if every_steps is not None and (not isinstance(every_steps, int) or every_steps < 1):
             raise InputError(f"every_steps must be a positive integer, got {every_steps!r}")
         if every_minutes is not None and not every_minutes > 0:
             raise InputError(f"every_minutes must be a positive number, got {every_minutes!r}")
+        if not upload_stall_s > 0:
+            raise InputError(f"upload_stall_s must be a positive number of seconds, got {upload_stall_s!r}")
         self.store = CheckpointStore(root)
+        self.remote: RemoteCheckpointStore | None = None
+        if remote_url:
+            from trackway.checkpoints.object_store import RemoteCheckpointStore
+
+            self.remote = RemoteCheckpointStore(remote_url, storage_options)
         self.run_id = run_id
         self.attempt_id = attempt_id
         self.resume_from = resume_from
@@ -105,12 +139,16 @@ class CheckpointManager:
         self.format = check_format(format)
         self.on_commit = on_commit
         self.on_restore = on_restore
+        self.on_upload = on_upload
+        self.upload_stall_s = upload_stall_s
         self._clock = clock
         self._resume_reported = False
         self._parent = resume_from
         self._last_step: int | None = None
         self._last_save_at = clock()
         self._saver: AsyncSaver | None = None
+        self._uploader: Uploader | None = None
+        self._sources: dict[str, str] = {}  # checkpoint name → the URL it was downloaded from
         self._ranks: _Ranks | None | bool = False
 
     def __enter__(self) -> CheckpointManager:
@@ -165,14 +203,14 @@ class CheckpointManager:
         format = check_format(self.format if format is None else format)  # noqa: A001
         saver = self._async_saver()
         if step == self._last_step:
-            self.wait()
+            self._wait_saves()
             return
         ranks = self._distributed()
         if ranks is None:
             persist = self._persist_single(step, metrics)
         else:
             persist = self._persist_sharded(step, metrics, ranks)
-        self.wait()
+        self._wait_saves()
         self._last_step = step
         try:
             saver.save(
@@ -183,7 +221,7 @@ class CheckpointManager:
                 scaler=scaler,
                 data_state=data_state,
                 extra=extra,
-                on_commit=self.on_commit,
+                on_commit=self._after_commit if self.remote is not None else self.on_commit,
                 blocking=not self.async_save if blocking is None else blocking,
                 format=format,
             )
@@ -200,7 +238,7 @@ class CheckpointManager:
         """
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise InputError(f"checkpoint step must be a non-negative integer, got {step!r}")
-        self.wait()
+        self._wait_saves()
         ranks = self._distributed()
         pending = self._begin(step, ranks.token() if ranks is not None else None)
         try:
@@ -242,23 +280,27 @@ class CheckpointManager:
         Waits for any save in flight first. Each rank reads its own shard. A checkpoint that fails
         verification or whose content is refused is set aside and the previous one tried; what
         was restored and what was set aside goes to `on_restore` (see the module docstring).
+        With a remote store, its newest committed checkpoint is downloaded first when the cache
+        has nothing as new; a store that cannot be read raises RemoteStoreError.
         """
-        self.wait()
+        self._wait_saves()
         ranks = self._distributed()
         objects = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler}
         skipped: list[SetAside] = []
+        fetch = self._fetch()
         restored = None
-        while (info := self._pick(ranks, skipped)) is not None:
-            restored = self._load(info, ranks, skipped, objects, restore_rng)
+        while (info := self._pick(ranks, skipped, fetch)) is not None:
+            restored = self._load(info, ranks, skipped, objects, restore_rng, fetch)
             if restored is not None:
                 break
         self._resumed(info, skipped)
         if info is None:
             if self.resume_from is not None:
                 aside = f" (set aside: {', '.join(s.name for s in skipped)})" if skipped else ""
+                where = f"{self.store.root}" + (f" or {self.remote.url}" if self.remote is not None else "")
                 raise CheckpointError(
                     f"asked to resume from {self.resume_from}, but no committed checkpoint under "
-                    f"{self.store.root} verifies{aside}; refusing to start from scratch silently"
+                    f"{where} verifies{aside}; refusing to start from scratch silently"
                 )
             return None
         self._last_step = info.step
@@ -273,26 +315,39 @@ class CheckpointManager:
         `on_restore` and becomes the next checkpoint's parent.
         """
         skipped: list[SetAside] = []
-        info = self._pick(self._distributed(), skipped)
-        if not self._resume_reported and self._last_step is None:
+        resuming = not self._resume_reported and self._last_step is None
+        info = self._pick(self._distributed(), skipped, self._fetch() if resuming else None)
+        if resuming:
             self._resumed(info, skipped)
         return info
 
-    def _pick(self, ranks: _Ranks | None, skipped: list[SetAside]) -> CheckpointInfo | None:
-        """The newest committed checkpoint that verifies; what rank 0 set aside on the way goes to `skipped`."""
+    def _pick(
+        self, ranks: _Ranks | None, skipped: list[SetAside], fetch: _Fetch | None = None
+    ) -> CheckpointInfo | None:
+        """The newest committed checkpoint that verifies; what rank 0 set aside on the way goes to `skipped`.
+
+        With `fetch`, a newer one in the remote store is downloaded into the cache and chosen.
+        """
 
         def choose() -> CheckpointInfo | None:
-            info, set_aside = self.store.pick_latest()
-            stuck = info is not None and any(
-                s.kind == "refused" and s.set_aside_as is None and s.name == info.name for s in skipped
-            )
-            skipped.extend(set_aside)
-            if stuck:  # refused, yet still in the resume path: loading on would loop (raised on every rank)
-                raise CheckpointError(
-                    f"checkpoint {info.path} was refused by the loader and could not be set aside; "
-                    f"move it out of {self.store.root} to resume from the one before it"
+            while True:
+                if fetch is not None and (fetched := fetch.newer(skipped)) is not None:
+                    return fetched
+                before = len(skipped)
+                info, set_aside = self.store.pick_latest()
+                stuck = info is not None and any(
+                    s.kind == "refused" and s.set_aside_as is None and s.name == info.name for s in skipped
                 )
-            return info
+                skipped.extend(set_aside)
+                if stuck:  # refused, yet still in the resume path: loading on would loop (raised on every rank)
+                    raise CheckpointError(
+                        f"checkpoint {info.path} was refused by the loader and could not be set aside; "
+                        f"move it out of {self.store.root} to resume from the one before it"
+                    )
+                # The cache's newest was corrupt: the store may hold a good copy of it, or of one after it.
+                if fetch is not None and len(skipped) > before and fetch.holds_newer(info):
+                    continue
+                return info
 
         if ranks is None:
             return choose()
@@ -305,7 +360,8 @@ class CheckpointManager:
         return info
 
     def _load(
-        self, info: CheckpointInfo, ranks: _Ranks | None, skipped: list[SetAside], objects: dict, restore_rng: bool
+        self, info: CheckpointInfo, ranks: _Ranks | None, skipped: list[SetAside], objects: dict, restore_rng: bool,
+        fetch: _Fetch | None = None,
     ) -> Restored | None:
         """Load this rank's shard of `info` into `objects`; None when some rank's loader refused it (now set aside)."""
         from trackway.checkpoints.torch_state import restore, shard_file
@@ -327,6 +383,8 @@ class CheckpointManager:
         if ranks is None or ranks.rank == 0:
             # The other ranks wait for rank 0's next pick, which comes after this.
             skipped.append(self.store.set_aside(info, refusal, kind="refused"))
+            if fetch is not None and (remote := fetch.refused(info, refusal)) is not None:
+                skipped.append(remote)  # the store's copy holds the same bytes: no other host may load it either
         return None
 
     def _resumed(self, info: CheckpointInfo | None, skipped: list[SetAside]) -> None:
@@ -338,6 +396,7 @@ class CheckpointManager:
             self.on_restore({
                 "name": info.name if info is not None else None,
                 "step": info.step if info is not None else None,
+                "source": (self._sources.get(info.name) or str(info.path)) if info is not None else None,
                 "fallback_from": [s.as_event() for s in skipped],
             })
 
@@ -346,7 +405,57 @@ class CheckpointManager:
         return self.store.list()
 
     def wait(self) -> None:
-        """Block until no save is in flight; raise CheckpointError if the last one failed."""
+        """Block until no save is in flight and the uploads are done; raise CheckpointError if the last save failed.
+
+        Uploads are waited for until none has moved for `upload_stall_s` (then a warning on
+        stderr says which checkpoints are local only); their failures are told there, not raised.
+        """
+        try:
+            self._wait_saves()
+        finally:
+            if self._uploader is not None:
+                self._uploader.wait()
+
+    def close(self) -> None:
+        """Wait for the save in flight, raising its failure, and for the uploads (as `wait()` does)."""
+        saver, self._saver = self._saver, None
+        try:
+            if saver is not None:
+                try:
+                    saver.close()
+                except Exception:
+                    self._last_step = None
+                    raise
+        finally:
+            uploader, self._uploader = self._uploader, None
+            if uploader is not None:
+                uploader.close()
+
+    def prune(self, policy: RetentionPolicy, protected: Mapping[int, str] | None = None) -> dict[str, RetentionPlan]:
+        """Apply retention to the cache and to the remote store, each by what it holds: {root or URL: plan}.
+
+        Two passes per store, as `trackway gc` does: supersede what is not kept, then delete what
+        is superseded and still not kept. `protected` steps are kept (say why); in the cache, so
+        are checkpoints still waiting for their upload. Call it on one rank.
+        """
+        from trackway.checkpoints.retention import RetentionPlan, apply_retention, plan_retention
+
+        keep = dict(protected or {})
+        waiting = {info.step: "waiting for upload" for info in (self._uploader.pending if self._uploader else [])}
+        plans: dict[str, RetentionPlan] = {}
+        stores: list[tuple[str, Any, dict[int, str]]] = [(str(self.store.root), self.store, {**waiting, **keep})]
+        if self.remote is not None:
+            stores.append((self.remote.url, self.remote, keep))
+        for where, store, pinned in stores:
+            plan = plan_retention(store.list(), policy, pinned)
+            apply_retention(store, RetentionPlan(keep=plan.keep, supersede=plan.supersede))
+            again = plan_retention(store.list(), policy, pinned)
+            apply_retention(store, RetentionPlan(keep=again.keep, delete=again.delete))
+            plans[where] = RetentionPlan(keep=again.keep, supersede=plan.supersede, delete=again.delete)
+        return plans
+
+    def _wait_saves(self) -> None:
+        """Block until no save is in flight (uploads go on); raise CheckpointError if the last one failed."""
         if self._saver is not None:
             try:
                 self._saver.wait()
@@ -355,15 +464,23 @@ class CheckpointManager:
                 self._last_step = None
                 raise
 
-    def close(self) -> None:
-        """Wait for the save in flight, raising its failure."""
-        saver, self._saver = self._saver, None
-        if saver is not None:
-            try:
-                saver.close()
-            except Exception:
-                self._last_step = None
-                raise
+    def _after_commit(self, info: CheckpointInfo) -> None:
+        """on_commit, then the upload queued (so checkpoint_committed is told before checkpoint_uploaded)."""
+        try:
+            if self.on_commit is not None:
+                self.on_commit(info)
+        finally:
+            self._uploads().submit(info)
+
+    def _uploads(self) -> Uploader:
+        if self._uploader is None:
+            from trackway.checkpoints.uploader import Uploader
+
+            self._uploader = Uploader(self.remote, on_upload=self.on_upload, stall_s=self.upload_stall_s)
+        return self._uploader
+
+    def _fetch(self) -> _Fetch | None:
+        return _Fetch(self.remote, self.store, self._sources) if self.remote is not None else None
 
     def _async_saver(self) -> AsyncSaver:
         if self._saver is None:
@@ -384,7 +501,9 @@ class CheckpointManager:
 
     def _committed(self, info: CheckpointInfo) -> None:
         self._parent = info.name
-        if self.on_commit is not None:
+        if self.remote is not None:
+            self._after_commit(info)
+        elif self.on_commit is not None:
             self.on_commit(info)
 
     def _persist_single(self, step: int, metrics: dict | None) -> Callable[[Snapshot], CheckpointInfo]:
@@ -426,6 +545,63 @@ class CheckpointManager:
     ) -> CheckpointInfo | None:
         report: list[tuple[str, int, str]] | str = error if error is not None else []
         return _commit_gathered(pending, ranks, report, metrics, writer=False, root=self.store.root)
+
+
+class _Fetch:
+    """One resume's use of the remote store: listed once, each step tried at most once, newest first."""
+
+    def __init__(self, remote: RemoteCheckpointStore, cache: CheckpointStore, sources: dict[str, str]) -> None:
+        self.remote = remote
+        self.cache = cache
+        self.sources = sources
+        self._listed: list[RemoteCheckpoint] | None = None
+        self._tried: dict[int, RemoteCheckpoint] = {}
+
+    def newer(self, skipped: list[SetAside]) -> CheckpointInfo | None:
+        """The newest remote checkpoint newer than anything the cache holds, downloaded and verified; else None.
+
+        One that fails verification (the listing's check, or a hash while downloading) is set aside
+        in the store and the next one tried. A store that cannot be read raises RemoteStoreError.
+        """
+        from trackway.checkpoints.object_store import RemoteCheckpointCorrupt
+
+        floor = max((c.step for c in self.cache.list() if c.state.readable), default=-1)
+        for ckpt in self._candidates():
+            if ckpt.step <= floor:
+                return None
+            if ckpt.step in self._tried:
+                continue
+            self._tried[ckpt.step] = ckpt
+            if ckpt.problems:
+                skipped.append(self.remote.set_aside(ckpt, "; ".join(ckpt.problems)))
+                continue
+            try:
+                info = self.remote.download(ckpt, into=self.cache)
+            except RemoteCheckpointCorrupt as exc:
+                skipped.append(self.remote.set_aside(ckpt, str(exc).removeprefix(f"{ckpt.url}: ")))
+                continue
+            self.sources[info.name] = ckpt.url
+            return info
+        return None
+
+    def holds_newer(self, info: CheckpointInfo | None) -> bool:
+        """Whether the store holds a checkpoint newer than `info` (None: any) not tried yet."""
+        floor = info.step if info is not None else -1
+        return any(c.step > floor and c.step not in self._tried for c in self._candidates())
+
+    def refused(self, info: CheckpointInfo, reason: str) -> SetAside | None:
+        """Set aside the store's copy of a checkpoint downloaded here whose content the loader refused."""
+        ckpt = self._tried.get(info.step)
+        if ckpt is None or self.sources.get(info.name) != ckpt.url:
+            return None
+        return self.remote.set_aside(ckpt, reason, kind="refused")
+
+    def _candidates(self) -> list[RemoteCheckpoint]:
+        if self._listed is None:
+            listed = self.remote.list()
+            self._listed = sorted((c for c in listed if c.state.readable or c.state is CheckpointState.CORRUPT),
+                                  key=lambda c: c.step, reverse=True)
+        return self._listed
 
 
 def _commit_gathered(

@@ -280,19 +280,26 @@ class PendingCheckpoint:
         with self._lock:
             self._digests[rel] = (size, sha256)
 
-    def commit(self, metrics: dict | None = None, extra: dict | None = None) -> CheckpointInfo:
+    def commit(
+        self, metrics: dict | None = None, extra: dict | None = None, *, manifest: bytes | None = None
+    ) -> CheckpointInfo:
         """Commit in the order the module docstring gives; return the committed checkpoint.
 
         Files dropped into the directory without `open()`/`add_digest()` are hashed and fsynced here.
         If this step is already committed and verifies, this one is discarded and that one returned.
+        `manifest`: for a copy of a checkpoint committed elsewhere (a download), its MANIFEST.json
+        bytes, kept as they are (so the copy has the original's manifest sha256); they must be this
+        step's and list exactly the files here, with their sizes and digests.
         """
         if self._state == "committed" and self.info is not None:
             return self.info
         self._check_open("commit")
+        if manifest is not None and (metrics or extra):
+            raise CheckpointError("commit(manifest=...) takes the manifest as it is: metrics and extra are in it")
         with self._disk_full_named():
-            return self._commit(metrics, extra)
+            return self._commit(metrics, extra, manifest)
 
-    def _commit(self, metrics: dict | None, extra: dict | None) -> CheckpointInfo:
+    def _commit(self, metrics: dict | None, extra: dict | None, given: bytes | None = None) -> CheckpointInfo:
         with self._lock:
             if self._open:
                 raise CheckpointError(f"cannot commit step {self.step}: {', '.join(sorted(self._open))} still open")
@@ -314,12 +321,15 @@ class PendingCheckpoint:
         missing = sorted(set(recorded) - set(found))
         if missing:
             raise CheckpointError(f"cannot commit step {self.step}: recorded but missing: {', '.join(missing)}")
-        manifest = {
-            "format": 1, "step": self.step, **self._identity,
-            "created_at": datetime.now(timezone.utc).isoformat(), "files": files,
-            "metrics": _jsonable(metrics or {}, "metrics"), "extra": _jsonable(extra or {}, "extra"),
-        }
-        manifest_bytes = (json.dumps(manifest, indent=1, sort_keys=True, allow_nan=False) + "\n").encode()
+        if given is not None:
+            manifest_bytes = self._copied_manifest(given, files)
+        else:
+            manifest = {
+                "format": 1, "step": self.step, **self._identity,
+                "created_at": datetime.now(timezone.utc).isoformat(), "files": files,
+                "metrics": _jsonable(metrics or {}, "metrics"), "extra": _jsonable(extra or {}, "extra"),
+            }
+            manifest_bytes = (json.dumps(manifest, indent=1, sort_keys=True, allow_nan=False) + "\n").encode()
         _write_durably(self.path / MANIFEST, manifest_bytes)
         _crash_point("after_manifest")
         for directory in reversed(dirs):  # deepest first, the temp directory itself last
@@ -328,6 +338,20 @@ class PendingCheckpoint:
         self.info = self._store._install(self, manifest_bytes)
         self._state = "committed"
         return self.info
+
+    def _copied_manifest(self, given: bytes, files: dict[str, dict[str, Any]]) -> bytes:
+        """`given` when it is this step's manifest and lists exactly `files` (sizes, digests); else CheckpointError."""
+        try:
+            manifest = json.loads(given)
+        except (ValueError, UnicodeDecodeError):
+            manifest = None
+        listed = manifest.get("files") if isinstance(manifest, dict) else None
+        if not isinstance(listed, dict) or manifest.get("step") != self.step or isinstance(manifest["step"], bool):
+            raise CheckpointError(f"cannot commit step {self.step} with a manifest that is not this step's")
+        wanted = {rel: (e.get("size"), e.get("sha256")) if isinstance(e, dict) else e for rel, e in listed.items()}
+        if wanted != {rel: (f["size"], f["sha256"]) for rel, f in files.items()}:
+            raise CheckpointError(f"cannot commit step {self.step}: its files differ from those the manifest lists")
+        return given
 
     def abort(self) -> None:
         """Discard the temporary directory and everything in it; safe to call twice."""

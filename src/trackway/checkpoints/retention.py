@@ -18,8 +18,12 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 from trackway.checkpoints.protocol import CheckpointError, CheckpointInfo, CheckpointState, CheckpointStore
+
+if TYPE_CHECKING:
+    from trackway.checkpoints.object_store import RemoteCheckpoint, RemoteCheckpointStore
 
 
 class RetentionPolicyError(CheckpointError, ValueError):
@@ -71,7 +75,9 @@ class RetentionPlan:
 
 
 def plan_retention(
-    checkpoints: list[CheckpointInfo], policy: RetentionPolicy, protected: Mapping[int, str] = MappingProxyType({})
+    checkpoints: list[CheckpointInfo] | list[RemoteCheckpoint],
+    policy: RetentionPolicy,
+    protected: Mapping[int, str] = MappingProxyType({}),
 ) -> RetentionPlan:
     """Decide, without touching storage, what to keep, supersede and delete among `checkpoints`.
 
@@ -104,8 +110,10 @@ def plan_retention(
     return RetentionPlan(keep={s: keep[s] for s in sorted(keep)}, supersede=supersede, delete=delete)
 
 
-def apply_retention(store: CheckpointStore, plan: RetentionPlan) -> None:
+def apply_retention(store: CheckpointStore | RemoteCheckpointStore, plan: RetentionPlan) -> None:
     """Carry out a plan: supersede first, then delete (COMMITTED marker first, see `CheckpointStore.delete`).
+
+    `store` is a local root or a remote one (object_store.py): both list, get, supersede and delete alike.
 
     Storage is read again before each step, so a plan made from an older listing cannot delete
     something that has changed since: only what is still superseded is deleted, and never the

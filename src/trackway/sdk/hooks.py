@@ -43,6 +43,10 @@ def reason_for_exception(exc: BaseException, made_progress: bool) -> Termination
         return TerminationReason.OOM
     if isinstance(exc, KeyboardInterrupt):
         return TerminationReason.USER_CANCELLED
+    if "RemoteStoreError" in names:
+        # The checkpoint store did not answer (checkpoints/object_store.py): the storage's fault, and a
+        # retry later may find it back; resuming from scratch instead was refused on purpose.
+        return TerminationReason.INFRA_TRANSIENT
     if disk_full_cause(exc) is not None:
         # Not the code's fault and not fixed by retrying at once: the policy stops and says where to free space.
         return TerminationReason.INFRA_TRANSIENT

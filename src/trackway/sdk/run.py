@@ -68,6 +68,7 @@ class AttemptContext:
     config_path: Path | None = None
     rank: int = 0
     world_size: int = 1
+    checkpoint_url: str | None = None  # the remote store checkpoints are also uploaded to (an fsspec URL)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> AttemptContext | None:
@@ -86,6 +87,7 @@ class AttemptContext:
             config_path=Path(config) if config else None,
             rank=int(env.get("RANK", "0")),
             world_size=int(env.get("WORLD_SIZE", "1")),
+            checkpoint_url=env.get("TRACKWAY_CHECKPOINT_URL") or None,
         )
 
 
@@ -202,6 +204,8 @@ class Run:
                 every_minutes=every_minutes,
                 on_commit=self._on_commit,
                 on_restore=self._on_restore,
+                remote_url=self.context.checkpoint_url,
+                on_upload=self._on_upload,
             )
         return self._checkpoints
 
@@ -216,6 +220,18 @@ class Run:
             parent=manifest.get("parent"),
             metrics=manifest.get("metrics"),
             committed_at=info.committed_at.isoformat() if info.committed_at else None,
+        )
+
+    def _on_upload(self, remote, seconds: float) -> None:
+        """Called on the uploader's thread once the checkpoint's marker is up in the remote store."""
+        self._writer.event(
+            "checkpoint_uploaded",
+            step=remote.step,
+            name=remote.name,
+            url=remote.url,
+            size_bytes=remote.size_bytes,
+            uploaded_at=remote.committed_at.isoformat() if remote.committed_at else None,
+            seconds=round(seconds, 3),
         )
 
     def _on_restore(self, record: dict[str, Any]) -> None:

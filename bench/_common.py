@@ -194,3 +194,17 @@ def fill_ledger(url: str, attempts_total: int, attempts_per_run: int = 4, seed: 
         if ledger.dialect == "postgresql":
             conn.execute(text("CHECKPOINT"))
     ledger.dispose()
+
+
+def first_logged_step(conn, run_id: str, attempt_number: int, key: str = "loss"):
+    """The first point of `key` an attempt logged: (logged_at, step), by the SDK's own clock."""
+    from sqlalchemy import select
+
+    from trackway.ledger.schema import metric_points, metric_series
+
+    return conn.execute(
+        select(metric_points.c.logged_at, metric_points.c.step)
+        .join(metric_series, metric_series.c.series_id == metric_points.c.series_id)
+        .where(metric_series.c.run_id == run_id, metric_series.c.key == key,
+               metric_points.c.attempt_number == attempt_number)
+        .order_by(metric_points.c.logged_at).limit(1)).one()

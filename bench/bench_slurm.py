@@ -52,15 +52,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import figure  # noqa: E402
-
-from sqlalchemy import select  # noqa: E402
+from _common import figure, first_logged_step  # noqa: E402
 
 from trackway.executors.base import JobPhase, LaunchRequest  # noqa: E402
 from trackway.executors.slurm import SlurmExecutor, _slurm_time  # noqa: E402
 from trackway.ledger import open_ledger  # noqa: E402
 from trackway.ledger.records import list_attempts, resolve_run  # noqa: E402
-from trackway.ledger.schema import attempts, metric_points, metric_series  # noqa: E402
 from trackway.settings import load_settings  # noqa: E402
 from trackway.supervisor.launch import RunSpec, start_attempt, submit_run  # noqa: E402
 from trackway.supervisor.loop import Supervisor  # noqa: E402
@@ -237,12 +234,7 @@ def preemption_to_resume(tmp: Path) -> bool:
                              f"(high job submitted: {high_at is not None}); attempt 1's log ends:\n{log}\n"
                              f"evidence: {evidence}")
         with ledger.read() as conn:
-            first_step = conn.execute(
-                select(metric_points.c.logged_at, metric_points.c.step)
-                .join(metric_series, metric_series.c.series_id == metric_points.c.series_id)
-                .where(metric_series.c.run_id == run_id, metric_series.c.key == "loss",
-                       metric_points.c.attempt_number == 2)
-                .order_by(metric_points.c.logged_at).limit(1)).one()
+            first_step = first_logged_step(conn, run_id, 2)
         a1, a2 = (settings.runs_dir / run_id / "attempts" / n for n in ("1", "2"))
         exit1 = json.loads((a1 / "exit.json").read_text())
         notice = datetime.fromisoformat(exit1["notices"][0]["at"]).timestamp()

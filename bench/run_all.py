@@ -28,9 +28,11 @@ BENCHES = [
     "bench_capture.py",
     "bench_checkpoint_speed.py",
     "bench_checkpoint_kills.py",
+    "bench_object_store.py",
     "bench_supervisor.py",
     "bench_supervisor_kills.py",
     "bench_slurm.py",
+    "bench_host_loss.py",
     "bench_evals.py",
 ]
 

@@ -183,11 +183,28 @@ class _gone:  # noqa: N801 - a context manager
 
 
 class Namespaces:
-    """Network namespaces with a veth pair each, on private /30s unique to this test process."""
+    """Network namespaces with a veth pair each, on private /30s unique to this test process.
+
+    Each namespace routes everything else through its veth to this (the root) namespace, so the
+    hosts reach a service the test runs here (an S3 server) at `service_address`: an address on
+    the root namespace's loopback, the same from every host and from the test itself.
+    """
 
     def __init__(self) -> None:
         self.made: list[tuple[str, str]] = []
         self._base = os.getpid() % 200 + 20
+        self._dummy: str | None = None
+
+    @property
+    def service_address(self) -> str:
+        if self._dummy is None:
+            # On the root namespace's loopback (kernels without the dummy driver have it too): a
+            # packet from a namespace's veth to it is delivered locally, like any address of ours.
+            address = f"10.{self._base}.255.1/32"
+            subprocess.run(["ip", "addr", "del", address, "dev", "lo"], capture_output=True)
+            subprocess.run(["ip", "addr", "add", address, "dev", "lo"], check=True, capture_output=True)
+            self._dummy = address
+        return self._dummy.split("/")[0]
 
     def host(self, name: str, root: Path, key: Path) -> SshHost:
         index = len(self.made)
@@ -207,12 +224,15 @@ class Namespaces:
         run("ip", "netns", "exec", ns, "ip", "addr", "add", f"{subnet}.2/30", "dev", inner)
         run("ip", "netns", "exec", ns, "ip", "link", "set", inner, "up")
         run("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
+        run("ip", "netns", "exec", ns, "ip", "route", "add", "default", "via", f"{subnet}.1")
         return SshHost(name, root, key, netns=ns, address=f"{subnet}.2")
 
     def close(self) -> None:
         for ns, outer in self.made:
             subprocess.run(["ip", "link", "del", outer], capture_output=True)
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        if self._dummy:
+            subprocess.run(["ip", "addr", "del", self._dummy, "dev", "lo"], capture_output=True)
 
 
 @pytest.fixture(scope="session")
@@ -230,21 +250,35 @@ def loopback_host(tmp_path, ssh_key) -> SshHost:
     host.close()
 
 
+class HostFactory:
+    """`netns_hosts("a")` starts a host in a namespace of its own; `.service_address` is where they all reach us."""
+
+    def __init__(self, root: Path, key: Path):
+        self.root, self.key = root, key
+        self.spaces = Namespaces()
+        self.hosts: list[SshHost] = []
+
+    def __call__(self, name: str) -> SshHost:
+        host = self.spaces.host(name, self.root / f"host-{name}", self.key).start()
+        self.hosts.append(host)
+        return host
+
+    @property
+    def service_address(self) -> str:
+        return self.spaces.service_address
+
+    def close(self) -> None:
+        for host in self.hosts:
+            host.close()
+        self.spaces.close()
+
+
 @pytest.fixture
 def netns_hosts(tmp_path, ssh_key):
-    """A factory of hosts in network namespaces: `netns_hosts("a")` starts one; all are torn down after."""
+    """A factory of hosts in network namespaces; all are torn down after the test."""
     reason = netns_available()
     if reason:
         pytest.skip(reason)
-    spaces = Namespaces()
-    hosts: list[SshHost] = []
-
-    def make(name: str) -> SshHost:
-        host = spaces.host(name, tmp_path / f"host-{name}", ssh_key).start()
-        hosts.append(host)
-        return host
-
-    yield make
-    for host in hosts:
-        host.close()
-    spaces.close()
+    factory = HostFactory(tmp_path, ssh_key)
+    yield factory
+    factory.close()

@@ -18,11 +18,14 @@ import math
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, select, update
 
 from trackway.checkpoints.protocol import CheckpointInfo, CheckpointState, CheckpointStore, parse_step
+
+if TYPE_CHECKING:
+    from trackway.checkpoints.object_store import RemoteCheckpoint, RemoteCheckpointStore
 from trackway.ledger import Ledger
 from trackway.ledger.ingest import mirror_checkpoint
 from trackway.ledger.schema import attempt_events, attempts, checkpoints
@@ -65,6 +68,47 @@ def reconcile_run_checkpoints(ledger: Ledger, run_id: str, store: CheckpointStor
                 .values(state=CheckpointState.DELETED.value, updated_at=datetime.now(timezone.utc))
             )
     return sorted([*held, *aside], key=lambda i: (i.step, i.name))
+
+
+def reconcile_remote_checkpoints(ledger: Ledger, run_id: str, store: RemoteCheckpointStore) -> list[RemoteCheckpoint]:
+    """Mirror a run's object store into the ledger; return what it holds, by step.
+
+    Rows point at the checkpoints' URLs. Only a step that was uploaded (its row holds a URL under
+    the store's) and is no longer listed counts as deleted: one committed on a host and not yet
+    uploaded is not the store's to judge.
+    """
+    held = store.list()
+    listed = {ckpt.step for ckpt in held}
+    with ledger.write() as conn:
+        for ckpt in held:
+            if ckpt.state is CheckpointState.DELETED:
+                continue
+            manifest = ckpt.manifest or {}
+            metrics = manifest.get("metrics")
+            record = {
+                "step": ckpt.step, "name": ckpt.name, "state": ckpt.state.value, "path": ckpt.url,
+                "size_bytes": ckpt.size_bytes, "attempt_id": _text(manifest.get("attempt_id"), 48),
+                "parent": _text(manifest.get("parent"), 64), "metrics": metrics if isinstance(metrics, dict) else None,
+                "committed_at": ckpt.committed_at,
+            }
+            if ckpt.state.readable:
+                mirror_checkpoint(conn, run_id, record["attempt_id"], record)
+            elif ckpt.state in (CheckpointState.CORRUPT, CheckpointState.SET_ASIDE):
+                _upsert_set_aside(conn, run_id, ckpt.step, record, "; ".join(ckpt.problems) or ckpt.state.value)
+            # writing: an upload in flight (or cut short: debris for `gc`), nothing to mirror yet
+        prefix = store.url.rstrip("/") + "/"
+        gone = [
+            step for step, path in conn.execute(
+                select(checkpoints.c.step, checkpoints.c.path).where(checkpoints.c.run_id == run_id))
+            if step not in listed and (path or "").startswith(prefix)
+        ]
+        if gone:
+            conn.execute(
+                update(checkpoints)
+                .where(checkpoints.c.run_id == run_id, checkpoints.c.step.in_(gone))
+                .values(state=CheckpointState.DELETED.value, updated_at=datetime.now(timezone.utc))
+            )
+    return [ckpt for ckpt in held if ckpt.state is not CheckpointState.DELETED]
 
 
 def recorded_set_aside_reasons(conn: Connection, run_id: str) -> dict[str, str]:

@@ -13,11 +13,32 @@ from trackway.errors import InputError
 from trackway.ledger.records import active_attempts, list_runs, resolve_run
 
 
-def _store(app: AppContext, run_id: str):
+def _store(app: AppContext, run):
+    """Where the run's checkpoints are: its object store (checkpoint_root), else under trackway's home."""
+    if run["checkpoint_root"]:
+        from trackway.checkpoints.object_store import RemoteCheckpointStore
+
+        return RemoteCheckpointStore(run["checkpoint_root"])
     from trackway.checkpoints.mirror import checkpoint_root
     from trackway.checkpoints.protocol import CheckpointStore
 
-    return CheckpointStore(checkpoint_root(app.settings.runs_dir, run_id))
+    return CheckpointStore(checkpoint_root(app.settings.runs_dir, run["run_id"]))
+
+
+def _reconcile(app: AppContext, run_id: str, store) -> list:
+    """Mirror storage into the ledger for one run; what storage holds, by step."""
+    from trackway.checkpoints.mirror import reconcile_remote_checkpoints, reconcile_run_checkpoints
+    from trackway.checkpoints.protocol import CheckpointStore
+
+    if isinstance(store, CheckpointStore):
+        return reconcile_run_checkpoints(app.ledger, run_id, store)
+    return reconcile_remote_checkpoints(app.ledger, run_id, store)
+
+
+def _exists(store) -> bool:
+    from trackway.checkpoints.protocol import CheckpointStore
+
+    return store.root.is_dir() if isinstance(store, CheckpointStore) else True
 
 
 def _size(n: int) -> str:
@@ -34,14 +55,13 @@ def checkpoints(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """List a run's checkpoints as storage holds them: state, step, size and lineage; set-aside ones with why."""
-    from trackway.checkpoints.mirror import reconcile_run_checkpoints
     from trackway.cli.runs_cmd import reconcile
 
     app = app_context(ctx)
     reconcile(app)
     with app.ledger.read() as conn:
-        run_id = resolve_run(conn, run)["run_id"]
-    held = reconcile_run_checkpoints(app.ledger, run_id, _store(app, run_id))
+        found = resolve_run(conn, run)
+    held = _reconcile(app, found["run_id"], _store(app, found))
     rows = [
         {
             "name": c.name,
@@ -52,7 +72,7 @@ def checkpoints(
             "attempt_id": (c.manifest or {}).get("attempt_id"),
             "parent": (c.manifest or {}).get("parent"),
             "metrics": (c.manifest or {}).get("metrics"),
-            "path": str(c.path),
+            "path": str(c.url if hasattr(c, "url") else c.path),
             "problems": list(c.problems),
         }
         for c in held
@@ -90,7 +110,6 @@ def gc(
     mode: str = typer.Option(None, "--mode", help="min or max: which end of --metric is best."),
 ) -> None:
     """Apply checkpoint retention in one pass: what is not kept is superseded, then deleted (marker first)."""
-    from trackway.checkpoints.mirror import reconcile_run_checkpoints
     from trackway.checkpoints.retention import RetentionPlan, RetentionPolicy, apply_retention, plan_retention
     from trackway.cli.runs_cmd import reconcile
 
@@ -111,12 +130,13 @@ def gc(
     except ValueError as exc:
         raise InputError(f"retention: {exc}") from None
     with app.ledger.read() as conn:
-        run_ids = [resolve_run(conn, run)["run_id"]] if run else [r["run_id"] for r in list_runs(conn, limit=None)]
+        chosen = [resolve_run(conn, run)] if run else list_runs(conn, limit=None)
     protected_by_run = _protected(app, keep_all_evaluated=keep_evaluated == "all")
     freed_total = 0
-    for run_id in run_ids:
-        store = _store(app, run_id)
-        if not store.root.is_dir():
+    for found in chosen:
+        run_id = found["run_id"]
+        store = _store(app, found)
+        if not _exists(store):
             continue
         plan = plan_retention(store.list(), policy, protected_by_run.get(run_id, {}))
         leaving = {info.step: info.size_bytes for info in store.list() if info.step in plan.supersede + plan.delete}
@@ -135,11 +155,11 @@ def gc(
         gone = {info.step: info.size_bytes for info in store.list() if info.step in again.delete}
         apply_retention(store, RetentionPlan(keep=again.keep, delete=again.delete))
         store.clean_debris()
-        reconcile_run_checkpoints(app.ledger, run_id, store)
+        _reconcile(app, run_id, store)
         freed = sum(size for step, size in gone.items() if store.get(step) is None)
         freed_total += freed
         console.print(f"{run_id}: deleted {_steps(sorted(gone))}, freed {size_text(freed)}", highlight=False)
-    if not dry_run and len(run_ids) > 1:
+    if not dry_run and len(chosen) > 1:
         console.print(f"freed {size_text(freed_total)} in all", highlight=False)
 
 

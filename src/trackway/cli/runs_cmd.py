@@ -18,6 +18,7 @@ RUN_COLUMNS = [
     "created_at", "ended_at", "command", "workdir", "resource", "resource_request", "gpu_memory_min_gb", "executor",
     "gpus", "time_limit_s",
     "config_sha256", "data_manifest_sha256", "code_repo", "code_branch", "code_commit", "code_dirty_sha256",
+    "checkpoint_root",
 ]
 ATTEMPT_COLUMNS = [
     "attempt_id", "run_id", "run_name", "attempt_number", "state", "executor", "executor_job_id", "host",
@@ -252,6 +253,7 @@ def _print_run(app: AppContext, run, config_sha, config, data_sha, manifest, sho
         ("data", f"{short_sha(data_sha)}  {len(files)} file(s), {sum(f['size'] for f in files):,} bytes"
          if manifest else "no data declared"),
         ("code", code),
+        ("checkpoints", run["checkpoint_root"] or "under trackway's home"),
     ):
         _fact(label, value)
     _print_config(app, run, config_sha, config, shown)

@@ -52,6 +52,11 @@ def submit(
              "e.g. out/ckpt.pt), committed by trackway once complete and restored before a retry; `{resume_from}` in "
              "COMMAND becomes the restored path (a word holding it is dropped when there is none) (repeatable).",
     ),
+    checkpoint_root: str = typer.Option(
+        None, "--checkpoint-root",
+        help="Where checkpoints outlive the machine: an fsspec URL (s3://bucket/prefix, gs://...) or a mounted volume's "
+             "path; the run's id is appended (default: the resource's checkpoint_root, else under trackway's home).",
+    ),
     detach: bool = typer.Option(False, "--detach", help="Print the run id and return; do not follow the attempt."),
 ) -> None:
     """Submit COMMAND as a run: capture its receipt, start an attempt and follow it (exit 0 iff it completed)."""
@@ -83,6 +88,7 @@ def submit(
         eval_spec_paths=list(eval_specs),
         metric_patterns=list(metric_patterns) or None,
         checkpoint_paths=list(checkpoint_paths) or None,
+        checkpoint_root=checkpoint_root,
     )
     supervisor = Supervisor(app.ledger, app.settings)
     run_id = submit_run(app.ledger, app.settings, spec, console=err_console)

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import base64
 import fcntl
+import fnmatch
 import hashlib
 import io
 import json
@@ -154,7 +155,8 @@ class SshExecutor(Executor):
     def _submit_to(self, client: SshClient, request: LaunchRequest, gpu_ids: list[int]) -> Submission:
         resource = request.resource
         support = _support_hash()
-        workdir_q = shlex.quote(resource.workdir)
+        # `{host}` in the workdir: hosts that share a file system (an NFS home) keep their own directories.
+        workdir_q = shlex.quote(resource.workdir.replace("{host}", client.target.host))
         code = request.code
         probe = [f"mkdir -p {workdir_q} && cd {workdir_q} && pwd",
                  "cat /proc/sys/kernel/random/boot_id 2>/dev/null || echo -",
@@ -163,13 +165,13 @@ class SshExecutor(Executor):
         lines = client.run(" ; ".join(probe)).decode("utf-8", "replace").split("\n")
         remote_root, boot_id, has_agent, has_code = (lines + ["-"] * 4)[:4]
         if not remote_root.startswith("/"):
-            raise ExecutorError(f"{client.target.spec}: could not find the working directory {resource.workdir}")
+            raise ExecutorError(f"{client.target.spec}: could not enter the working directory {resource.workdir}")
         attempt_rel = f"attempts/{request.attempt_id}"
         remote_dir = posixpath.join(remote_root, attempt_rel)
         run_id = request.env.get("TRACKWAY_RUN_ID") or request.attempt_id.split("/")[0]
         cwd = posixpath.normpath(posixpath.join(remote_root, "code", code.key, code.cwd)) if code is not None \
             else str(request.cwd)
-        env = self._remote_env(request, remote_dir, posixpath.join(remote_root, "runs", run_id, "checkpoints"))
+        env, inputs = self._remote_env(request, remote_dir, posixpath.join(remote_root, "runs", run_id, "checkpoints"))
         if gpu_ids:
             env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpu_ids))
@@ -183,9 +185,7 @@ class SshExecutor(Executor):
             "grace_s": request.grace_s, "gpu_ids": gpu_ids, "lease_dir": None, "executor": self.name,
         }
         files: dict[str, bytes] = {f"{attempt_rel}/launch.json": json.dumps(launch, indent=1).encode()}
-        config = request.env.get("TRACKWAY_CONFIG")
-        if config and Path(config).is_file():
-            files[f"{attempt_rel}/config.json"] = Path(config).read_bytes()
+        files.update({f"{attempt_rel}/{rel}": Path(local).read_bytes() for rel, local in inputs.items()})
         if has_agent != "agent":
             files[f".trackway/{support}/local_shim.py"] = Path(local_shim.__file__).read_bytes()
             files[f".trackway/{support}/agent.py"] = Path(remote_agent.__file__).read_bytes()
@@ -223,20 +223,37 @@ class SshExecutor(Executor):
             return None
         return self._submission(Path(state_dir), data["host"], data["job"])
 
-    def _remote_env(self, request: LaunchRequest, remote_dir: str, checkpoint_dir: str) -> dict[str, str]:
-        """The attempt's variables with this machine's paths replaced by the host's."""
+    def _remote_env(self, request: LaunchRequest, remote_dir: str,
+                    checkpoint_dir: str) -> tuple[dict[str, str], dict[str, str]]:
+        """The attempt's variables with this machine's paths replaced by the host's, and the files to send.
+
+        The submitter's own environment stays here (its PATH and HOME mean nothing on the host),
+        except the variables the resource's `forward_env` names (credentials for the checkpoint store).
+        A TRACKWAY_* variable naming a file here (the attempt's config, an evaluation's parameters,
+        its training config) names a copy sent to the attempt's directory on the host: the second
+        dict maps each copy's path there (relative to the attempt's directory) to the file here.
+        """
         source = request.env if request.run_env is None else request.run_env
         env = {name: value for name, value in source.items() if name not in LOCAL_ONLY_ENV}
+        patterns = request.resource.forward_env if request.resource is not None else ()
+        forwarded = {name: value for name, value in request.env.items()
+                     if name not in env and name not in LOCAL_ONLY_ENV
+                     and any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)}
+        env = {**forwarded, **env}
         env["TRACKWAY_SPOOL_DIR"] = posixpath.join(remote_dir, "spool")
         env["TRACKWAY_CHECKPOINT_DIR"] = checkpoint_dir
-        if "TRACKWAY_CONFIG" in env:
-            env["TRACKWAY_CONFIG"] = posixpath.join(remote_dir, "config.json")
         if "TRACKWAY_EVAL_OUTPUT" in env:
             env["TRACKWAY_EVAL_OUTPUT"] = posixpath.join(remote_dir, Path(env["TRACKWAY_EVAL_OUTPUT"]).name)
+        inputs = {}
+        for name, value in sorted(env.items()):
+            if name.startswith("TRACKWAY_") and value.startswith("/") and Path(value).is_file():
+                rel = f"inputs/{name.lower()}-{Path(value).name}"
+                inputs[rel] = value
+                env[name] = posixpath.join(remote_dir, rel)
         # A job that asked for no GPU must not take one another attempt on the host uses.
         if not request.gpus:
             env["CUDA_VISIBLE_DEVICES"] = ""
-        return env
+        return env, inputs
 
     def _host_order(self, resource) -> list[str]:
         """The resource's hosts in order, those lost within their window last (a retry goes elsewhere first)."""

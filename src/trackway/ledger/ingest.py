@@ -348,6 +348,9 @@ def _check_kind_fields(record: dict[str, Any]) -> None:
         raise ValueError("field 'resume_from': expected a string or null")
     elif kind == "init_config" and not isinstance(record.get("config"), dict):
         raise ValueError("field 'config': expected an object")
+    elif kind == "checkpoint_uploaded":
+        _require_str(record, "url", None)
+        _require_int(record, "step", -(2**63), 2**63)
     elif kind == "checkpoint_restored":
         if record.get("name") is not None and not isinstance(record["name"], str):
             raise ValueError("field 'name': expected a string or null")
@@ -405,6 +408,13 @@ def _ingest_events(conn: Connection, attempt: RowMapping, records: list[dict[str
                 update(attempts)
                 .where(attempts.c.attempt_id == attempt["attempt_id"], attempts.c.resumed_from_checkpoint.is_(None))
                 .values(resumed_from_checkpoint=record["resume_from"])
+            )
+        elif kind == "checkpoint_uploaded":
+            # The copy that outlives the machine: the ledger's row points at it from now on.
+            conn.execute(
+                update(checkpoints)
+                .where(checkpoints.c.run_id == attempt["run_id"], checkpoints.c.step == record["step"])
+                .values(path=record["url"], updated_at=datetime.now(timezone.utc))
             )
         elif kind == "checkpoint_restored":
             from trackway.checkpoints.mirror import mirror_restored  # mirror.py imports this module

@@ -100,6 +100,8 @@ runs = Table(
     # What the submitter asked for: a resource's name or "auto" (NULL before 0008: `resource`).
     Column("resource_request", String(200)),
     Column("gpu_memory_min_gb", Float),  # submit --gpu-memory-min
+    # An fsspec URL the run's checkpoints are uploaded to and resumed from (0009); NULL: under the home.
+    Column("checkpoint_root", Text),
 )
 
 attempts = Table(

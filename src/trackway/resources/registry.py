@@ -23,10 +23,11 @@
     executor = "ssh"
     hosts = ["root@203.0.113.7:22", "root@203.0.113.8"]   # tried in order
     key_file = "~/.ssh/id_ed25519"
-    workdir = "/workspace/trackway"   # on the host (relative: to the login directory)
+    workdir = "/workspace/trackway"   # on the host (relative: to the login directory); {host} is the host's name
     python = "python3"                # runs trackway's stdlib-only shim there
     setup = "source /workspace/venv/bin/activate"
     ssh_options = ["-o", "ProxyJump=bastion"]
+    forward_env = ["AWS_*", "WANDB_API_KEY"]   # the submitter's variables the host gets (names or globs)
     unreachable_seconds = 600         # how long a silent host may come back before its attempt is lost
     preemptible = true                # a lost host then ends the attempt `preempted`, else `infra_transient`
     checkpoint_root = "s3://bucket/checkpoints"   # any executor: checkpoints that outlive the machine
@@ -89,6 +90,7 @@ class Resource:
     workdir: str = "trackway"
     python: str = "python3"
     ssh_options: tuple[str, ...] = ()
+    forward_env: tuple[str, ...] = ()
     unreachable_seconds: float = 600.0
     checkpoint_root: str | None = None  # an fsspec URL or a path (a network volume); None: under trackway's home
     declared: bool = True  # False for the implicit `local` of a trackway.toml that names none
@@ -149,7 +151,8 @@ def _resource(name: str, body: Any, where: _Locator) -> Resource:
         raise where.error(table, slurm_only[0], f"a Slurm setting, but executor is {executor!r}")
     if executor == "local" and "setup" in body:
         raise where.error(table, "setup", "a Slurm or SSH setting, but executor is 'local'")
-    ssh_only = [key for key in ("hosts", "key_file", "workdir", "python", "ssh_options", "unreachable_seconds")
+    ssh_only = [key for key in ("hosts", "key_file", "workdir", "python", "ssh_options", "forward_env",
+                                "unreachable_seconds")
                 if key in body]
     if executor != "ssh" and ssh_only:
         raise where.error(table, ssh_only[0], f"an SSH setting, but executor is {executor!r}")
@@ -191,9 +194,17 @@ def _resource(name: str, body: Any, where: _Locator) -> Resource:
         workdir=get.text("workdir") or "trackway",
         python=get.text("python") or "python3",
         ssh_options=tuple(ssh_options),
+        forward_env=tuple(_env_patterns(get.strings("forward_env", None), table, where)),
         unreachable_seconds=get.number("unreachable_seconds", 600.0, 0.0, 7 * 86400.0, "seconds"),
         checkpoint_root=get.text("checkpoint_root"),
     )
+
+
+def _env_patterns(patterns: list[str], table: tuple[str, ...], where: _Locator) -> list[str]:
+    for pattern in patterns:
+        if not re.match(r"^[A-Za-z_*?][A-Za-z0-9_*?]*$", pattern):
+            raise where.error(table, "forward_env", f"expected variable names or globs such as AWS_*, got {pattern!r}")
+    return patterns
 
 
 def _qos_tiers(value: Any, table: tuple[str, ...], where: _Locator) -> tuple[QosTier, ...]:

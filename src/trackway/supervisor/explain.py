@@ -138,7 +138,7 @@ def explain(conn: Connection, ref: str, now: datetime | None = None) -> dict[str
         | _chosen(attempt, run) | {"scheduler": _placed(conn, attempt["attempt_id"])},
         "compared_with": previous["attempt_id"] if previous is not None else None,
         "changes": _changes(conn, previous, attempt) if previous is not None else {},
-        "checkpoints": _checkpoint_facts(attempt, run_checkpoints),
+        "checkpoints": _checkpoint_facts(attempt, run_checkpoints) | {"read_from": _read_from(conn, attempt)},
         "watchers": _watched(conn, attempt["attempt_id"]),
         "incidents": incidents(conn, attempt["attempt_id"]),
         "history": [_timeline_row(a, run_checkpoints) for a in history],
@@ -227,6 +227,16 @@ def _checkpoint_facts(attempt: RowMapping, run_checkpoints: list[dict[str, Any]]
         "committed": committed,
         "newest_of_run": newest[-1] if newest else None,
     }
+
+
+def _read_from(conn: Connection, attempt: RowMapping) -> str | None:
+    """Where the resumed checkpoint was read (an object store's URL on a new host), as the SDK's restore said."""
+    payload = conn.execute(
+        select(attempt_events.c.payload).where(
+            attempt_events.c.attempt_id == attempt["attempt_id"], attempt_events.c.kind == "checkpoint_restored"
+        ).order_by(attempt_events.c.rank, attempt_events.c.seq)
+    ).scalars().first()
+    return (json.loads(payload).get("source") or None) if payload else None
 
 
 def _watched(conn: Connection, attempt_id: str) -> list[str]:
@@ -607,7 +617,8 @@ def _attempt_blocks(facts: dict[str, Any]) -> list[Block]:
         ("item", 0, "Compute", _compute_text(attempt)),
         ("item", 0, "Log", f"`{attempt['log_path']}`"),
     ]
-    evidence = ended["evidence"] + ended["executor"]
+    # The deciding lines, then the executor's others: a rule decided by the executor quotes its lines already.
+    evidence = ended["evidence"] + [line for line in ended["executor"] if line not in ended["evidence"]]
     if evidence:
         blocks += [("para", "Evidence", ""), ("code", evidence)]
     if facts["incidents"]:
@@ -748,6 +759,7 @@ def _checkpoint_blocks(facts: dict[str, Any]) -> list[Block]:
     return [
         ("heading", "Checkpoints"),
         ("item", 0, "resumed from", ckpt["resumed_from"] or "the start (no checkpoint)"),
+        *([("item", 1, "read from", ckpt["read_from"])] if ckpt.get("read_from") and ckpt["resumed_from"] else []),
         ("item", 0, "committed during this attempt", committed or "none"),
         ("item", 0, "newest committed of the run", newest_text),
     ]

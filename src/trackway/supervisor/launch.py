@@ -73,6 +73,8 @@ class RunSpec:
     # Scripts without the SDK; None: trackway.toml's [logs] metrics / [checkpoints] path.
     metric_patterns: list[str] | None = None  # regexes read from output.log (supervisor/log_metrics.py)
     checkpoint_paths: list[str] | None = None  # globs committed as checkpoints (supervisor/outside_checkpoints.py)
+    # Where checkpoints outlive the machine (an fsspec URL; the run's id is appended); None: the resource's, if any.
+    checkpoint_root: str | None = None
 
 
 def _validate(spec: RunSpec) -> None:
@@ -104,6 +106,16 @@ def _validate(spec: RunSpec) -> None:
         validate_paths(spec.checkpoint_paths, "--checkpoint-path")
     if spec.gpu_memory_min_gb is not None:
         validation.finite(spec.gpu_memory_min_gb, "--gpu-memory-min", 0, 10_000, "GB", low_open=True)
+    if spec.checkpoint_root is not None:
+        checkpoint_root_url(spec.checkpoint_root, "--checkpoint-root")
+
+
+def checkpoint_root_url(root: str, field: str) -> str:
+    """A checkpoint root as given (an fsspec URL, or an absolute path: a mounted network volume); InputError if neither."""
+    text = root.strip()
+    if not text or any(c in text for c in "\n\r\0") or not ("://" in text or text.startswith("/")):
+        raise InputError(f"{field} {root!r}: expected an fsspec URL such as s3://bucket/prefix, or an absolute path")
+    return text.rstrip("/")
 
 
 def preview_placement(settings: Settings, spec: RunSpec):
@@ -145,7 +157,7 @@ def submit_run(ledger: Ledger, settings: Settings, spec: RunSpec, console: Conso
     load_policy(None, settings.retry)  # a broken [retry] in trackway.toml is refused now, not after an attempt
     log_patterns, checkpoint_paths = _outside_sdk(spec, settings)
     retry_policy = read_policy_file(spec.retry_policy_path)
-    eval_specs = _load_eval_specs(spec.eval_spec_paths)
+    eval_specs = _load_eval_specs(spec.eval_spec_paths, settings)
     config = load_config(spec.config_path, spec.overrides)
     data = build_data_manifest(spec.data_paths, console=console)
     environ = submitted_env.capture(spec.environ)
@@ -190,6 +202,7 @@ def submit_run(ledger: Ledger, settings: Settings, spec: RunSpec, console: Conso
                     environ_sha256=environ_sha,
                     log_patterns=json.dumps(log_patterns) if log_patterns else None,
                     checkpoint_paths=json.dumps(checkpoint_paths) if checkpoint_paths else None,
+                    checkpoint_root=_run_checkpoint_root(spec, settings.resource(selection.resource), run_id),
                 ),
             )
             if eval_specs:
@@ -217,7 +230,7 @@ def _outside_sdk(spec: RunSpec, settings: Settings) -> tuple[list[str], list[str
     return patterns, paths
 
 
-def _load_eval_specs(paths: Sequence[str]):
+def _load_eval_specs(paths: Sequence[str], settings: Settings):
     if not paths:
         return []
     from trackway.evals.spec import load_spec
@@ -226,7 +239,16 @@ def _load_eval_specs(paths: Sequence[str]):
     for spec in specs:
         spec.evaluator_version()  # an evaluator or task set that cannot be hashed is refused now
         spec.task_set_version()
+        check_eval_resource(spec, settings)
     return specs
+
+
+def check_eval_resource(spec, settings: Settings) -> None:
+    """An eval spec's `resource` must be declared: refused at submit, not when the first checkpoint commits."""
+    if spec.resource and spec.resource not in settings.resources and spec.resource != "local":
+        declared = ", ".join(sorted(settings.resources)) or "none"
+        raise InputError(f"{spec.path}: resource: {spec.resource!r} is not declared in trackway.toml "
+                         f"(declared: {declared})")
 
 
 def _prepare_code(spec: RunSpec, run_dir: Path) -> tuple[Path, CodeRef]:
@@ -254,6 +276,27 @@ def _prepare_code(spec: RunSpec, run_dir: Path) -> tuple[Path, CodeRef]:
         dirty_diff=code.dirty_diff,
         dirty_sha256=code.dirty_sha256,
     )
+
+
+def _run_checkpoint_root(spec: RunSpec, resource, run_id: str) -> str | None:
+    """The run's own checkpoint URL: --checkpoint-root, else the chosen resource's, with the run's id appended."""
+    root = spec.checkpoint_root or resource.checkpoint_root
+    if not root:
+        return None
+    field = "--checkpoint-root" if spec.checkpoint_root else f"[resources.{resource.name}] checkpoint_root"
+    return f"{checkpoint_root_url(root, field)}/{run_id}"
+
+
+def remote_resume_target(url: str) -> str | None:
+    """The newest checkpoint committed under `url` whose marker, manifest and object sizes verify.
+
+    A store that cannot be listed raises (a TrackwayError): starting from scratch because S3
+    did not answer would silently throw the run's progress away.
+    """
+    from trackway.checkpoints.object_store import RemoteCheckpointStore
+
+    latest = RemoteCheckpointStore(url).latest_committed(verify=True)
+    return latest.name if latest else None
 
 
 def _code_snapshot(ledger: Ledger, run):
@@ -374,7 +417,11 @@ def start_attempt(
     elif executor.name != resource.executor:
         executor = get_executor(resource.executor, settings.home)
     checkpoint_root = settings.runs_dir / run_id / "checkpoints"
-    resume_from = resume_target(checkpoint_root, verify_files=bool(declared))
+    checkpoint_url = found["checkpoint_root"]
+    if checkpoint_url:
+        resume_from = remote_resume_target(checkpoint_url)
+    else:
+        resume_from = resume_target(checkpoint_root, verify_files=bool(declared))
     config_path = effective_config_path(settings, run_id)
     config = load_config(config_path, overrides) if overrides else None
     with ledger.write() as conn:
@@ -434,6 +481,7 @@ def start_attempt(
             json.loads(run["command"]), restored, checkpoint_root / resume_from if resume_from else None
         )
         own_env = {
+            **({"TRACKWAY_CHECKPOINT_URL": checkpoint_url} if checkpoint_url else {}),
             **run_environment(run, state_dir),
             **attempt_environment(
                 settings, run_id, attempt_id, number, state_dir, resume_from, config_path,

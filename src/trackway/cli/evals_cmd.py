@@ -56,10 +56,12 @@ def eval_run(
     from trackway.evals.launch import request_evaluation, seeds_for
     from trackway.evals.records import parse_checkpoint_ref
     from trackway.evals.spec import load_spec
+    from trackway.supervisor.launch import check_eval_resource
 
     app = app_context(ctx)
     loaded = load_spec(spec)
     seeds_for(loaded, seeds)  # refused before a checkpoint is pinned for it
+    check_eval_resource(loaded, app.settings)
     run_ref, step = parse_checkpoint_ref(checkpoint_ref(checkpoint))
     reconcile(app)
     supervisor = app.supervisor()

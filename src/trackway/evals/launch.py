@@ -20,7 +20,7 @@ from sqlalchemy import Connection, RowMapping, and_, func, insert, select, updat
 from sqlalchemy.exc import IntegrityError
 
 from trackway.checkpoints.protocol import CheckpointStore
-from trackway.errors import InputError, NotFound
+from trackway.errors import InputError, NotFound, TrackwayError
 from trackway.evals.records import (
     FAILED,
     IN_FLIGHT,
@@ -66,14 +66,20 @@ class PinnedCheckpoint:
     run_id: str
     step: int
     name: str
-    path: Path
+    path: str  # a directory under the run's checkpoints, or its URL in the run's object store
     manifest_sha256: str
 
 
 def pin_checkpoint(settings: Settings, run: RowMapping, step: int | None) -> PinnedCheckpoint:
-    """The committed checkpoint `step` of `run` (its newest when None), as storage holds it now."""
-    store = CheckpointStore(settings.runs_dir / run["run_id"] / "checkpoints")
+    """The committed checkpoint `step` of `run` (its newest when None), as storage holds it now.
+
+    A run with a checkpoint_root is pinned in its object store (the URL is what the evaluator
+    gets: it may run on another machine); any other run under trackway's home.
+    """
     label = run["name"] or run["run_id"]
+    if run["checkpoint_root"]:
+        return _pin_remote(run, step, label)
+    store = CheckpointStore(settings.runs_dir / run["run_id"] / "checkpoints")
     if step is None:
         info = store.latest_committed(verify_files=False) if store.root.is_dir() else None
         if info is None:
@@ -85,7 +91,24 @@ def pin_checkpoint(settings: Settings, run: RowMapping, step: int | None) -> Pin
             state = f"is {info.state.value}" if info is not None else "does not exist"
             raise NotFound(f"CHECKPOINT {label}@{step}: {state}; committed steps: {held or 'none'}")
     manifest = (info.path / "MANIFEST.json").read_bytes()
-    return PinnedCheckpoint(run["run_id"], info.step, info.name, info.path, sha256_hex(manifest))
+    return PinnedCheckpoint(run["run_id"], info.step, info.name, str(info.path), sha256_hex(manifest))
+
+
+def _pin_remote(run: RowMapping, step: int | None, label: str) -> PinnedCheckpoint:
+    from trackway.checkpoints.object_store import RemoteCheckpointStore
+
+    store = RemoteCheckpointStore(run["checkpoint_root"])
+    if step is None:
+        info = store.latest_committed(verify=True)
+        if info is None:
+            raise NotFound(f"CHECKPOINT {label}: the run has no committed checkpoint in {store.url}")
+    else:
+        info = store.get(step)
+        if info is None or not info.state.readable:
+            held = [c.step for c in store.list() if c.state.readable]
+            state = f"is {info.state.value}" if info is not None else "does not exist"
+            raise NotFound(f"CHECKPOINT {label}@{step}: {state} in {store.url}; committed steps: {held or 'none'}")
+    return PinnedCheckpoint(run["run_id"], info.step, info.name, info.url, info.manifest_sha256)
 
 
 def eval_key(checkpoint: PinnedCheckpoint, spec: EvalSpec, evaluator_version: str, task_set_version: str) -> str:
@@ -214,7 +237,7 @@ def requeue_failed_seeds(conn: Connection, eval_id: str) -> list[int]:
 def queue_seeds(conn: Connection, settings: Settings, evaluation, run: RowMapping, seeds: list[int], now: datetime) -> None:
     """One queued run of kind eval per seed; the supervisor starts them (`[evals] max_running` at once)."""
     spec = spec_from_record(json.loads(get_blob(conn, evaluation["spec_sha256"])))
-    config = training_config(conn, run, Path(evaluation["checkpoint_path"]))
+    config = training_config(conn, run, evaluation["checkpoint_path"])
     for seed in seeds:
         eval_run_id = new_run_id()
         params_path = settings.runs_dir / eval_run_id / PARAMS_FILE
@@ -257,10 +280,10 @@ def queue_seeds(conn: Connection, settings: Settings, evaluation, run: RowMappin
                 model_family=run["model_family"],
                 kind=RunKind.EVAL.value,
                 state=RunState.QUEUED.value,
-                command=json.dumps(spec.command),
+                command=json.dumps(_seed_command(settings, spec, evaluation["checkpoint_path"], run["resource"])),
                 workdir=str(spec.workdir),
-                resource=run["resource"],
-                executor=settings.resource(run["resource"]).executor,
+                resource=spec.resource or run["resource"],
+                executor=settings.resource(spec.resource or run["resource"]).executor,
                 gpus=spec.gpus,
                 time_limit_s=spec.time_limit_hours * 3600 if spec.time_limit_hours else None,
                 created_at=now,
@@ -276,7 +299,26 @@ def queue_seeds(conn: Connection, settings: Settings, evaluation, run: RowMappin
         )
 
 
-def training_config(conn: Connection, run: RowMapping, checkpoint_path: Path) -> bytes | None:
+def _seed_command(settings: Settings, spec: EvalSpec, checkpoint_path: str, training_resource: str) -> list[str]:
+    """The evaluator's command; for a checkpoint in an object store, started through checkpoints/fetch.py.
+
+    The fetch step downloads and verifies the checkpoint where the seed runs, so the evaluator
+    reads a local directory in $TRACKWAY_CHECKPOINT wherever that is. On another machine it runs
+    as `python3` from the host's PATH (the resource's `setup` activates an environment with
+    trackway); here, with this interpreter.
+    """
+    if "://" not in checkpoint_path:
+        return list(spec.command)
+    import sys
+
+    from trackway.executors.base import is_remote
+
+    resource = settings.resource(spec.resource or training_resource)
+    python = "python3" if is_remote(resource.executor) else sys.executable
+    return [python, "-m", "trackway.checkpoints.fetch", "--", *spec.command]
+
+
+def training_config(conn: Connection, run: RowMapping, checkpoint_path: str) -> bytes | None:
     """The config (JSON) the checkpoint's training attempt ran with; the run's config when the attempt has none.
 
     The attempt is the one the checkpoint's manifest names (storage is the truth for checkpoints),
@@ -284,8 +326,16 @@ def training_config(conn: Connection, run: RowMapping, checkpoint_path: Path) ->
     """
     attempt_id = None
     try:
-        attempt_id = json.loads((checkpoint_path / "MANIFEST.json").read_text()).get("attempt_id")
-    except (OSError, ValueError, AttributeError):
+        if "://" in checkpoint_path:
+            from trackway.checkpoints.object_store import RemoteCheckpointStore
+            from trackway.checkpoints.protocol import parse_step
+
+            parent, _, name = checkpoint_path.rpartition("/")
+            remote = RemoteCheckpointStore(parent).get(parse_step(name) or -1)
+            attempt_id = (remote.manifest or {}).get("attempt_id") if remote is not None else None
+        else:
+            attempt_id = json.loads((Path(checkpoint_path) / "MANIFEST.json").read_text()).get("attempt_id")
+    except (OSError, ValueError, AttributeError, TrackwayError):
         pass
     if attempt_id is None:
         attempt_id = conn.execute(select(checkpoints.c.attempt_id).where(
@@ -348,12 +398,16 @@ def evaluate_new_checkpoints(ledger: Ledger, settings: Settings) -> tuple[list[E
     for row in attached:
         with ledger.read() as conn:
             spec = spec_from_record(json.loads(get_blob(conn, row["spec_sha256"])))
-            steps = list(conn.execute(
-                select(checkpoints.c.step)
-                .where(checkpoints.c.run_id == row["run_id"], checkpoints.c.committed_at.is_not(None))
-                .order_by(checkpoints.c.step)
-            ).scalars())
+            committed = select(checkpoints.c.step).where(
+                checkpoints.c.run_id == row["run_id"], checkpoints.c.committed_at.is_not(None))
+            root = conn.execute(select(runs.c.checkpoint_root).where(runs.c.run_id == row["run_id"])).scalar()
+            if root:
+                # In an object store a checkpoint is evaluable once uploaded (its row then holds its URL).
+                committed = committed.where(checkpoints.c.path.startswith(root + "/", autoescape=True))
+            steps = list(conn.execute(committed.order_by(checkpoints.c.step)).scalars())
             last = latest_attempt(conn, row["run_id"])
+        if not steps:
+            continue
         considered = row["considered_step"] if row["considered_step"] is not None else -1
         for ordinal, step in enumerate(steps, start=1):
             if step <= considered or not spec.due_for_commit(ordinal):

@@ -9,6 +9,9 @@
     metrics = ["pass@1", "pass@2"]            # pass@k for every k ≤ samples is stored; these are shown
     trigger = "every_commit"                  # or "on_demand", or every_n_commits = 2
     time_limit_hours = 1                      # optional
+    resource = "inference-box"                # optional: where the seeds run (default: the training run's
+                                              # resource); on another machine, the checkpoint is read
+                                              # from the run's checkpoint_root (an object store)
     [decoding]                                # free-form; `samples` is samples per task
     samples = 4
     temperature = 0.8
@@ -47,7 +50,7 @@ from trackway.validation import MAX_GPUS, TEN_YEARS_HOURS
 TRIGGERS = ("every_commit", "every_n_commits", "on_demand")
 KNOWN_KEYS = frozenset(
     {"name", "command", "workdir", "code", "image", "task_set", "seeds", "metrics", "trigger", "every_n_commits",
-     "decoding", "escalation", "time_limit_hours", "gpus", "output"}
+     "decoding", "escalation", "time_limit_hours", "gpus", "output", "resource"}
 )
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 CONDITION_PATTERN = re.compile(r"^\s*(pass@[0-9]+)\s*(>=|<=|==|>|<)\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*$")
@@ -88,6 +91,7 @@ class EvalSpec:
     time_limit_hours: float | None = None
     gpus: int = 0
     output_fields: dict[str, Any] = field(default_factory=dict)  # [output]: contract field → the evaluator's name
+    resource: str | None = None  # a declared resource the seeds run on; None: the training run's
 
     def record(self) -> dict[str, Any]:
         """The spec as stored in the ledger (a blob), with every path resolved."""
@@ -109,6 +113,7 @@ class EvalSpec:
             "time_limit_hours": self.time_limit_hours,
             "gpus": self.gpus,
             **({"output": dict(self.output_fields)} if self.output_fields else {}),
+            **({"resource": self.resource} if self.resource else {}),
         }
 
     def evaluator_version(self) -> str:
@@ -238,11 +243,14 @@ def spec_from_mapping(doc: Mapping[str, Any], path: Path, placeholders: bool = T
     gpus = doc.get("gpus", 0)
     if not isinstance(gpus, int) or isinstance(gpus, bool) or not 0 <= gpus <= MAX_GPUS:
         raise bad("gpus", f"a whole number from 0 to {MAX_GPUS}")
+    resource = doc.get("resource")
+    if resource is not None and (not isinstance(resource, str) or not NAME_PATTERN.match(resource)):
+        raise bad("resource", "the name of a resource declared in trackway.toml")
     return EvalSpec(
         name=name, path=path, command=command, workdir=workdir, code=code_paths, image=image, task_set=task_set,
         seeds=seeds, metrics=metrics, trigger=trigger, every_n_commits=every_n, decoding=dict(decoding),
         escalation=escalation, time_limit_hours=float(time_limit) if time_limit is not None else None, gpus=gpus,
-        output_fields=output_fields,
+        output_fields=output_fields, resource=resource,
     )
 
 

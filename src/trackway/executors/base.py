@@ -207,6 +207,11 @@ def _ssh(home: Path) -> Executor:
 _REGISTRY: dict[str, Callable[[Path], Executor]] = {"local": _local, "inline": _inline, "slurm": _slurm, "ssh": _ssh}
 
 
+def is_remote(name: str) -> bool:
+    """Whether the executor called `name` runs commands on another machine (without importing it)."""
+    return name == "ssh"
+
+
 def known_executors() -> list[str]:
     return sorted(_REGISTRY)
 

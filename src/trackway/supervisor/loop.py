@@ -283,8 +283,11 @@ class Supervisor:
                 executor = resolve_run(conn, run_id)["executor"]
             try:
                 attempt_id = start_attempt(self.ledger, self.settings, run_id, self.executor(executor), from_queue=True)
-            except TrackwayError:
-                continue  # recorded on the attempt by start_attempt; the run stays failed
+            except TrackwayError as exc:
+                # Recorded on the attempt by start_attempt when one was made. Before that (the run's
+                # checkpoint store does not answer), the run stays queued for the next tick: said here.
+                self.findings.append((run_id, f"retry not started yet: {exc}"))
+                continue
             if attempt_id is not None:
                 started.append(attempt_id)
         return started

@@ -52,6 +52,19 @@ grace_seconds = 30
 # name = "gpu-short"
 # max_hours = 24
 
+# Machines over SSH: a workstation, a shared box, rented spot pods:
+# [resources.pods]
+# executor = "ssh"
+# hosts = ["root@203.0.113.7:22", "root@203.0.113.8"]
+# key_file = "~/.ssh/id_ed25519"
+# workdir = "/workspace/trackway"
+# setup = "source /workspace/venv/bin/activate"
+# gpus_per_node = 1
+# preemptible = true          # a lost host ends the attempt `preempted` (else `infra_transient`)
+# unreachable_seconds = 600   # how long a silent host may come back with the job still running
+# forward_env = ["AWS_*"]     # the submitter's variables the host gets
+# checkpoint_root = "s3://bucket/checkpoints"   # any resource: checkpoints that outlive the machine
+
 # [selection]
 # With resources declared, `submit` chooses (--resource auto): kind, GPUs, --gpu-memory-min and
 # --time-limit filter; then free GPUs now, this order per run kind, and cost rank. The choice and

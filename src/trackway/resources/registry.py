@@ -100,16 +100,17 @@ class Resource:
         return None if self.gpus_per_node is None else self.gpus_per_node * self.nodes
 
     def describe(self) -> str:
-        """One line: `slurm, 8×B200 (180 GB), lab partition, $2.50/GPU-h`."""
+        """One line: `slurm, 8×B200 (180 GB), lab partition, $2.50/GPU-h`; `ssh, 2 hosts × 1×GPU, preemptible`."""
         parts = [self.executor]
+        hosts = f"{len(self.hosts)} host{'s' if len(self.hosts) != 1 else ''}" if self.hosts else ""
         if self.gpus_per_node is not None or self.gpu:
             count = f"{self.total_gpus}×" if self.total_gpus is not None else ""
             memory = f" ({self.gpu_memory_gb:g} GB)" if self.gpu_memory_gb is not None else ""
-            parts.append(f"{count}{self.gpu or 'GPU'}{memory}")
+            parts.append(f"{hosts + ' × ' if hosts else ''}{count}{self.gpu or 'GPU'}{memory}")
+        elif hosts:
+            parts.append(hosts)
         if self.partition:
             parts.append(f"partition {self.partition}")
-        if self.hosts:
-            parts.append(f"{len(self.hosts)} host{'s' if len(self.hosts) != 1 else ''}")
         if self.cost_per_gpu_hour:
             parts.append(f"${self.cost_per_gpu_hour:.2f}/GPU-h")
         if self.preemptible:

@@ -211,3 +211,33 @@ def test_availability_says_which_hosts_answer(loopback_host):
 
     assert row.reachable and row.total_gpus == 2  # the answering host's declared GPUs only
     assert row.error.startswith("1 of 2 hosts answer: ") and dead in row.error
+
+
+def test_one_poll_asks_every_host_and_a_silent_one_does_not_hide_the_others(tmp_path, loopback_host, ssh_key):
+    from ssh_hosts import SshHost
+
+    other = SshHost("other", tmp_path / "host-other", ssh_key).start()
+    try:
+        script = "import time\nprint('up', flush=True)\ntime.sleep(2)\n"
+        executor, first = launch(tmp_path, resource(loopback_host, other), script, attempt="run1/1")
+        first_job = executor.submit(first)
+        second = LaunchRequest(**{**first.__dict__, "attempt_id": "run2/1", "state_dir": tmp_path / "state" / "b",
+                                  "log_path": tmp_path / "state" / "b" / "output.log",
+                                  "resource": resource(other, loopback_host)})
+        second_job = executor.submit(second)
+        assert {first_job.host, second_job.host} == {loopback_host.spec, other.spec}
+
+        other.stop_sshd()
+        deadline = time.monotonic() + 60
+        while True:
+            statuses = executor.poll_many([first_job.handle, second_job.handle])
+            if statuses[first_job.handle.job_id].phase.is_terminal():
+                break
+            assert time.monotonic() < deadline
+            time.sleep(0.3)
+
+        assert statuses[first_job.handle.job_id].exit_code == 0
+        away = statuses[second_job.handle.job_id]
+        assert away.phase is JobPhase.RUNNING and away.placement["unreachable_since"]
+    finally:
+        other.close()

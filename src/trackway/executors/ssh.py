@@ -19,9 +19,9 @@ exit.json, a timestamped output.log, the time limit, SIGTERM then SIGKILL to the
       ssh-final.json   the end once known: later polls read it instead of asking the host
       output.log, spool/   copies of the host's, pulled by offset on every poll
 
-`poll_many()` asks each host once for all of its attempts (the agent's `poll`), and appends the
-new bytes of output.log and the spool's files here, so that the supervisor ingests metrics,
-events and notes while the attempt runs, never reading a byte twice.
+`poll_many()` asks each host once for all of its attempts (the agent's `poll`; the hosts side by
+side), and appends the new bytes of output.log and the spool's files here, so that the supervisor
+ingests metrics, events and notes while the attempt runs, never reading a byte twice.
 
 Losing a host is not the job's death. A host that does not answer is polled again, with the
 attempt shown `unreachable since ...`, for the resource's `unreachable_seconds`; if it comes back
@@ -46,6 +46,7 @@ import shlex
 import tarfile
 import time
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -71,6 +72,7 @@ FINAL_FILE = "ssh-final.json"
 CANCEL_FILE = "cancel.json"
 # Bytes pulled per host per poll, in all: a burst of logging catches up over a few polls.
 PULL_BYTES = 8 << 20
+POLL_THREADS = 16  # hosts asked at once by one poll_many()
 # Environment that names this machine's paths or ledger: never sent to a host (it gets its own paths).
 LOCAL_ONLY_ENV = ("TRACKWAY_HOME", "TRACKWAY_DB", "TRACKWAY_RESUME_PATH")
 
@@ -328,8 +330,14 @@ class SshExecutor(Executor):
                 statuses[handle.job_id] = JobStatus(phase=JobPhase.VANISHED, evidence=(str(exc),))
                 continue
             by_host.setdefault(job.target.spec, []).append((handle, job))
-        for spec, group in by_host.items():
-            statuses.update(self._poll_host(spec, group))
+        if len(by_host) <= 1:
+            for spec, group in by_host.items():
+                statuses.update(self._poll_host(spec, group))
+            return statuses
+        # Side by side: a host that went silent costs the tick its connect timeout once, not once per host.
+        with ThreadPoolExecutor(max_workers=min(POLL_THREADS, len(by_host)), thread_name_prefix="trackway-ssh-poll") as pool:
+            for found in pool.map(lambda item: self._poll_host(*item), by_host.items()):
+                statuses.update(found)
         return statuses
 
     def _poll_host(self, spec: str, group: list[tuple[JobHandle, RemoteJob]]) -> dict[str, JobStatus]:

@@ -14,10 +14,7 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from pathlib import Path
@@ -26,12 +23,12 @@ from trackway.errors import ExecutorError, InputError, NotFound
 from trackway.executors.base import Executor, JobHandle, JobPhase, JobStatus, LaunchRequest, Submission
 from trackway.executors.local_shim import (
     LeaseFiles,
-    group_alive,
+    StartFailed,
     process_create_time,
     read_json,
     same_process,
-    signal_group,
-    utc_now,
+    start_detached,
+    stop_job,
     write_json_atomic,
 )
 from trackway.receipts.placement import GpuInfo
@@ -176,26 +173,7 @@ class LocalExecutor(Executor):
         job = read_json(state_dir / "job.json")
         if job is None:
             raise NotFound(f"job {handle.job_id}: no local job was started in {state_dir}")
-        if (state_dir / "exit.json").exists():
-            return
-        if not (state_dir / "cancel.json").exists():
-            write_json_atomic(state_dir / "cancel.json", {"requested_at": utc_now().isoformat()})
-        if same_process(job["shim_pid"], job["create_time"]):
-            try:
-                os.kill(job["shim_pid"], signal.SIGTERM)
-                return
-            except ProcessLookupError:
-                pass
-        if same_process(job["child_pid"], job["child_create_time"]) and group_alive(job["pgid"]):
-            launch = read_json(state_dir / "launch.json") or {}
-            subprocess.Popen(
-                [sys.executable, "-m", "trackway.executors.local_shim", "--kill-group",
-                 str(job["pgid"]), str(launch.get("grace_s", 30.0))],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                start_new_session=True,
-            )
+        stop_job(state_dir, job, [sys.executable, "-m", "trackway.executors.local_shim"])
 
     def logs(self, handle: JobHandle) -> Path:
         launch = read_json(Path(handle.state_dir) / "launch.json")
@@ -239,48 +217,8 @@ class LocalExecutor(Executor):
 
     def _start_shim(self, state_dir: Path) -> dict:
         """Start the shim detached and wait until it reports the command started (or failed to)."""
-        err_path = state_dir / "shim.err"
-        # 0600 like the log: a command that cannot start can print its environment.
-        with os.fdopen(os.open(err_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as err:
-            launcher = subprocess.Popen(
-                [sys.executable, "-m", "trackway.executors.local_shim", str(state_dir)],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=err,
-                start_new_session=True,
-            )
-        deadline = time.monotonic() + SHIM_START_TIMEOUT_S
-        delay = 0.002
-        while True:
-            job = read_json(state_dir / "job.json")
-            if job is not None:
-                launcher.wait()
-                return job
-            code = launcher.poll()
-            if code not in (None, 0):
-                raise ExecutorError(f"local shim exited with code {code}: {_first_line(err_path)}")
-            if time.monotonic() >= deadline:
-                break
-            time.sleep(delay)
-            delay = min(delay * 1.5, 0.02)
-        # Not started in time: stop it, so that no command starts after submit() gave up on it.
         try:
-            os.killpg(launcher.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        launcher.wait()
-        late = read_json(state_dir / "job.json")
-        if late is not None and late.get("pgid"):
-            signal_group(late["pgid"], signal.SIGKILL)
-        raise ExecutorError(
-            f"local shim did not start the command within {SHIM_START_TIMEOUT_S:g} s: "
-            f"{_first_line(err_path) or 'shim.err is empty'}"
-        )
-
-
-def _first_line(path: Path) -> str:
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return ""
-    return next((line.strip() for line in text.splitlines() if line.strip()), "")
+            return start_detached([sys.executable, "-m", "trackway.executors.local_shim", str(state_dir)], state_dir,
+                                  SHIM_START_TIMEOUT_S)
+        except StartFailed as exc:
+            raise ExecutorError(f"local shim {exc}") from None

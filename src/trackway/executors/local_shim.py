@@ -491,6 +491,83 @@ def _has_exited(pid: int) -> bool:
         return True
 
 
+class StartFailed(Exception):
+    """The shim did not start the command: exited first, or too slow (then it and its group were killed)."""
+
+
+def start_detached(argv: list[str], state_dir: Path, timeout_s: float) -> dict:
+    """Run `argv` (the shim for `state_dir`) detached and wait for its job.json; StartFailed in one line if none came.
+
+    Shared by the local executor and the SSH executor's remote agent. A shim too slow to start
+    is killed, with any command it started late, so that nothing starts after the caller gave up.
+    """
+    err_path = state_dir / "shim.err"
+    # 0600 like the log: a command that cannot start can print its environment.
+    with os.fdopen(os.open(err_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as err:
+        launcher = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                                    start_new_session=True)
+    deadline = time.monotonic() + timeout_s
+    delay = 0.002
+    while True:
+        job = read_json(state_dir / "job.json")
+        if job is not None:
+            launcher.wait()
+            return job
+        code = launcher.poll()
+        if code not in (None, 0):
+            raise StartFailed(f"exited with code {code}: {first_line(err_path)}")
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(delay)
+        delay = min(delay * 1.5, 0.02)
+    try:
+        os.killpg(launcher.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    launcher.wait()
+    late = read_json(state_dir / "job.json")
+    if late is not None and late.get("pgid"):
+        signal_group(late["pgid"], signal.SIGKILL)
+    raise StartFailed(f"did not start the command within {timeout_s:g} s: "
+                      f"{first_line(err_path) or 'shim.err is empty'}")
+
+
+def stop_job(state_dir: Path, job: dict, shim: list[str]) -> str | None:
+    """Ask a started job to stop: cancel.json, then SIGTERM to its shim, which escalates to SIGKILL.
+
+    With the shim gone but the command running, a detached `shim --kill-group` (`shim`: how to
+    run this module) does the same escalation, so the caller can return at once. Says what was
+    signalled ("shim", "group") or None (already ended, or nothing left to signal).
+    """
+    if (state_dir / "exit.json").exists():
+        return None
+    if not (state_dir / "cancel.json").exists():
+        write_json_atomic(state_dir / "cancel.json", {"requested_at": utc_now().isoformat()})
+    if same_process(job["shim_pid"], job["create_time"]):
+        try:
+            os.kill(job["shim_pid"], signal.SIGTERM)
+            return "shim"
+        except ProcessLookupError:
+            pass
+    if job.get("pgid") and same_process(job["child_pid"], job["child_create_time"]) and group_alive(job["pgid"]):
+        launch = read_json(state_dir / "launch.json") or {}
+        subprocess.Popen(
+            [*shim, "--kill-group", str(job["pgid"]), str(launch.get("grace_s", 30.0))],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )
+        return "group"
+    return None
+
+
+def first_line(path: Path) -> str:
+    """The first non-blank line of a file, stripped; "" when there is none or it cannot be read."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+    return next((line.strip() for line in text.splitlines() if line.strip()), "")
+
+
 def kill_group(pgid: int, grace_s: float) -> int:
     """SIGTERM the group, then SIGKILL it if it outlives the grace (for a group whose shim is gone)."""
     if not signal_group(pgid, signal.SIGTERM):

@@ -24,10 +24,7 @@ from __future__ import annotations
 import base64
 import json
 import os
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -48,32 +45,12 @@ def boot_id() -> str | None:
 
 
 def start(state_dir: Path) -> dict:
-    err_path = state_dir / "shim.err"
-    with os.fdopen(os.open(err_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as err:
-        launcher = subprocess.Popen(
-            [sys.executable, str(Path(local_shim.__file__)), str(state_dir)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
-        )
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        job = local_shim.read_json(state_dir / "job.json")
-        if job is not None:
-            launcher.wait()
-            return {"boot_id": boot_id(), "job": job}
-        code = launcher.poll()
-        if code not in (None, 0):
-            return {"error": f"the shim exited with code {code}: {_first_line(err_path)}"}
-        time.sleep(0.01)
     try:
-        os.killpg(launcher.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    launcher.wait()
-    late = local_shim.read_json(state_dir / "job.json")
-    if late is not None and late.get("pgid"):
-        local_shim.signal_group(late["pgid"], signal.SIGKILL)
-    return {"error": f"the shim did not start the command within {START_TIMEOUT_S:g} s: "
-                     f"{_first_line(err_path) or 'shim.err is empty'}"}
+        job = local_shim.start_detached([sys.executable, str(Path(local_shim.__file__)), str(state_dir)], state_dir,
+                                        START_TIMEOUT_S)
+    except local_shim.StartFailed as exc:
+        return {"error": f"the shim {exc}"}
+    return {"boot_id": boot_id(), "job": job}
 
 
 def poll(request: dict) -> dict:
@@ -119,25 +96,7 @@ def cancel(state_dir: Path) -> dict:
     job = _read_json(state_dir / "job.json")
     if job is None:
         return {"signalled": None, "error": f"no job.json in {state_dir}"}
-    if (state_dir / "exit.json").exists():
-        return {"signalled": None}
-    if not (state_dir / "cancel.json").exists():
-        local_shim.write_json_atomic(state_dir / "cancel.json", {"requested_at": local_shim.utc_now().isoformat()})
-    if local_shim.same_process(job["shim_pid"], job["create_time"]):
-        try:
-            os.kill(job["shim_pid"], signal.SIGTERM)
-            return {"signalled": "shim"}
-        except ProcessLookupError:
-            pass
-    if job.get("pgid") and local_shim.same_process(job["child_pid"], job["child_create_time"]):
-        launch = _read_json(state_dir / "launch.json") or {}
-        subprocess.Popen(
-            [sys.executable, str(Path(local_shim.__file__)), "--kill-group", str(job["pgid"]),
-             str(launch.get("grace_s", 30.0))],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-        )
-        return {"signalled": "group"}
-    return {"signalled": None}
+    return {"signalled": local_shim.stop_job(state_dir, job, [sys.executable, str(Path(local_shim.__file__))])}
 
 
 def _files(state_dir: Path) -> list[str]:
@@ -164,14 +123,6 @@ def _read_b64(path: Path, offset: int, length: int) -> str:
     with open(path, "rb") as f:
         f.seek(offset)
         return base64.b64encode(f.read(length)).decode("ascii")
-
-
-def _first_line(path: Path) -> str:
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return ""
-    return next((line.strip() for line in text.splitlines() if line.strip()), "")
 
 
 def main(argv: list[str]) -> int:

@@ -494,12 +494,17 @@ def test_save_never_waits_for_an_upload_and_wait_gives_up_on_a_silent_store(
     manager.close()
 
 
-def test_a_failing_upload_is_retried_then_reported_and_the_checkpoint_stays_local(tmp_path: Path) -> None:
-    with socket.socket() as probe:  # a port nobody listens on
+def unreachable_s3_options() -> dict:
+    """fsspec options for an S3 endpoint nobody listens on, asked once per call (no botocore retries)."""
+    with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    options = {"key": "k", "secret": "s", "config_kwargs": {"retries": {"max_attempts": 1}},
-               "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{port}", "region_name": "us-east-1"}}
+    return {"key": "k", "secret": "s", "config_kwargs": {"retries": {"max_attempts": 1}},
+            "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{port}", "region_name": "us-east-1"}}
+
+
+def test_a_failing_upload_is_retried_then_reported_and_the_checkpoint_stays_local(tmp_path: Path) -> None:
+    options = unreachable_s3_options()
     told: list[str] = []
     uploader = Uploader(RemoteCheckpointStore("s3://gone/run", options), attempts=2, backoff_s=0.01, warn=told.append)
     local = commit(tmp_path / "host", 3)
@@ -528,11 +533,7 @@ def test_a_step_another_writer_committed_differently_is_reported_lost_not_retrie
 
 
 def test_a_store_that_cannot_be_reached_is_one_clear_error_naming_it(tmp_path: Path) -> None:
-    with socket.socket() as probe:  # a port nobody listens on
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    options = {"key": "k", "secret": "s", "config_kwargs": {"retries": {"max_attempts": 1}},
-               "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{port}", "region_name": "us-east-1"}}
+    options = unreachable_s3_options()
     manager = CheckpointManager(tmp_path / "host", remote_url="s3://gone/run", storage_options=options)
     with pytest.raises(RemoteStoreError) as caught:
         manager.restore_latest(model={"w": torch.ones(1)})

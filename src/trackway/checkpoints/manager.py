@@ -117,6 +117,7 @@ class CheckpointManager:
         storage_options: dict[str, Any] | None = None,
         on_upload: Callable[[RemoteCheckpoint, float], None] | None = None,
         upload_stall_s: float = 60.0,
+        on_round_trip: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         if every_steps is not None and (not isinstance(every_steps, int) or every_steps < 1):
             raise InputError(f"every_steps must be a positive integer, got {every_steps!r}")
@@ -150,6 +151,8 @@ class CheckpointManager:
         self._uploader: Uploader | None = None
         self._sources: dict[str, str] = {}  # checkpoint name → the URL it was downloaded from
         self._ranks: _Ranks | None | bool = False
+        # Read the next save back from storage and compare it with what was given (checkpoints/round_trip.py).
+        self.on_round_trip = on_round_trip
 
     def __enter__(self) -> CheckpointManager:
         return self
@@ -212,6 +215,9 @@ class CheckpointManager:
             persist = self._persist_sharded(step, metrics, ranks)
         self._wait_saves()
         self._last_step = step
+        round_trip = self.on_round_trip is not None and ranks is None
+        if round_trip:
+            blocking = True  # compared before training moves the state on
         try:
             saver.save(
                 persist,
@@ -229,6 +235,23 @@ class CheckpointManager:
             self._last_step = None
             raise
         self._last_save_at = self._clock()
+        if round_trip:
+            self._read_back(step, format, model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
+                            data_state=data_state)
+
+    def _read_back(self, step: int, format: str, **given: Any) -> None:  # noqa: A002
+        """Once: the checkpoint just committed at `step`, read back and compared (`on_round_trip` hears how)."""
+        from trackway.checkpoints.formats import state_file
+        from trackway.checkpoints.round_trip import read_back
+
+        hear, self.on_round_trip = self.on_round_trip, None
+        info = self.store.get(step)
+        if info is None or not info.state.readable:
+            said = {"name": None, "step": step, "ok": False, "compared": 0,
+                    "problem": "the save returned but no committed checkpoint is there"}
+        else:
+            said = read_back(self.store, info, state_file(0, format), given)
+        hear(said)
 
     @contextmanager
     def writing(self, step: int, metrics: dict | None = None) -> Iterator[Path]:
@@ -266,6 +289,16 @@ class CheckpointManager:
         self._last_save_at = self._clock()
         if info is not None:
             self._committed(info)
+            if self.on_round_trip is not None and ranks is None:
+                self._read_back_files(info)
+
+    def _read_back_files(self, info: CheckpointInfo) -> None:
+        """Once, for files trackway did not write itself: every byte read back and checked against the manifest."""
+        hear, self.on_round_trip = self.on_round_trip, None
+        problems = self.store.verify(info)
+        files = len((info.manifest or {}).get("files") or {})
+        hear({"name": info.name, "step": info.step, "ok": not problems, "compared": files,
+              "problem": "; ".join(problems[:3]) or None})
 
     def restore_latest(
         self,

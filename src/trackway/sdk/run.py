@@ -69,6 +69,8 @@ class AttemptContext:
     rank: int = 0
     world_size: int = 1
     checkpoint_url: str | None = None  # the remote store checkpoints are also uploaded to (an fsspec URL)
+    max_steps: int | None = None  # a test run's last step (TRACKWAY_MAX_STEPS): see `Run.should_stop`
+    restore_check: bool = False  # read the first checkpoint back and compare (TRACKWAY_RESTORE_CHECK)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> AttemptContext | None:
@@ -88,6 +90,8 @@ class AttemptContext:
             rank=int(env.get("RANK", "0")),
             world_size=int(env.get("WORLD_SIZE", "1")),
             checkpoint_url=env.get("TRACKWAY_CHECKPOINT_URL") or None,
+            max_steps=_max_steps(env.get("TRACKWAY_MAX_STEPS")),
+            restore_check=env.get("TRACKWAY_RESTORE_CHECK") == "1",
         )
 
 
@@ -124,6 +128,10 @@ class Run:
         )
         self._append = self._writer.queue.append
         self._step: int | None = None
+        self.max_steps = context.max_steps
+        # One comparison per log call: past this step, the test run has done what it was asked.
+        self._stop_at = context.max_steps if context.max_steps is not None else sys.maxsize
+        self._reached_at: int | None = None  # the step at which max steps was reached
         self._notice: int | None = None
         self._notice_seen = False  # the script read `should_stop` after the notice: it handles it
         self._notice_step: Any = _NO_STEP  # the step of the first `log` after the notice
@@ -160,6 +168,8 @@ class Run:
         elif step.__class__ is not int:
             step = _step_number(step)
         self._step = step
+        if step >= self._stop_at:
+            self._at_max_steps(step)
         if self._logging:
             for value in metrics.values():
                 # A plain float is checked here (v - v is NaN for NaN and ±inf), and the keys only then.
@@ -173,6 +183,21 @@ class Run:
             self._append((step, _now(), metrics.copy() if metrics.__class__ is dict else dict(metrics)))
         if self._notice is not None and not self._notice_seen:
             self._logged_after_notice(step)
+
+    def _at_max_steps(self, step: int) -> None:
+        """The first step at or past a test run's max steps turns `should_stop` true; a later step ends the attempt."""
+        if self._reached_at is None:
+            self._reached_at = step
+            return
+        if step > self._reached_at:
+            print(f"trackway: step {step} is past this test run's max steps ({self.max_steps}) and the script did "
+                  "not stop: ending it as completed", file=sys.stderr, flush=True)
+            self._end_at_max_steps()
+
+    def _end_at_max_steps(self) -> NoReturn:
+        self._writer.event("max_steps_reached", step=self._step, max_steps=self.max_steps)
+        self.finish()
+        sys.exit(0)
 
     def _check_loss_keys(self, metrics: Mapping[str, Any], step: int) -> None:
         for key, value in metrics.items():
@@ -206,8 +231,16 @@ class Run:
                 on_restore=self._on_restore,
                 remote_url=self.context.checkpoint_url,
                 on_upload=self._on_upload,
+                on_round_trip=self._on_round_trip if self.context.restore_check and self._logging else None,
             )
         return self._checkpoints
+
+    def _on_round_trip(self, said: dict[str, Any]) -> None:
+        """The test run's first checkpoint, read back from storage: the experiment's gate reads this event."""
+        if not said["ok"]:
+            print(f"trackway: checkpoint {said['name']} read back from storage: {said['problem']}",
+                  file=sys.stderr, flush=True)
+        self._writer.event("restore_check", **said)
 
     def _on_commit(self, info) -> None:
         manifest = info.manifest or {}
@@ -263,9 +296,12 @@ class Run:
         $TRACKWAY_NOTICE_POLL_S seconds (default 10), or that logs a second step after the notice
         without reading it, is ended by trackway as preempted (exit code 75, after any checkpoint in
         flight), rather than training on until the executor's SIGKILL.
+
+        Also true once a test run (`TRACKWAY_MAX_STEPS`) logged its last step: the script saves and
+        calls `exit_preempted()` as for a notice, and the attempt ends completed.
         """
         if self._notice is None:
-            return False
+            return self._reached_at is not None
         self._notice_seen = True
         return True
 
@@ -333,7 +369,13 @@ class Run:
         self._writer.event("termination_note", **payload)
 
     def exit_preempted(self, code: int = EXIT_PREEMPTED) -> NoReturn:
-        """End this attempt as preempted, after any checkpoint in flight is durable."""
+        """End this attempt as preempted, after any checkpoint in flight is durable.
+
+        When `should_stop` was true because a test run reached its max steps (and no notice came),
+        the attempt did all it was asked: it ends completed, exit code 0.
+        """
+        if self._notice is None and self._reached_at is not None:
+            self._end_at_max_steps()
         self._end_preempted(None, exit_code=code)
         sys.exit(code)
 
@@ -448,6 +490,20 @@ def _step_number(step: Any) -> int:
         if isinstance(step, float) and step.is_integer():
             return int(step)
     raise TypeError(f"run.log(step={step!r}): a step is an integer")
+
+
+def _max_steps(text: str | None) -> int | None:
+    """TRACKWAY_MAX_STEPS as a positive step number; None when unset or not one (said on stderr)."""
+    if not text:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        print(f"trackway: TRACKWAY_MAX_STEPS={text!r} is not a positive whole number; ignored", file=sys.stderr)
+        return None
+    return value
 
 
 def _env_seconds(name: str, default: float) -> float:

@@ -15,7 +15,11 @@ Run it with `make demo`. Every step is a real `trackway` command; what it prints
 6. when a Slurm answers here (scripts/ensure-slurm.sh brings up the local test cluster), the same
    model as a `full` run that selection sends to the Slurm resource, preempted by a job in the
    `high` partition that needs its GPUs, resumed to the reference's final loss; `explain` shows
-   the placement and why the resource was chosen.
+   the placement and why the resource was chosen;
+7. two experiments on the reference: a hypothesis (a doubled learning rate gets to the reference's
+   final loss sooner and ends lower) whose test run passes its checks before its full run starts,
+   concluded `supported`; then, from it, one (halving the batch) concluded `rejected` and reverted;
+   their reports and the chain of iterations.
 """
 
 from __future__ import annotations
@@ -64,6 +68,17 @@ def trackway(*args: str, check: bool = True, quiet: bool = False, cwd: Path = RO
     if check and result.returncode != 0:
         raise SystemExit(f"demo: `trackway {shown}` exited {result.returncode}:\n{result.stdout}")
     return result
+
+
+def created(*args: str) -> str:
+    """`trackway ARGS` shown as `trackway()` shows it; returns the id it printed on stdout (stderr says the rest)."""
+    console.print(Rule(f"[bold]trackway {' '.join(shlex.quote(a) for a in args)}", align="left"))
+    result = subprocess.run([sys.executable, "-m", "trackway", *args], cwd=ROOT, text=True, capture_output=True)
+    sys.stdout.write(result.stdout + result.stderr)
+    sys.stdout.flush()
+    if result.returncode != 0:
+        raise SystemExit(f"demo: `trackway {' '.join(args)}` exited {result.returncode}")
+    return result.stdout.split()[0]
 
 
 def as_json(*args: str, **where):
@@ -203,6 +218,29 @@ def on_slurm(stamp: str, corpus: Path, reference: str, ref_loss: float) -> bool:
     return same
 
 
+def experiments(reference: str) -> list[str]:
+    """Step 7: two iterations on the reference run, each gated by a test run and judged by its criteria."""
+    faster = created(
+        "experiment", "new", "--title", "double the learning rate",
+        "--hypothesis", "doubling the learning rate (3e-3 to 6e-3) reaches the reference's final loss in at most "
+                        "80% of its steps, and ends at least 2% lower",
+        "--baseline", reference, "--set", "train.lr=6e-3", "--no-evals",
+        "--expect", "steps_to(loss, baseline.final.loss) <= 0.8 * baseline.steps",
+        "--expect", "final.loss <= 0.98 * baseline.final.loss",
+    )
+    trackway("experiment", "start", faster)
+    trackway("experiment", "report", faster)
+    smaller = created(
+        "experiment", "new", "--from", faster, "--title", "halve the batch",
+        "--hypothesis", "halving the batch size (64 to 32) keeps the final loss within 2% of the baseline's",
+        "--set", "train.batch_size=32", "--expect", "final.loss <= baseline.final.loss * 1.02",
+    )
+    trackway("experiment", "start", smaller)
+    trackway("experiment", "show", smaller)
+    trackway("experiments", "--chain", smaller)
+    return [as_json("experiment", "show", e)["verdict"] for e in (faster, smaller)]
+
+
 def main() -> None:
     corpus = ROOT / ".trackway" / "demo" / "corpus.txt"
     subprocess.run([sys.executable, str(EXAMPLES / "make_corpus.py"), str(corpus)], check=True)
@@ -275,6 +313,8 @@ def main() -> None:
     else:
         console.print("skipped: no Slurm answers here (`sinfo`); start the local test cluster with "
                       "`bash scripts/ensure-slurm.sh` (as root) and run `make demo` again")
+    console.print("\n[bold]7. Experiments: a hypothesis, a test run that gates the full run, a verdict[/bold]")
+    verdicts = experiments(reference)
     console.print(Rule("[bold]done", align="left"))
     console.print(f"the ledger is at .trackway/ledger.db; try `trackway attempts {interrupted} --json`.")
     if ref_loss != resumed_loss:
@@ -286,6 +326,8 @@ def main() -> None:
         raise SystemExit("demo: evaluations touched the training run's attempts")
     if not slurm_same:
         raise SystemExit("demo: the run preempted and resumed on Slurm did not reproduce the reference's final loss")
+    if verdicts != ["supported", "rejected"]:
+        raise SystemExit(f"demo: the experiments concluded {verdicts}, expected supported then rejected")
 
 
 if __name__ == "__main__":

@@ -130,6 +130,13 @@ def cli(home: Path, capsys, ledger_url: str, monkeypatch):
 
 
 @pytest.fixture
+def cli_sqlite(home: Path, capsys, sqlite_url: str, monkeypatch):
+    """`cli` on SQLite only: for end-to-end tests whose PostgreSQL path another test already covers."""
+    monkeypatch.setenv("TRACKWAY_DB", sqlite_url)
+    return _in_process(capsys)
+
+
+@pytest.fixture
 def cli_process(home: Path):
     """`cli_process(...)` runs `python -m trackway ...` as a user would, in the test's working directory."""
 

@@ -47,6 +47,8 @@ COMMANDS: dict[str, Entry] = {
     "explain": Entry("explain_cmd", "A run's attempts and decisions, then one attempt in full: config, data, placement, checkpoints, retries, evaluations and what happens next."),
     "eval": Entry("evals_cmd", "Evaluate a checkpoint (`trackway eval RUN@STEP --spec FILE`), show an evaluation, compare two."),
     "report": Entry("report_cmd", "Reports over the ledger."),
+    "experiment": Entry("experiments_cmd", "Plan, start, show and report experiments: a hypothesis, a test run that gates the full run, a verdict."),
+    "experiments": Entry("experiments_cmd", "List experiments with their status and verdict; --chain EXP prints the iterations around EXP."),
 }
 
 

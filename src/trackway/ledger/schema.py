@@ -10,6 +10,7 @@ from datetime import datetime, timezone
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     Column,
     DateTime,
     Float,
@@ -297,4 +298,45 @@ eval_metrics = Table(
     Column("min", Float, nullable=False),
     Column("max", Float, nullable=False),
     Column("seeds", Integer, nullable=False),
+)
+
+
+# -- experiments: a hypothesis under test (experiments/) ------------------------------------------
+
+experiments = Table(
+    "experiments",
+    metadata,
+    Column("experiment_id", String(32), primary_key=True),
+    Column("name", String(200), unique=True),
+    Column("project", String(200), nullable=False),
+    Column("title", Text, nullable=False),
+    Column("hypothesis", Text, nullable=False),
+    Column("baseline_run_id", String(32), ForeignKey("runs.run_id"), nullable=False),
+    Column("parent_experiment_id", String(32)),  # `experiment new --from`: the iteration before
+    Column("command", Text, nullable=False),  # JSON list of argv
+    Column("workdir", Text, nullable=False),
+    Column("config_sha256", String(64), ForeignKey("blobs.sha256")),  # the baseline's config with the changes
+    Column("overrides", Text, nullable=False),  # JSON list: the --set as given
+    Column("changes", Text, nullable=False),  # JSON list of {key, before, after}: the diff against the baseline
+    Column("allow_multiple_changes", Boolean, nullable=False),
+    Column("criteria", Text, nullable=False),  # JSON list of criterion texts (experiments/criteria.py)
+    Column("eval_specs", Text),  # JSON list of {name, spec_sha256, trigger} attached to the full run
+    Column("data_paths", Text),  # JSON list of paths hashed into each run's manifest
+    Column("gpus", Integer, nullable=False),
+    Column("time_limit_s", Float),  # the full run's
+    Column("resource_request", String(200)),
+    Column("status", String(16), nullable=False, index=True),
+    Column("stop_reason", Text),
+    Column("skip_test", Boolean),
+    Column("test_plan", Text),  # JSON: max_steps, time limit, thresholds, budget (experiment start)
+    Column("test_run_id", String(32), ForeignKey("runs.run_id")),
+    Column("full_run_id", String(32), ForeignKey("runs.run_id")),
+    Column("test_checks", Text),  # JSON list of {check, passed, detail}
+    Column("estimate", Text),  # JSON: the full run's GPU-hours estimated from the test run
+    Column("verdict", String(16)),
+    Column("verdict_detail", Text),  # JSON: each criterion's outcome with the numbers
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("started_at", UTCDateTime),
+    Column("concluded_at", UTCDateTime),
+    Column("updated_at", UTCDateTime, nullable=False),
 )

@@ -133,6 +133,14 @@ def _check_value(value: Any, flag: str, where: str) -> Any:
     raise InputError(f"{flag}: value{at} is a {kind}; expected text, numbers, booleans, lists or tables")
 
 
+def apply_overrides(values: dict, overrides: Sequence[str]) -> ConfigSnapshot:
+    """`values` with each `KEY=VALUE` override applied (in place), hashed as a snapshot."""
+    for item in overrides:
+        _apply(values, item)
+    canonical = canonical_json(values)
+    return ConfigSnapshot(values=values, canonical=canonical, sha256=sha256_hex(canonical))
+
+
 def _apply(values: dict, item: str) -> None:
     flag = f"--set {item!r}"
     key, sep, text = item.partition("=")

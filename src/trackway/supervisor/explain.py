@@ -26,6 +26,7 @@ from trackway.ledger.script_config import CONFLICTS_EVENT
 from trackway.ledger.records import list_attempts, resolve_attempt, resolve_run
 from trackway.ledger.schema import attempt_events, checkpoints, run_eval_specs
 from trackway.receipts import submitted_env
+from trackway.receipts.config_diff import change_text, changes, flatten
 from trackway.redaction import redact_structure
 from trackway.supervisor.outside_sdk import visibility
 from trackway.taxonomy import RunState
@@ -34,30 +35,15 @@ from trackway.taxonomy import TerminationReason as R
 # Beyond these, a list says how many more there are and that --json has them all.
 CONFIG_SHOWN = 20
 FILES_SHOWN = 20
-ABSENT = "<absent>"
 
 
 def _blob_json(conn: Connection, sha: str | None) -> Any:
     return json.loads(get_blob(conn, sha)) if sha else None
 
 
-def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(node, dict):
-        out: dict[str, Any] = {}
-        for key, value in node.items():
-            out.update(_flatten(value, f"{prefix}.{key}" if prefix else str(key)))
-        return out
-    return {prefix: node}
-
-
 def config_diff(before: Any, after: Any) -> list[str]:
     """`key: old → new` for each flattened key whose value differs (values as JSON, as stored)."""
-    a, b = _flatten(before or {}), _flatten(after or {})
-    lines = []
-    for key in sorted(a.keys() | b.keys()):
-        if a.get(key, ABSENT) != b.get(key, ABSENT):
-            lines.append(f"{key}: {json.dumps(a.get(key, ABSENT))} → {json.dumps(b.get(key, ABSENT))}")
-    return lines
+    return [change_text(c) for c in changes(before, after)]
 
 
 def data_diff(before: Any, after: Any) -> list[str]:
@@ -111,7 +97,8 @@ def explain(conn: Connection, ref: str, now: datetime | None = None) -> dict[str
         "now": now,
         "run": {k: run[k] for k in ("run_id", "name", "project", "model_family", "kind", "state", "command", "workdir",
                                     "resource", "created_at", "ended_at", "not_before")}
-        | {"own_retry_policy": bool(run["retry_policy"]), "attempts": len(history)},
+        | {"own_retry_policy": bool(run["retry_policy"]), "attempts": len(history),
+           "experiment": _experiment(conn, run)},
         "attempt": {
             k: attempt[k]
             for k in (
@@ -153,6 +140,18 @@ def explain(conn: Connection, ref: str, now: datetime | None = None) -> dict[str
     return facts
 
 
+def _experiment(conn: Connection, run: RowMapping) -> dict[str, Any] | None:
+    """The experiment this run is the test or full run of, if any."""
+    from trackway.experiments.records import experiment_of_run
+
+    found = experiment_of_run(conn, run["run_id"])
+    if found is None:
+        return None
+    role = "test" if found["test_run_id"] == run["run_id"] else "full"
+    return {"experiment_id": found["experiment_id"], "title": found["title"], "role": role,
+            "status": found["status"], "verdict": found["verdict"], "stop_reason": found["stop_reason"]}
+
+
 def _run_checkpoints(conn: Connection, run_id: str) -> list[dict[str, Any]]:
     """The ledger's mirror of the run's checkpoints, oldest step first."""
     query = (
@@ -181,7 +180,7 @@ def _config_facts(conn: Connection, attempt: RowMapping, config: Any, previous: 
 
     return {
         "sha256": attempt["config_sha256"],
-        "values": None if config is None else _flatten(config),
+        "values": None if config is None else flatten(config),
         "differs_from_previous": against(previous),
         "differs_from_first": against(first),
         "from_script": _script_config(conn, attempt["attempt_id"]),
@@ -495,7 +494,7 @@ def _advice(ref: str, reason: R | None, decision: dict[str, Any] | None, start: 
 def _keys_like(config: Any, names: tuple[str, ...]) -> list[tuple[str, Any]]:
     """The config keys whose last part is, or contains as a word, one of `names` (`optim.lr`, `train.batch_size`)."""
     found = []
-    for key, value in _flatten(config or {}).items():
+    for key, value in flatten(config or {}).items():
         words = key.rsplit(".", 1)[-1].lower().split("_")
         last = "_".join(words)
         if any(name == last or name in words or (len(name) > 3 and name in last) for name in names):
@@ -571,6 +570,13 @@ def document(facts: dict[str, Any]) -> list[Block]:
         ("item", 0, "Run", f"{run['run_id']}, project {run['project']}, model family "
                            f"{d.text_or(run['model_family'], 'not set')}, kind {run['kind']}, {run['state']}"),
         ("item", 0, "Command", f"`{shlex.join(json.loads(run['command']))}` in `{run['workdir']}`"),
+    ]
+    if run.get("experiment"):
+        e = run["experiment"]
+        outcome = e["verdict"] or e["status"] + (f" ({e['stop_reason']})" if e["stop_reason"] else "")
+        blocks.append(("item", 0, "Experiment", f"the {e['role']} run of {e['experiment_id']} ({e['title']}): {outcome}; "
+                                               f"`trackway experiment show {e['experiment_id']}`"))
+    blocks += [
         ("heading", "Attempts and decisions"),
         ("timeline", facts["history"]),
     ]

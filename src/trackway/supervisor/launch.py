@@ -75,6 +75,8 @@ class RunSpec:
     checkpoint_paths: list[str] | None = None  # globs committed as checkpoints (supervisor/outside_checkpoints.py)
     # Where checkpoints outlive the machine (an fsspec URL; the run's id is appended); None: the resource's, if any.
     checkpoint_root: str | None = None
+    # Extra environment for every attempt (an experiment's test run: TRACKWAY_MAX_STEPS, TRACKWAY_RESTORE_CHECK).
+    env: dict[str, str] | None = None
 
 
 def _validate(spec: RunSpec) -> None:
@@ -157,7 +159,7 @@ def submit_run(ledger: Ledger, settings: Settings, spec: RunSpec, console: Conso
     load_policy(None, settings.retry)  # a broken [retry] in trackway.toml is refused now, not after an attempt
     log_patterns, checkpoint_paths = _outside_sdk(spec, settings)
     retry_policy = read_policy_file(spec.retry_policy_path)
-    eval_specs = _load_eval_specs(spec.eval_spec_paths, settings)
+    eval_specs = load_eval_specs(spec.eval_spec_paths, settings)
     config = load_config(spec.config_path, spec.overrides)
     data = build_data_manifest(spec.data_paths, console=console)
     environ = submitted_env.capture(spec.environ)
@@ -203,6 +205,7 @@ def submit_run(ledger: Ledger, settings: Settings, spec: RunSpec, console: Conso
                     log_patterns=json.dumps(log_patterns) if log_patterns else None,
                     checkpoint_paths=json.dumps(checkpoint_paths) if checkpoint_paths else None,
                     checkpoint_root=_run_checkpoint_root(spec, settings.resource(selection.resource), run_id),
+                    env=json.dumps(spec.env) if spec.env else None,
                 ),
             )
             if eval_specs:
@@ -230,7 +233,7 @@ def _outside_sdk(spec: RunSpec, settings: Settings) -> tuple[list[str], list[str
     return patterns, paths
 
 
-def _load_eval_specs(paths: Sequence[str], settings: Settings):
+def load_eval_specs(paths: Sequence[str], settings: Settings):
     if not paths:
         return []
     from trackway.evals.spec import load_spec

@@ -164,7 +164,14 @@ class Supervisor:
             self._look_at_checkpoint_paths(run, attempt)
         self.launch_due_retries(deadline)
         self.start_evaluations(deadline)
+        self.advance_experiments()
         return ends
+
+    def advance_experiments(self) -> None:
+        """Gate experiments whose test run ended and judge those whose full run did (experiments/progress.py)."""
+        from trackway.experiments.progress import advance
+
+        self.findings.extend(advance(self.ledger, self.settings, self.executor).lines)
 
     def _poll(self, pending: list) -> list[tuple[Any, JobStatus]]:
         """Every attempt's status, asked of each executor once for all its jobs (one `squeue` per tick, not per job).

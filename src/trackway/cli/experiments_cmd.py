@@ -1,0 +1,427 @@
+"""`trackway experiment new|start|show|report|stop` and `trackway experiments`: hypotheses under test, thin over experiments/."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import typer
+
+from trackway.cli.context import AppContext, app_context
+from trackway.cli.jsonout import print_json, to_jsonable
+
+FOLLOW_INTERVAL_S = 0.25
+INTERRUPTED = 130
+
+experiment_app = typer.Typer(
+    help="Plan, start, show and report experiments: a hypothesis, a test run that gates the full run, a verdict.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
+
+CRITERIA_HELP = (
+    "What the hypothesis expects, checked on the full run (repeatable), e.g. 'final.loss <= baseline.final.loss * "
+    "1.05', 'wall_hours <= 0.5 * baseline.wall_hours', 'eval.pass@1 > 0.05', 'steps_to(loss, baseline.final.loss) "
+    "<= 0.5 * baseline.steps'. Quantities: final|best|min|max|mean|eval.<metric>, wall_hours, gpu_hours, cost_usd, "
+    "throughput, steps, steps_to(<metric>, X), each also as baseline.<...>; + - * / ( ) abs(); one comparison."
+)
+
+
+@experiment_app.command("new", context_settings={"allow_interspersed_args": False})
+def new(
+    ctx: typer.Context,
+    command: list[str] = typer.Argument(None, metavar="[-- COMMAND [ARGS]...]",
+                                        help="The command to run (default: the baseline's), after `--`."),
+    title: str = typer.Option(..., "--title", help="A short title, e.g. 'double the learning rate'."),
+    hypothesis: str = typer.Option(..., "--hypothesis", help="The falsifiable statement under test."),
+    baseline: str = typer.Option(None, "--baseline", help="The run (id or name) the hypothesis is measured against."),
+    parent: str = typer.Option(
+        None, "--from",
+        help="The previous experiment: its full run becomes the baseline if it was supported, else its own baseline "
+             "stays (its change is reverted); --baseline overrides.",
+    ),
+    overrides: list[str] = typer.Option([], "--set", help="Change a config key against the baseline's: --set train.lr=6e-3."),
+    criteria: list[str] = typer.Option([], "--expect", help=CRITERIA_HELP),
+    allow_multiple_changes: bool = typer.Option(
+        False, "--allow-multiple-changes", help="Record more than one change as meant (refused otherwise)."),
+    config: str = typer.Option(None, "--config", help="Start from this config file instead of the baseline's."),
+    name: str = typer.Option(None, "--name", help="A unique name to address the experiment by."),
+    project: str = typer.Option(None, "--project", help="The project (default: the baseline's)."),
+    data: list[str] = typer.Option([], "--data", help="Data to hash into the runs' manifests (default: the baseline's)."),
+    eval_specs: list[str] = typer.Option([], "--eval", help="Eval specs for the full run (default: the baseline's)."),
+    no_evals: bool = typer.Option(False, "--no-evals", help="No evaluations of the full run (not the baseline's specs)."),
+    gpus: int = typer.Option(None, "--gpus", help="GPUs per run (default: the baseline's)."),
+    time_limit: float = typer.Option(None, "--time-limit", help="The full run's time limit in hours (default: the baseline's)."),
+    resource: str = typer.Option(None, "--resource", help="A declared resource or auto (default: the baseline's request)."),
+) -> None:
+    """Record a hypothesis against a baseline run: its changes (computed) and expected outcomes; print its id."""
+    from trackway.cli.render import console, err_console, say
+    from trackway.receipts.config_diff import change_text
+    from trackway.experiments.define import ExperimentSpec, new_experiment
+
+    app = app_context(ctx)
+    recorded = new_experiment(app.ledger, app.settings, ExperimentSpec(
+        title=title, hypothesis=hypothesis, cwd=Path.cwd(), baseline=baseline, parent=parent,
+        command=list(command or []), config_path=config, overrides=list(overrides), criteria=list(criteria),
+        allow_multiple_changes=allow_multiple_changes, name=name, project=project,
+        data_paths=list(data) or None, eval_spec_paths=list(eval_specs), no_evals=no_evals, gpus=gpus, time_limit_hours=time_limit,
+        resource=resource,
+    ))
+    console.print(recorded.experiment_id, highlight=False)
+    if recorded.baseline_note:
+        say(err_console, recorded.baseline_note)
+    say(err_console, f"baseline {recorded.baseline_run_id}; changes: "
+        + ("; ".join(change_text(c) for c in recorded.changes) or "none in the config or command"))
+    if not criteria:
+        say(err_console, "no --expect: the verdict will be inconclusive; state what the hypothesis expects")
+    err_console.print(app.hint(f"next: `trackway experiment start {recorded.experiment_id}`"), highlight=False)
+
+
+@experiment_app.command("start")
+def start(
+    ctx: typer.Context,
+    experiment: str = typer.Argument(..., help="A planned experiment (id or name)."),
+    max_steps: int = typer.Option(
+        None, "--max-steps",
+        help="The test run's steps, passed as TRACKWAY_MAX_STEPS (default: a tenth of the config's step count, "
+             "at most 200; 100 when it names none).",
+    ),
+    test_time_limit: float = typer.Option(1.0, "--test-time-limit", help="The test run's time limit in hours."),
+    min_throughput: float = typer.Option(
+        None, "--min-throughput", help="The test run's throughput must reach this (default: half the baseline's)."),
+    budget_gpu_hours: float = typer.Option(
+        None, "--budget-gpu-hours",
+        help="Refuse a full run estimated (test-run rate × planned steps) above this many GPU-hours."),
+    loss_key: str = typer.Option("loss", "--loss-key", help="The metric the test run's loss check reads."),
+    skip_test: bool = typer.Option(False, "--skip-test", help="Submit the full run at once (recorded)."),
+    detach: bool = typer.Option(False, "--detach", help="Return once submitted; a background supervisor goes on."),
+) -> None:
+    """Show where the runs would go, submit the test run, and (unless --detach) follow to the verdict (exit 0 iff concluded)."""
+    from trackway import validation
+    from trackway.cli.render import console, err_console, say
+    from trackway.cli.supervise_cmd import ensure_background_supervisor
+    from trackway.experiments.launch import TestPlan, default_test_steps, full_spec, planned_steps, preview, test_spec
+    from trackway.experiments.progress import start as start_experiment
+    from trackway.experiments.records import resolve_experiment
+    from trackway.supervisor.launch import command_by
+
+    if max_steps is not None:
+        validation.whole(max_steps, "--max-steps", 1, validation.MAX_INT32)
+    validation.finite(test_time_limit, "--test-time-limit", 0, validation.TEN_YEARS_HOURS, "hours", low_open=True)
+    if min_throughput is not None:
+        validation.finite(min_throughput, "--min-throughput", 0, 1e12, "units per second", low_open=True)
+    if budget_gpu_hours is not None:
+        validation.finite(budget_gpu_hours, "--budget-gpu-hours", 0, 1e9, "GPU-hours")
+    validation.printable_text(loss_key, "--loss-key")
+    app = app_context(ctx)
+    with app.ledger.read() as conn:
+        record = resolve_experiment(conn, experiment)
+    plan = TestPlan(
+        max_steps=max_steps or default_test_steps(planned_steps(app.ledger, record)),
+        time_limit_hours=test_time_limit, min_throughput=min_throughput, budget_gpu_hours=budget_gpu_hours,
+        loss_key=loss_key, skip_test=skip_test,
+    )
+    # Where each run would go, before anything is submitted.
+    shown = []
+    if not skip_test:
+        shown.append(("test run", preview(app.settings, test_spec(app.ledger, app.settings, record, plan))))
+    shown.append(("full run", preview(app.settings, full_spec(app.ledger, app.settings, record))))
+    for label, where in shown:
+        queue = ""
+        if where.get("free_gpus") is not None and where.get("total_gpus"):
+            queue = f" [{where['free_gpus']} of {where['total_gpus']} GPUs free"
+            queue += f", {where['running_jobs']} running, {where['pending_jobs']} pending]" \
+                if where.get("pending_jobs") is not None else "]"
+        say(err_console, f"{label} → {where['resource']}{'/' + where['qos'] if where['qos'] else ''}: {where['why']}{queue}")
+    if not skip_test:
+        say(err_console, f"test run: {plan.max_steps} steps (TRACKWAY_MAX_STEPS), time limit {plan.time_limit_hours:g} h"
+            + (f"; full run refused above {budget_gpu_hours:g} GPU-hours" if budget_gpu_hours is not None else ""))
+    supervisor = app.supervisor()
+    started = start_experiment(
+        app.ledger, app.settings, record["experiment_id"], plan, supervisor.executor,
+        started_by=command_by(f"trackway experiment start {record['experiment_id']}"),
+    )
+    console.print(started.run_id, highlight=False)
+    say(err_console, f"{started.kind} run {started.run_id} submitted for {started.experiment_id}")
+    if detach:
+        ensure_background_supervisor(app)
+        return
+    raise typer.Exit(_follow(app, supervisor, started.experiment_id))
+
+
+def _follow(app: AppContext, supervisor, experiment_id: str) -> int:
+    """Tick until the experiment concludes or stops, saying each move; 0 iff it concluded."""
+    from rich.text import Text
+
+    from trackway.cli.render import duration, err_console, printable, say
+    from trackway.cli.supervise_cmd import ensure_background_supervisor
+    from trackway.experiments.records import ExperimentStatus, resolve_experiment
+    from trackway.ledger.records import latest_attempt
+    from trackway.supervisor.loop import read_log_tail
+
+    began = time.monotonic()
+    try:
+        with err_console.status("", spinner="dots") as status:
+            while True:
+                ends = supervisor.tick()
+                with app.ledger.read() as conn:
+                    record = resolve_experiment(conn, experiment_id)
+                    mine = {record["test_run_id"], record["full_run_id"]} - {None}
+                    run_id = record["full_run_id"] or record["test_run_id"]
+                    attempt = latest_attempt(conn, run_id) if run_id else None
+                for end in ends:
+                    if end.run_id in mine:
+                        say(err_console, f"{end.attempt_id} ended: {end.reason.value}; {end.decision.action}: "
+                            f"{end.decision.message}")
+                for who, message in supervisor.findings:
+                    if who == experiment_id or who.split("/")[0] in mine:
+                        say(err_console, f"{who}: {message}")
+                if ExperimentStatus(record["status"]).is_final():
+                    break
+                line = Text(f"{experiment_id} {record['status']} {duration(time.monotonic() - began)}  ")
+                if attempt is not None:
+                    tail = read_log_tail(Path(attempt["log_path"]), max_bytes=4096, max_lines=1)
+                    line.append(f"{attempt['attempt_id']} ", style="bold")
+                    line.append(printable(tail[-1].split(" ", 2)[-1] if tail else "")[:90], style="dim")
+                status.update(line)
+                time.sleep(FOLLOW_INTERVAL_S)
+    except KeyboardInterrupt:
+        err_console.print(app.hint(f"stopped following; {experiment_id} goes on "
+                                   f"(`trackway experiment show {experiment_id}`)"), highlight=False)
+        ensure_background_supervisor(app)
+        return INTERRUPTED
+    _print_outcome(app, record)
+    return 0 if record["status"] == ExperimentStatus.CONCLUDED.value else 1
+
+
+def _print_outcome(app: AppContext, record) -> None:
+    from trackway.cli.render import err_console, say
+    from trackway.experiments.records import loads
+
+    for check in loads(record, "test_checks", []) or []:
+        mark = {True: "pass", False: "FAIL", None: "skip"}[check["passed"]]
+        say(err_console, f"  {mark:4} {check['check']}: {check['detail']}")
+    if record["status"] == "stopped":
+        say(err_console, f"{record['experiment_id']} stopped: {record['stop_reason']}")
+    else:
+        detail = loads(record, "verdict_detail", {})
+        say(err_console, f"{record['experiment_id']} {record['verdict']}: {detail.get('why', '')}")
+        if detail.get("next_step"):
+            say(err_console, f"next: {detail['next_step']}")
+    err_console.print(app.hint(f"the report: `trackway experiment report {record['experiment_id']}`"), highlight=False)
+
+
+@experiment_app.command("show")
+def show(
+    ctx: typer.Context,
+    experiment: str = typer.Argument(..., help="An experiment (id or name)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Show an experiment: hypothesis, changes, criteria with their numbers, test-run checks, runs and verdict."""
+    from trackway.experiments.records import resolve_experiment
+    from trackway.experiments.report import describe
+
+    app = app_context(ctx)
+    app.reconcile()
+    with app.ledger.read() as conn:
+        described = describe(conn, resolve_experiment(conn, experiment))
+    if as_json:
+        print_json(_jsonable(described))
+        return
+    _print_described(described)
+
+
+def _print_described(d: dict) -> None:
+    from trackway.cli.render import console, fact
+    from trackway.receipts.config_diff import change_text
+
+    console.print(f"{d['experiment_id']}  {d['title']}", style="bold", highlight=False)
+    fact(console, "hypothesis", d["hypothesis"])
+    fact(console, "status", d["status"] + (f" ({d['stop_reason']})" if d["stop_reason"] else ""))
+    fact(console, "baseline", d["baseline_run_id"] + (f" (after {d['parent_experiment_id']})" if d["parent_experiment_id"] else ""))
+    fact(console, "changes", "; ".join(change_text(c) for c in d["changes"]) or "none")
+    for run_label in ("test_run", "full_run"):
+        run = d[run_label]
+        if run is not None:
+            fact(console, run_label.replace("_", " "), f"{run['run_id']} {run['state']}"
+                 + (f" ({run['termination_reason']})" if run["termination_reason"] not in (None, run["state"]) else "")
+                 + f", {len(run['attempts'])} attempt(s), {run['gpu_hours']:.3g} GPU-h, ${run['cost_usd']:.2f}")
+    for check in d["test_checks"] or []:
+        mark = {True: "pass", False: "FAIL", None: "skip"}[check["passed"]]
+        fact(console, f"check {check['check']}", f"{mark}: {check['detail']}", label_width=20)
+    detail = d["verdict_detail"] or {}
+    for outcome in detail.get("criteria") or []:
+        holds = {True: "holds", False: "FAILS", None: "undecided"}[outcome["holds"]]
+        numbers = ", ".join(f"{k} = {_number(v)}" for k, v in outcome["values"].items())
+        fact(console, "expect", f"{outcome['criterion']}: {holds}" + (f" ({numbers})" if numbers else "")
+             + (f"; {outcome['missing']}" if outcome["missing"] else ""))
+    if not detail.get("criteria"):
+        for text in d["criteria"]:
+            fact(console, "expect", text)
+    verdict = d["verdict"] or (f"{detail['verdict']} (provisional)" if detail.get("verdict") else "not yet")
+    fact(console, "verdict", verdict + (f": {detail['why']}" if detail.get("why") else ""))
+    if detail.get("next_step"):
+        fact(console, "next", detail["next_step"])
+
+
+def _number(value) -> str:
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+@experiment_app.command("report")
+def report(
+    ctx: typer.Context,
+    experiment: str = typer.Argument(..., help="An experiment (id or name)."),
+    output: str = typer.Option(None, "--output", "-o", help="Write the markdown to this file instead of stdout."),
+) -> None:
+    """Print the experiment's markdown report: hypothesis, changes, expected vs observed, checks, attempts, verdict."""
+    import sys
+
+    from trackway.experiments.records import resolve_experiment
+    from trackway.experiments.report import describe, markdown
+
+    app = app_context(ctx)
+    app.reconcile()
+    with app.ledger.read() as conn:
+        text = markdown(describe(conn, resolve_experiment(conn, experiment)))
+    if output:
+        from trackway.errors import InputError
+
+        try:
+            Path(output).write_text(text)
+        except OSError as exc:
+            raise InputError(f"--output {output!r}: cannot write: {exc.strerror}") from None
+        return
+    sys.stdout.write(text)
+
+
+@experiment_app.command("stop")
+def stop(
+    ctx: typer.Context,
+    experiment: str = typer.Argument(..., help="An experiment (id or name) not yet concluded."),
+    reason: str = typer.Option(..., "--reason", help="Why it stops, recorded."),
+) -> None:
+    """Stop an experiment with a reason, cancelling its unfinished test or full run."""
+    from trackway import validation
+    from trackway.cli.render import err_console, say
+    from trackway.experiments.progress import stop as stop_experiment
+
+    validation.printable_text(reason, "--reason")
+    app = app_context(ctx)
+    supervisor = app.supervisor()
+    record = stop_experiment(app.ledger, experiment, reason, supervisor.cancel)
+    say(err_console, f"{record['experiment_id']} stopped: {reason}")
+
+
+def experiments(
+    ctx: typer.Context,
+    chain: str = typer.Option(None, "--chain", help="The iterations leading to and following this experiment, as a table."),
+    project: str = typer.Option(None, "--project", help="Only experiments of this project."),
+    limit: int = typer.Option(50, "--limit", help="At most this many, newest first (0: all)."),
+    metric: str = typer.Option("loss", "--metric", help="The key metric shown per experiment (its full run's final value)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """List experiments with their status and verdict; --chain EXP prints the iterations around EXP."""
+    from trackway.experiments.records import chain_of, list_experiments
+    from trackway.validation import limit as check_limit
+
+    check_limit(limit)
+    app = app_context(ctx)
+    app.reconcile()
+    with app.ledger.read() as conn:
+        if chain:
+            listed = _chain(conn, chain_of(conn, chain), metric)
+        else:
+            listed = [_listed(conn, r, metric) for r in list_experiments(conn, project=project, limit=limit or 0)]
+    if as_json:
+        print_json(listed)
+        return
+    from trackway.cli.render import KEY, Column, console, table
+
+    if chain:
+        # What a person reads the chain for stays at any width: which iteration, its verdict, its number, what next.
+        columns = [Column("#", KEY, right=True), Column("experiment", KEY), Column("hypothesis", 10, shorten_to=16),
+                   Column("verdict", KEY), Column(f"final {metric}", 60, right=True), Column("GPU-h", 20, right=True),
+                   Column("next", 50, shorten_to=8)]
+        console.print(table(None, columns, (
+            (e["iteration"], e["experiment_id"] or f"baseline {e['run_id']}", e["hypothesis"], e["verdict"] or e["status"],
+             _number(e["key_metric"]), _number(e["gpu_hours"]), e["next"])
+            for e in listed
+        )))
+        return
+    console.print(table(None, ["experiment", "title", "status", "verdict", "baseline", "full run", "created (UTC)"], (
+        (e["experiment_id"], e["title"], e["status"], e["verdict"], e["baseline_run_id"], e["full_run_id"],
+         str(e["created_at"])[:16].replace("T", " "))
+        for e in listed
+    ), squeeze=("title",)))
+
+
+NEXT = {"supported": "build on it", "rejected": "revert", "inconclusive": "measure again"}
+
+
+def _chain(conn, rows, metric: str) -> list[dict]:
+    """The iterations as a table: the first experiment's baseline run, then each experiment, with what followed."""
+    root = rows[0]["baseline_run_id"]
+    first = {
+        "iteration": 1, "experiment_id": None, "run_id": root, "hypothesis": "the baseline", "status": "baseline",
+        "verdict": None, "key_metric": _final(conn, root, metric), "gpu_hours": _gpu_hours(conn, [root]),
+        "next": "",
+    }
+    listed = [first]
+    for i, row in enumerate(rows, 2):
+        entry = _listed(conn, row, metric)
+        entry.update(iteration=i, run_id=row["full_run_id"],
+                     next=NEXT.get(row["verdict"] or "", f"fix: {row['stop_reason']}" if row["stop_reason"] else ""))
+        listed.append(entry)
+    return listed
+
+
+def _final(conn, run_id: str | None, metric: str) -> float | None:
+    from trackway.experiments.criteria import Missing, Quantity
+    from trackway.experiments.quantities import RunNumbers
+
+    if not run_id:
+        return None
+    try:
+        return RunNumbers(conn, run_id).metric("final", metric, Quantity("final", metric))
+    except Missing:
+        return None
+
+
+def _gpu_hours(conn, run_ids: list[str]) -> float:
+    from sqlalchemy import func, select
+
+    from trackway.ledger.schema import attempts
+
+    if not run_ids:
+        return 0.0
+    seconds = conn.execute(select(func.sum(attempts.c.gpu_seconds)).where(attempts.c.run_id.in_(run_ids))).scalar()
+    return (seconds or 0.0) / 3600
+
+
+def _listed(conn, row, metric: str) -> dict:
+    return {
+        "experiment_id": row["experiment_id"], "name": row["name"], "project": row["project"], "title": row["title"],
+        "hypothesis": row["hypothesis"], "status": row["status"], "verdict": row["verdict"],
+        "stop_reason": row["stop_reason"], "baseline_run_id": row["baseline_run_id"],
+        "parent_experiment_id": row["parent_experiment_id"], "test_run_id": row["test_run_id"],
+        "full_run_id": row["full_run_id"], "key_metric": _final(conn, row["full_run_id"], metric),
+        "baseline_metric": _final(conn, row["baseline_run_id"], metric),
+        "gpu_hours": _gpu_hours(conn, [r for r in (row["test_run_id"], row["full_run_id"]) if r]),
+        "created_at": to_jsonable(row["created_at"]),
+    }
+
+
+def _jsonable(node):
+    if isinstance(node, dict):
+        return {k: _jsonable(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_jsonable(v) for v in node]
+    if isinstance(node, float) and node != node:
+        return "nan"
+    return to_jsonable(node)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(experiment_app, name="experiment")
+    app.command("experiments")(experiments)

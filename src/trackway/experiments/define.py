@@ -1,0 +1,190 @@
+"""`experiment new`: a hypothesis recorded against its baseline run, with its changes computed and criteria parsed.
+
+The changes are the experiment's config against the baseline's, as the baseline really ran
+(its last attempt's config: the submitted one merged with what the script's `init(config=...)`
+said), so `--set train.lr=6e-3` reads `train.lr: 0.003 → 0.006` even when the baseline never
+set `lr` itself. A different command counts as a change too. More than one change is refused
+unless `--allow-multiple-changes` says it is meant (and the experiment records that it was).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+
+from trackway.errors import InputError
+from trackway.experiments import criteria as criteria_language
+from trackway.receipts.config_diff import change_text, changes as config_changes
+from trackway.experiments.records import (
+    ExperimentStatus,
+    Verdict,
+    insert_experiment,
+    resolve_experiment,
+)
+from trackway.ledger import Ledger
+from trackway.ledger.blobs import get_blob, put_blob
+from trackway.ledger.records import latest_attempt, resolve_run
+from trackway.ledger.schema import experiments, run_eval_specs
+from trackway.ledger.script_config import merge
+from trackway.receipts.config import apply_overrides, load_config
+from trackway.settings import Settings
+from trackway.taxonomy import RunKind
+
+
+@dataclass
+class ExperimentSpec:
+    """What `trackway experiment new` was asked to record."""
+
+    title: str
+    hypothesis: str
+    cwd: Path
+    baseline: str | None = None  # a run id or name; None with `parent`: chosen from the parent's verdict
+    parent: str | None = None  # `--from EXP`
+    command: list[str] = field(default_factory=list)  # empty: the baseline's
+    config_path: str | None = None  # empty: the baseline's submitted config
+    overrides: list[str] = field(default_factory=list)
+    criteria: list[str] = field(default_factory=list)
+    allow_multiple_changes: bool = False
+    name: str | None = None
+    project: str | None = None
+    data_paths: list[str] | None = None
+    eval_spec_paths: list[str] = field(default_factory=list)
+    no_evals: bool = False  # the full run gets no evaluations (default: the baseline's specs)
+    gpus: int | None = None
+    time_limit_hours: float | None = None
+    resource: str | None = None
+
+
+@dataclass
+class Recorded:
+    experiment_id: str
+    baseline_run_id: str
+    changes: list[dict[str, Any]]
+    baseline_note: str  # how the baseline was chosen (`--from`), or ""
+
+
+def new_experiment(ledger: Ledger, settings: Settings, spec: ExperimentSpec) -> Recorded:
+    """Record the experiment (status planned); bad input is refused before anything is written."""
+    from trackway import validation
+
+    for text, name in ((spec.title, "--title"), (spec.hypothesis, "--hypothesis")):
+        if not text or not text.strip():
+            raise InputError(f"{name}: expected a non-empty text")
+    validation.printable_text(spec.title, "--title")
+    if spec.name is not None:
+        validation.run_name(spec.name)
+    parsed = [criteria_language.parse(text) for text in spec.criteria]
+    if spec.gpus is not None:
+        validation.whole(spec.gpus, "--gpus", 0, validation.MAX_GPUS)
+    if spec.time_limit_hours is not None:
+        validation.finite(spec.time_limit_hours, "--time-limit", 0, validation.TEN_YEARS_HOURS, "hours", low_open=True)
+    with ledger.read() as conn:
+        parent, baseline, note = _baseline(conn, spec)
+        if spec.name is not None and conn.execute(
+            select(experiments.c.experiment_id).where(experiments.c.name == spec.name)
+        ).first() is not None:
+            raise InputError(f"--name {spec.name!r}: an experiment with that name exists; pick another")
+        last = latest_attempt(conn, baseline["run_id"])
+        effective = _config(conn, last["config_sha256"] if last else None) or _config(conn, baseline["config_sha256"])
+        submitted = _config(conn, baseline["config_sha256"]) or {}
+        inherited_specs = _eval_specs_of(conn, baseline["run_id"])
+    if spec.resource and spec.resource not in settings.resources and spec.resource not in ("local", "auto"):
+        raise InputError(f"--resource {spec.resource!r}: not declared in trackway.toml "
+                         f"(declared: {', '.join(sorted(settings.resources)) or 'none'}, or auto)")
+    base = load_config(spec.config_path).values if spec.config_path else json.loads(json.dumps(submitted))
+    config = apply_overrides(base, spec.overrides) if (base or spec.overrides) else None
+    after, _ = merge(effective or {}, config.values if config else {})
+    changes = config_changes(effective or {}, after)
+    command = list(spec.command) or json.loads(baseline["command"])
+    baseline_command = json.loads(baseline["command"])
+    if command != baseline_command:
+        changes.append({"key": "command", "before": " ".join(baseline_command), "after": " ".join(command)})
+    if len(changes) > 1 and not spec.allow_multiple_changes:
+        listed = "; ".join(change_text(c) for c in changes[:6]) + ("; ..." if len(changes) > 6 else "")
+        raise InputError(
+            f"--set: this changes {len(changes)} things against the baseline ({listed}); one change at a time "
+            "tells what worked. Split it, or pass --allow-multiple-changes to record that it is meant"
+        )
+    if spec.no_evals and spec.eval_spec_paths:
+        raise InputError("--no-evals: cannot go with --eval; give one or the other")
+    eval_specs = _eval_specs(spec.eval_spec_paths, settings) if spec.eval_spec_paths else None
+    with ledger.write() as conn:
+        config_sha = put_blob(conn, config.canonical, "config") if config else None
+        if eval_specs is not None:
+            from trackway.evals.records import store_spec
+
+            specs = [{"name": s.name, "spec_sha256": store_spec(conn, s), "trigger": s.trigger} for s in eval_specs]
+        else:
+            specs = [] if spec.no_evals else inherited_specs
+        experiment_id = insert_experiment(conn, dict(
+            name=spec.name,
+            project=spec.project or baseline["project"],
+            title=spec.title.strip(),
+            hypothesis=spec.hypothesis.strip(),
+            baseline_run_id=baseline["run_id"],
+            parent_experiment_id=parent["experiment_id"] if parent else None,
+            command=json.dumps(command),
+            workdir=str(spec.cwd if spec.command else Path(baseline["workdir"])),
+            config_sha256=config_sha,
+            overrides=json.dumps(list(spec.overrides)),
+            changes=json.dumps(changes),
+            allow_multiple_changes=bool(spec.allow_multiple_changes),
+            criteria=json.dumps([c.source for c in parsed]),
+            eval_specs=json.dumps(specs) if specs else None,
+            data_paths=json.dumps(spec.data_paths if spec.data_paths is not None
+                                  else json.loads(baseline["data_paths"] or "[]")),
+            gpus=spec.gpus if spec.gpus is not None else baseline["gpus"],
+            time_limit_s=spec.time_limit_hours * 3600 if spec.time_limit_hours else baseline["time_limit_s"],
+            resource_request=spec.resource or baseline["resource_request"],
+            status=ExperimentStatus.PLANNED.value,
+        ))
+    return Recorded(experiment_id, baseline["run_id"], changes, note)
+
+
+def _baseline(conn, spec: ExperimentSpec):
+    """(parent experiment or None, the baseline run, how it was chosen)."""
+    parent = resolve_experiment(conn, spec.parent) if spec.parent else None
+    if spec.baseline:
+        baseline = resolve_run(conn, spec.baseline)
+        note = ""
+    elif parent is None:
+        raise InputError("--baseline: expected the run this hypothesis is measured against (or --from EXP)")
+    elif parent["verdict"] == Verdict.SUPPORTED.value and parent["full_run_id"]:
+        baseline = resolve_run(conn, parent["full_run_id"])
+        note = f"{parent['experiment_id']} was supported: its full run {baseline['run_id']} is the new baseline"
+    else:
+        baseline = resolve_run(conn, parent["baseline_run_id"])
+        outcome = parent["verdict"] or parent["status"]
+        note = (f"{parent['experiment_id']} is {outcome}: its change is reverted and its baseline "
+                f"{baseline['run_id']} stays the baseline")
+    if baseline["kind"] == RunKind.EVAL.value:
+        raise InputError(f"--baseline {spec.baseline or baseline['run_id']!r}: is an evaluation run; "
+                         "expected a training run")
+    return parent, baseline, note
+
+
+def _config(conn, sha: str | None) -> dict | None:
+    if not sha:
+        return None
+    values = json.loads(get_blob(conn, sha))
+    return values if isinstance(values, dict) else None
+
+
+def _eval_specs_of(conn, run_id: str) -> list[dict[str, Any]]:
+    """The baseline's attached eval specs, so the experiment's full run is evaluated the same way."""
+    rows = conn.execute(
+        select(run_eval_specs.c.name, run_eval_specs.c.spec_sha256, run_eval_specs.c.trigger)
+        .where(run_eval_specs.c.run_id == run_id).order_by(run_eval_specs.c.name)
+    ).mappings()
+    return [dict(r) for r in rows]
+
+
+def _eval_specs(paths: Sequence[str], settings: Settings):
+    from trackway.supervisor.launch import load_eval_specs
+
+    return load_eval_specs(paths, settings)

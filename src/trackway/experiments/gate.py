@@ -1,0 +1,190 @@
+"""The test-run gate: the checks a short test run must pass before the expensive full run is submitted.
+
+Each check reads the ledger only (what the test run logged, its receipts, its events), so a
+reader can redo it by hand:
+
+- ended        the test run completed (at its max steps or its own end), not failed or cancelled;
+- first_step   it logged a first step;
+- no_red_flag  no watcher fired on it (stall, loss rising, plateau, throughput falling, memory, GPU idle, NaN);
+- loss         the loss stayed finite and fell: mean of its last quarter below its first quarter's;
+- throughput   at least the threshold (`--min-throughput`, else half the baseline's; skipped if neither says);
+- gpu_use      with GPUs, no `gpu_underused` finding (NVML below 20 %); skipped without GPUs;
+- checkpoint   a checkpoint was committed;
+- restore      the SDK read that checkpoint back from storage and it matched what was saved.
+
+A check is passed (True), failed (False) or skipped (None, with why); only failures stop the experiment.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.engine import Connection
+
+from trackway.experiments.criteria import Missing, Quantity
+from trackway.experiments.quantities import RunNumbers
+from trackway.ledger.schema import attempt_events, attempts, checkpoints, metric_points, metric_series, runs
+from trackway.supervisor.watchers import WATCHER_KINDS
+
+RESTORE_EVENT = "restore_check"  # written by the SDK in a test run (sdk/run.py)
+MIN_LOSS_POINTS = 4
+MIN_TIMED_S = 1.0  # a test run that logged for less cannot be timed against anything: its throughput is not judged
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    passed: bool | None  # None: skipped
+    detail: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"check": self.name, "passed": self.passed, "detail": self.detail}
+
+    @property
+    def mark(self) -> str:
+        return {True: "pass", False: "FAIL", None: "skip"}[self.passed]
+
+
+def check_test_run(conn: Connection, run_id: str, baseline_run_id: str, plan: dict[str, Any]) -> list[Check]:
+    """Every check of the gate on the ended test run `run_id`."""
+    loss_key = plan.get("loss_key") or "loss"
+    run = conn.execute(select(runs).where(runs.c.run_id == run_id)).mappings().one()
+    tried = conn.execute(
+        select(attempts).where(attempts.c.run_id == run_id).order_by(attempts.c.attempt_number)
+    ).mappings().all()
+    attempt_ids = [a["attempt_id"] for a in tried]
+    return [
+        _ended(run, tried),
+        _first_step(tried),
+        _no_red_flag(conn, attempt_ids),
+        _loss(conn, run_id, loss_key),
+        _throughput(conn, run_id, baseline_run_id, plan.get("min_throughput")),
+        _gpu_use(conn, run, attempt_ids),
+        _checkpoint(conn, run_id),
+        _restore(conn, attempt_ids),
+    ]
+
+
+def failed(checks: list[Check]) -> list[Check]:
+    return [c for c in checks if c.passed is False]
+
+
+def _ended(run, tried) -> Check:
+    if run["state"] == "completed":
+        steps = max((a["last_step"] for a in tried if a["last_step"] is not None), default=None)
+        return Check("ended", True, f"completed after {len(tried)} attempt(s), last step {steps}")
+    last = tried[-1] if tried else None
+    reason = run["termination_reason"] or (last["termination_reason"] if last else None) or run["state"]
+    evidence = ""
+    if last is not None and last["termination_evidence"]:
+        lines = json.loads(last["termination_evidence"]).get("lines") or []
+        evidence = f": {lines[-1][:200]}" if lines else ""
+    return Check("ended", False, f"the test run {run['state']} ({reason}){evidence}")
+
+
+def _first_step(tried) -> Check:
+    firsts = [a["first_step"] for a in tried if a["first_step"] is not None]
+    if not firsts:
+        return Check("first_step", False, "no step was logged")
+    return Check("first_step", True, f"first step {min(firsts)} logged")
+
+
+def _no_red_flag(conn: Connection, attempt_ids: list[str]) -> Check:
+    if not attempt_ids:
+        return Check("no_red_flag", False, "the test run has no attempt")
+    rows = conn.execute(
+        select(attempt_events.c.attempt_id, attempt_events.c.kind, attempt_events.c.payload)
+        .where(attempt_events.c.attempt_id.in_(attempt_ids), attempt_events.c.kind.in_(WATCHER_KINDS))
+        .order_by(attempt_events.c.attempt_id, attempt_events.c.seq)
+    ).all()
+    if not rows:
+        return Check("no_red_flag", True, "no watcher fired")
+    said = "; ".join(f"{kind}: {json.loads(payload).get('message', '')}"[:160] for _, kind, payload in rows[:3])
+    return Check("no_red_flag", False, said)
+
+
+def _loss(conn: Connection, run_id: str, key: str) -> Check:
+    values = [
+        v for (v,) in conn.execute(
+            select(metric_points.c.value)
+            .join(metric_series, metric_points.c.series_id == metric_series.c.series_id)
+            .where(metric_series.c.run_id == run_id, metric_series.c.key == key)
+            .order_by(metric_points.c.step)
+        )
+    ]
+    name = "loss"
+    if not values:
+        return Check(name, False, f"{key!r} was never logged")
+    bad = [v for v in values if v is None or not math.isfinite(v)]
+    if bad:
+        return Check(name, False, f"{key!r} was not finite at {len(bad)} of {len(values)} points")
+    if len(values) < MIN_LOSS_POINTS:
+        return Check(name, False, f"only {len(values)} {key!r} points; at least {MIN_LOSS_POINTS} to tell a trend")
+    quarter = max(1, len(values) // 4)
+    first = sum(values[:quarter]) / quarter
+    last = sum(values[-quarter:]) / quarter
+    shown = f"mean {key} {first:.4g} over the first {quarter} points, {last:.4g} over the last {quarter}"
+    return Check(name, last < first, ("falling: " if last < first else "not falling: ") + shown)
+
+
+def _throughput(conn: Connection, run_id: str, baseline_run_id: str, minimum: float | None) -> Check:
+    probe = Quantity("throughput")
+    numbers = RunNumbers(conn, run_id)
+    try:
+        value, how = numbers.throughput(probe)
+        steps, seconds = numbers.step_timing(probe)
+    except Missing as exc:
+        return Check("throughput", None if minimum is None else False, exc.why)
+    if seconds < MIN_TIMED_S:
+        return Check("throughput", None, f"too short to time: {steps} steps logged in {seconds:.3g} s")
+    if minimum is not None:
+        return Check("throughput", value >= minimum, f"{value:.4g} ({how}); minimum {minimum:g}")
+    try:
+        base, base_how = RunNumbers(conn, baseline_run_id, "baseline").throughput(probe)
+    except Missing:
+        return Check("throughput", None, f"{value:.4g} ({how}); no minimum and no baseline figure to compare")
+    if how != base_how:
+        return Check("throughput", None, f"{value:.4g} ({how}) is not comparable with the baseline's {base:.4g} ({base_how})")
+    return Check("throughput", value >= 0.5 * base,
+                 f"{value:.4g} ({how}); at least half the baseline's {base:.4g} expected")
+
+
+def _gpu_use(conn: Connection, run, attempt_ids: list[str]) -> Check:
+    if not run["gpus"]:
+        return Check("gpu_use", None, "no GPUs")
+    found = conn.execute(
+        select(attempt_events.c.payload)
+        .where(attempt_events.c.attempt_id.in_(attempt_ids), attempt_events.c.kind == "gpu_underused")
+    ).first()
+    if found is not None:
+        return Check("gpu_use", False, json.loads(found[0]).get("message", "GPU utilization low"))
+    return Check("gpu_use", True, "no GPU-underused finding (NVML, threshold 20%)")
+
+
+def _checkpoint(conn: Connection, run_id: str) -> Check:
+    count, newest = conn.execute(
+        select(func.count(), func.max(checkpoints.c.step))
+        .where(checkpoints.c.run_id == run_id, checkpoints.c.committed_at.is_not(None))
+    ).one()
+    if not count:
+        return Check("checkpoint", False, "no checkpoint was committed")
+    return Check("checkpoint", True, f"{count} committed, newest at step {newest}")
+
+
+def _restore(conn: Connection, attempt_ids: list[str]) -> Check:
+    rows = conn.execute(
+        select(attempt_events.c.payload)
+        .where(attempt_events.c.attempt_id.in_(attempt_ids), attempt_events.c.kind == RESTORE_EVENT)
+        .order_by(attempt_events.c.at)
+    ).all()
+    if not rows:
+        return Check("restore", False, "no checkpoint was read back (the script saved none through the SDK)")
+    said = json.loads(rows[-1][0])
+    where = f"{said.get('name')} (step {said.get('step')})"
+    if said.get("ok"):
+        return Check("restore", True, f"{where} read back from storage: {said.get('compared', 0)} values match")
+    return Check("restore", False, f"{where}: {said.get('problem') or 'did not match what was saved'}")

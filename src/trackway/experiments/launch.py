@@ -1,0 +1,162 @@
+"""Submitting an experiment's runs: the short test run that gates, then the full run, each a normal trackway run.
+
+The test run is kind `test`, gets `TRACKWAY_MAX_STEPS` (the SDK stops it there, completed) and
+`TRACKWAY_RESTORE_CHECK=1` (the SDK reads its first checkpoint back), and a time limit (1 h by
+default). The full run is kind `full`, with the experiment's config, and the eval specs of the
+baseline (or the experiment's own) attached, so `eval.<metric>` compares like with like.
+
+The full run gets the environment the test run was submitted with, whoever submits it (the
+background supervisor, usually): what passed the gate is what runs.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from trackway.ledger import Ledger
+from trackway.ledger.blobs import get_blob
+from trackway.ledger.records import resolve_run
+from trackway.ledger.schema import run_eval_specs
+from trackway.ledger.store import make_private_dirs
+from trackway.settings import Settings
+from trackway.taxonomy import RunKind
+
+DEFAULT_TEST_HOURS = 1.0
+TEST_STEP_SHARE = 10  # without --max-steps: a tenth of the planned steps...
+TEST_STEPS_CAP = 200  # ...at most this many
+TEST_STEPS_UNKNOWN = 100  # when the config names no step count
+
+
+@dataclass(frozen=True)
+class TestPlan:
+    """How `experiment start` tests before the full run, and the limits it holds the full run to."""
+
+    max_steps: int
+    time_limit_hours: float = DEFAULT_TEST_HOURS
+    min_throughput: float | None = None
+    budget_gpu_hours: float | None = None
+    loss_key: str = "loss"
+    skip_test: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"max_steps": self.max_steps, "time_limit_hours": self.time_limit_hours,
+                "min_throughput": self.min_throughput, "budget_gpu_hours": self.budget_gpu_hours,
+                "loss_key": self.loss_key, "skip_test": self.skip_test}
+
+
+def planned_steps(ledger: Ledger, experiment) -> int | None:
+    """The step count the experiment's config names (train.steps, max_steps, ...), if any."""
+    from trackway.evals.tables import TOTAL_STEP_KEYS
+    from trackway.receipts.config_diff import flatten
+
+    config = experiment_config(ledger, experiment) or {}
+    for key, value in flatten(config).items():
+        if key.rsplit(".", 1)[-1] in TOTAL_STEP_KEYS and isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def default_test_steps(planned: int | None) -> int:
+    if planned is None:
+        return TEST_STEPS_UNKNOWN
+    return max(1, min(TEST_STEPS_CAP, planned // TEST_STEP_SHARE))
+
+
+def experiment_config(ledger: Ledger, experiment) -> dict | None:
+    """The experiment's own config (the baseline's with the changes), or the baseline's effective one."""
+    if experiment["config_sha256"]:
+        with ledger.read() as conn:
+            return json.loads(get_blob(conn, experiment["config_sha256"]))
+    return None
+
+
+def run_spec(ledger: Ledger, settings: Settings, experiment, kind: str, **extra: Any):
+    """The RunSpec of one of the experiment's runs."""
+    from trackway.supervisor.launch import RunSpec
+
+    config_path = None
+    if experiment["config_sha256"]:
+        folder = settings.home / "experiments" / experiment["experiment_id"]
+        make_private_dirs(folder)
+        config_path = folder / "config.json"
+        with ledger.read() as conn:
+            config_path.write_bytes(get_blob(conn, experiment["config_sha256"]))
+    return RunSpec(
+        command=json.loads(experiment["command"]),
+        cwd=Path(experiment["workdir"]),
+        name=f"{experiment['name'] or experiment['experiment_id']}-{kind}",
+        project=experiment["project"],
+        kind=kind,
+        config_path=str(config_path) if config_path else None,
+        data_paths=json.loads(experiment["data_paths"] or "[]"),
+        gpus=experiment["gpus"],
+        resource=experiment["resource_request"],
+        **extra,
+    )
+
+
+def test_spec(ledger: Ledger, settings: Settings, experiment, plan: TestPlan):
+    return run_spec(
+        ledger, settings, experiment, RunKind.TEST.value,
+        time_limit_hours=plan.time_limit_hours,
+        env={"TRACKWAY_MAX_STEPS": str(plan.max_steps), "TRACKWAY_RESTORE_CHECK": "1"},
+    )
+
+
+def full_spec(ledger: Ledger, settings: Settings, experiment, environ: dict[str, str] | None = None):
+    hours = experiment["time_limit_s"] / 3600 if experiment["time_limit_s"] else None
+    return run_spec(ledger, settings, experiment, RunKind.FULL.value, time_limit_hours=hours, environ=environ)
+
+
+def record(ledger: Ledger, settings: Settings, spec, experiment) -> str:
+    """Record the run (a full run with its eval specs attached); return its id. Nothing is started yet."""
+    from trackway.supervisor.launch import submit_run
+
+    run_id = submit_run(ledger, settings, spec)
+    if spec.kind == RunKind.FULL.value and experiment["eval_specs"]:
+        now = datetime.now(timezone.utc)
+        with ledger.write() as conn:
+            for item in json.loads(experiment["eval_specs"]):
+                conn.execute(run_eval_specs.insert().values(
+                    run_id=run_id, name=item["name"], spec_sha256=item["spec_sha256"], trigger=item["trigger"],
+                    created_at=now,
+                ))
+    return run_id
+
+
+def launch(ledger: Ledger, settings: Settings, run_id: str, executor, started_by: str) -> str | None:
+    """Start the recorded run's first attempt (None: a supervisor already did)."""
+    from trackway.supervisor.launch import start_attempt
+
+    return start_attempt(ledger, settings, run_id, executor, first=True, started_by=started_by)
+
+
+def environ_of_run(ledger: Ledger, settings: Settings, run_id: str) -> dict[str, str] | None:
+    """The variables `run_id` was submitted with (secrets read back), for the run that follows it."""
+    from trackway.receipts import submitted_env
+
+    with ledger.read() as conn:
+        run = resolve_run(conn, run_id)
+        if not run["environ_sha256"]:
+            return None
+        description = json.loads(get_blob(conn, run["environ_sha256"]))
+    return submitted_env.restore(description, settings.runs_dir).variables
+
+
+def preview(settings: Settings, spec) -> dict[str, Any]:
+    """Where a run like `spec` would go now and why, with the chosen resource's free GPUs and queue."""
+    from trackway.resources.availability import look_up
+    from trackway.supervisor.launch import preview_placement
+
+    selection = preview_placement(settings, spec)
+    resource = settings.resource(selection.resource)
+    row = look_up([resource]).get(resource.name)
+    shown = {"kind": spec.kind, "resource": selection.resource, "qos": selection.qos, "why": selection.text()}
+    if row is not None:
+        shown.update(free_gpus=row.free_gpus, total_gpus=row.total_gpus, running_jobs=row.running_jobs,
+                     pending_jobs=row.pending_jobs, reachable=row.reachable, error=row.error)
+    return shown

@@ -48,6 +48,7 @@ COMMANDS: dict[str, Entry] = {
     "eval": Entry("evals_cmd", "Evaluate a checkpoint (`trackway eval RUN@STEP --spec FILE`), show an evaluation, compare two."),
     "report": Entry("report_cmd", "Reports over the ledger."),
     "experiment": Entry("experiments_cmd", "Plan, start, show and report experiments: a hypothesis, a test run that gates the full run, a verdict."),
+    "serve": Entry("serve_cmd", "Serve the REST API over this ledger: jobs, metrics, checkpoints, evaluations, explain, experiments, SQL, events."),
     "experiments": Entry("experiments_cmd", "List experiments with their status and verdict; --chain EXP prints the iterations around EXP."),
 }
 

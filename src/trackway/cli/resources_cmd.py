@@ -13,14 +13,14 @@ def resources(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """List the resources runs may go to, with live availability (free GPUs, jobs running and pending)."""
-    from trackway.resources.availability import look_up
+    from trackway.resources.availability import look_up, resource_record
     from trackway.supervisor.placement import candidates
 
     app = app_context(ctx)
     declared = candidates(app.settings)
     found = look_up(declared)
     if as_json:
-        print_json([_record(resource, found[resource.name]) for resource in declared])
+        print_json([resource_record(resource, found[resource.name]) for resource in declared])
         return
     from trackway.cli.render import KEY, Column, console, err_console, table
 
@@ -51,21 +51,6 @@ def resources(
     if not app.settings.resources:
         err_console.print(app.hint("no [resources.NAME] in trackway.toml: runs go to this machine "
                                    "(`trackway init` writes a commented example)"), highlight=False)
-
-
-def _record(resource, row) -> dict:
-    return {
-        "resource": resource.name, "executor": resource.executor, "declared": resource.declared,
-        "gpu": resource.gpu or row.gpu_model, "gpu_memory_gb": resource.gpu_memory_gb or row.gpu_memory_gb,
-        "gpus_per_node": resource.gpus_per_node, "nodes": resource.nodes,
-        "cost_per_gpu_hour": resource.cost_per_gpu_hour, "preemptible": resource.preemptible,
-        "grace_seconds": resource.grace_seconds, "use_for": list(resource.use_for),
-        "partition": resource.partition, "account": resource.account,
-        "qos": [{"name": tier.name, "max_hours": tier.max_hours} for tier in resource.qos],
-        "reachable": row.reachable, "free_gpus": row.free_gpus, "total_gpus": row.total_gpus,
-        "running_jobs": row.running_jobs, "pending_jobs": row.pending_jobs,
-        "lookup_ms": round(row.lookup_ms, 1), "error": row.error,
-    }
 
 
 def register(app: typer.Typer) -> None:

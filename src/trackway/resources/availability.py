@@ -207,3 +207,19 @@ def _kill(started: dict[str, subprocess.Popen]) -> None:
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def resource_record(resource, row: Availability) -> dict:
+    """A resource with what it can take now, as `trackway resources --json` and `GET /api/resources` show it."""
+    return {
+        "resource": resource.name, "executor": resource.executor, "declared": resource.declared,
+        "gpu": resource.gpu or row.gpu_model, "gpu_memory_gb": resource.gpu_memory_gb or row.gpu_memory_gb,
+        "gpus_per_node": resource.gpus_per_node, "nodes": resource.nodes,
+        "cost_per_gpu_hour": resource.cost_per_gpu_hour, "preemptible": resource.preemptible,
+        "grace_seconds": resource.grace_seconds, "use_for": list(resource.use_for),
+        "partition": resource.partition, "account": resource.account,
+        "qos": [{"name": tier.name, "max_hours": tier.max_hours} for tier in resource.qos],
+        "reachable": row.reachable, "free_gpus": row.free_gpus, "total_gpus": row.total_gpus,
+        "running_jobs": row.running_jobs, "pending_jobs": row.pending_jobs,
+        "lookup_ms": round(row.lookup_ms, 1), "error": row.error,
+    }

@@ -1,0 +1,1 @@
+"""The REST API (and, later, the dashboard) over one ledger: `trackway serve`."""

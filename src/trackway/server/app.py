@@ -1,0 +1,79 @@
+"""The FastAPI application: one ledger, its routes behind one token check, errors in one shape."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+from fastapi import Depends, FastAPI
+from fastapi.responses import JSONResponse
+
+from trackway.errors import TrackwayError
+from trackway.server import errors, events, jobs, reads
+from trackway.server.auth import Access, checker
+from trackway.settings import Settings
+
+log = logging.getLogger("trackway.server")
+
+
+class LedgerJSON(JSONResponse):
+    """JSON without NaN or infinities (which JSON cannot hold): a non-finite number is null."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(_finite(content), ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+
+
+def _finite(node: Any) -> Any:
+    if isinstance(node, float):
+        return node if math.isfinite(node) else None
+    if isinstance(node, dict):
+        return {k: _finite(v) for k, v in node.items()}
+    if isinstance(node, (list, tuple)):
+        return [_finite(v) for v in node]
+    return node
+
+
+class State:
+    """What every request reads: the settings, the ledger, the executors (for cancel), where jobs run."""
+
+    def __init__(self, settings: Settings, workdir: Path) -> None:
+        from trackway.ledger import open_ledger
+        from trackway.supervisor.loop import Supervisor
+
+        self.settings = settings
+        self.workdir = workdir
+        self.ledger = open_ledger(settings.db_url)
+        self.supervisor = Supervisor(self.ledger, settings)
+
+    def after_submit(self) -> None:
+        """A job was started: make sure a background supervisor drives it (as `submit --detach` does)."""
+        from trackway.supervisor.background import autostart_enabled, ensure_running
+
+        if not autostart_enabled():
+            return
+        try:
+            ensure_running(self.settings)
+        except TrackwayError as exc:
+            log.warning("no background supervisor: %s; jobs wait for `trackway supervise`", exc)
+
+
+def create_app(settings: Settings, access: Access, workdir: Path) -> FastAPI:
+    app = FastAPI(
+        title="trackway",
+        summary="Training runs that leave tracks: jobs, attempts, metrics, checkpoints, evaluations, experiments.",
+        version="1",
+        default_response_class=LedgerJSON,
+        dependencies=[Depends(checker(access))],
+    )
+    app.state.settings = settings
+    state = State(settings, workdir)
+    for name in ("ledger", "supervisor", "workdir", "after_submit"):
+        setattr(app.state, name, getattr(state, name))
+    errors.install(app)
+    app.include_router(jobs.router)
+    app.include_router(reads.router)
+    app.include_router(events.router)
+    return app

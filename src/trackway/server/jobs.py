@@ -1,0 +1,240 @@
+"""The job API our users' scripts already speak: submit, list, look, read logs, cancel.
+
+A job is a run: `POST /api/jobs` records it with its receipt and starts its first attempt exactly
+as `trackway submit --detach` does, and a background supervisor drives it from there. `status`
+is the run's state (queued, running, completed, failed, cancelled).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import func, select
+
+from trackway import validation
+from trackway.ledger.records import resolve_run
+from trackway.ledger.schema import attempts, runs
+from trackway.taxonomy import RunState
+
+router = APIRouter(prefix="/api/jobs", tags=["jobs"])
+FOLLOW_INTERVAL_S = 0.25
+MAX_TAIL = 100_000
+
+
+class JobRequest(BaseModel):
+    """What a script posts to run a job; `script` runs with this server's Python, in `repo` when given."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    script: str = Field(min_length=1, max_length=4096, description="The training script (a path, relative to the repo).")
+    args: list[str] = Field(default_factory=list, max_length=1000)
+    repo: str | None = Field(None, max_length=4096, description="A git URL cloned into the run's workspace.")
+    branch: str | None = Field(None, max_length=400)
+    gpu_count: int = Field(0, ge=0, le=validation.MAX_GPUS)
+    gpu_memory_min_gb: float | None = Field(None, gt=0, le=10_000)
+    time_limit_hours: float | None = Field(None, gt=0, le=validation.TEN_YEARS_HOURS)
+    prefer_resource: str | None = Field(None, max_length=200, description="A declared resource, or auto.")
+    name: str | None = Field(None, max_length=validation.MAX_TEXT)
+    project: str = Field("default", min_length=1, max_length=validation.MAX_TEXT)
+    kind: Literal["test", "full"] = "full"
+    config: dict[str, Any] | None = Field(None, description="The run's config, snapshotted into its receipt.")
+    data: list[str] = Field(default_factory=list, max_length=1000, description="Data paths hashed into the manifest.")
+    eval: list[str] = Field(default_factory=list, max_length=100, description="Eval spec files (TOML).")
+
+
+class Submitted(BaseModel):
+    id: str
+    status: str
+    attempt_id: str | None
+    url: str
+
+
+@router.post("", status_code=201, response_model=Submitted)
+def submit_job(job: JobRequest, request: Request) -> Submitted:
+    from trackway.supervisor.launch import RunSpec, command_by, start_attempt, submit_run
+
+    state = request.app.state
+    config_path = None
+    if job.config is not None:
+        folder = state.settings.home / "server" / "configs"
+        folder.mkdir(parents=True, exist_ok=True)
+        config_path = folder / f"{uuid.uuid4().hex}.json"
+        config_path.write_text(json.dumps(job.config))
+    for path in job.eval:
+        validation.existing_file(path, "eval", "an eval spec file (TOML)")
+    spec = RunSpec(
+        command=[sys.executable, job.script, *job.args], cwd=state.workdir, name=job.name, project=job.project,
+        kind=job.kind, config_path=str(config_path) if config_path else None, data_paths=list(job.data),
+        gpus=job.gpu_count, time_limit_hours=job.time_limit_hours, resource=job.prefer_resource,
+        gpu_memory_min_gb=job.gpu_memory_min_gb, repo_url=job.repo, branch=job.branch, eval_spec_paths=list(job.eval),
+    )
+    try:
+        run_id = submit_run(state.ledger, state.settings, spec)
+    finally:
+        if config_path is not None:
+            config_path.unlink(missing_ok=True)  # the receipt holds the snapshot now (or nothing was recorded)
+    client = request.client.host if request.client else "unknown"
+    attempt_id = start_attempt(state.ledger, state.settings, run_id, state.supervisor.executor, first=True,
+                               started_by=command_by(f"POST /api/jobs from {client}"))
+    state.after_submit()
+    with state.ledger.read() as conn:
+        status = resolve_run(conn, run_id)["state"]
+    return Submitted(id=run_id, status=status, attempt_id=attempt_id, url=f"/api/jobs/{run_id}")
+
+
+@router.get("")
+def list_jobs(
+    request: Request,
+    state: Literal["queued", "running", "completed", "failed", "cancelled"] | None = None,
+    project: str | None = Query(None, max_length=validation.MAX_TEXT),
+    kind: Literal["test", "full", "eval"] | None = None,
+    limit: int = Query(100, ge=1, le=10_000),
+) -> list[dict[str, Any]]:
+    count = select(func.count()).where(attempts.c.run_id == runs.c.run_id).scalar_subquery()
+    query = select(runs, count.label("attempt_count")).order_by(runs.c.created_at.desc(), runs.c.run_id.desc())
+    if state:
+        query = query.where(runs.c.state == state)
+    if project:
+        query = query.where(runs.c.project == project)
+    query = query.where(runs.c.kind == kind) if kind else query.where(runs.c.kind != "eval")
+    with request.app.state.ledger.read() as conn:
+        rows = conn.execute(query.limit(limit)).mappings().all()
+    return [_summary(r) for r in rows]
+
+
+@router.get("/{job_id}")
+def get_job(job_id: str, request: Request) -> dict[str, Any]:
+    with request.app.state.ledger.read() as conn:
+        run = resolve_run(conn, job_id)
+        tried = conn.execute(
+            select(attempts).where(attempts.c.run_id == run["run_id"]).order_by(attempts.c.attempt_number)
+        ).mappings().all()
+    return {**_summary({**run, "attempt_count": len(tried)}), "attempts": [_attempt(a) for a in tried]}
+
+
+@router.get("/{job_id}/logs", response_class=StreamingResponse,
+            responses={200: {"content": {"text/plain": {}}, "description": "The job's output, attempt by attempt."}})
+def job_logs(
+    job_id: str, request: Request,
+    follow: bool = Query(False, description="Keep streaming across the job's attempts until it ends."),
+    tail: int | None = Query(None, ge=1, le=MAX_TAIL, description="Only the last N lines (of what is there now)."),
+) -> StreamingResponse:
+    ledger = request.app.state.ledger
+    with ledger.read() as conn:
+        run_id = resolve_run(conn, job_id)["run_id"]
+    return StreamingResponse(_log_stream(ledger, run_id, follow, tail), media_type="text/plain; charset=utf-8")
+
+
+@router.post("/{job_id}/cancel", status_code=202)
+def cancel_job(job_id: str, request: Request) -> dict[str, Any]:
+    state = request.app.state
+    with state.ledger.read() as conn:
+        run_id = resolve_run(conn, job_id)["run_id"]
+    cancelling = state.supervisor.cancel(run_id)
+    return {"id": run_id, "cancelling": cancelling}
+
+
+# -- shapes ---------------------------------------------------------------------------------------
+
+
+def _summary(run) -> dict[str, Any]:
+    return {
+        "id": run["run_id"], "name": run["name"], "project": run["project"], "kind": run["kind"],
+        "status": run["state"], "termination_reason": run["termination_reason"], "attempts": run["attempt_count"],
+        "resource": run["resource"], "gpu_count": run["gpus"], "command": json.loads(run["command"]),
+        "created_at": run["created_at"], "ended_at": run["ended_at"],
+    }
+
+
+def _attempt(a) -> dict[str, Any]:
+    decision = json.loads(a["retry_decision"]) if a["retry_decision"] else None
+    return {
+        "attempt_id": a["attempt_id"], "number": a["attempt_number"], "state": a["state"],
+        "termination_reason": a["termination_reason"], "exit_code": a["exit_code"], "signal": a["signal"],
+        "started_at": a["started_at"], "ended_at": a["ended_at"], "resource": a["resource"], "host": a["host"],
+        "gpu_ids": a["gpu_ids"], "first_step": a["first_step"], "last_step": a["last_step"],
+        "resumed_from": a["resumed_from_checkpoint"], "started_by": a["started_by"], "decision": decision,
+    }
+
+
+# -- logs -----------------------------------------------------------------------------------------
+
+
+def _log_stream(ledger, run_id: str, follow: bool, tail: int | None) -> Iterator[bytes]:
+    """The run's attempts' output in order, a separator line before each; with `follow`, until the run has ended.
+
+    With `tail`, the last N lines of what is there now come first (across attempts, separators
+    included); following then goes on from the end of the newest attempt's log.
+    """
+    number, offset = 0, 0
+    tried = _attempts(ledger, run_id)[1]
+    if tail is not None:
+        lines = b"".join(_whole(run_id, tried)).splitlines(keepends=True)
+        yield b"".join(lines[-tail:])
+        if tried:
+            number, offset = tried[-1][0], _size(Path(tried[-1][1]))
+    if not follow and tail is not None:
+        return
+    while True:
+        run_state, tried = _attempts(ledger, run_id)
+        for attempt_number, log_path, attempt_state in tried:
+            if attempt_number < number:
+                continue
+            if attempt_number != number:
+                number, offset = attempt_number, 0
+                yield _separator(run_id, attempt_number)
+            chunk = _read_from(Path(log_path), offset)
+            if chunk:
+                offset += len(chunk)
+                yield chunk
+            if attempt_state != "ended":
+                break  # its successor, if any, is read once it has ended
+        everything = bool(tried) and tried[-1][0] == number and tried[-1][2] == "ended"
+        if not follow or (RunState(run_state).is_terminal() and everything):
+            return
+        time.sleep(FOLLOW_INTERVAL_S)
+
+
+def _attempts(ledger, run_id: str) -> tuple[str, list[tuple[int, str, str]]]:
+    with ledger.read() as conn:
+        state = conn.execute(select(runs.c.state).where(runs.c.run_id == run_id)).scalar()
+        tried = conn.execute(
+            select(attempts.c.attempt_number, attempts.c.log_path, attempts.c.state)
+            .where(attempts.c.run_id == run_id).order_by(attempts.c.attempt_number)
+        ).all()
+    return state, [tuple(row) for row in tried]
+
+
+def _whole(run_id: str, tried) -> Iterator[bytes]:
+    for attempt_number, log_path, _ in tried:
+        yield _separator(run_id, attempt_number)
+        yield _read_from(Path(log_path), 0)
+
+
+def _separator(run_id: str, number: int) -> bytes:
+    return f"=== {run_id}/{number} ===\n".encode()
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def _read_from(path: Path, offset: int) -> bytes:
+    try:
+        with path.open("rb") as f:
+            f.seek(offset)
+            return f.read()
+    except FileNotFoundError:
+        return b""

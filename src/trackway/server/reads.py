@@ -1,0 +1,119 @@
+"""Read-only endpoints over the ledger: resources, metric curves, checkpoints, evaluations, explain, experiments, SQL."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Query, Request
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import select
+
+from trackway.ledger.records import resolve_run
+from trackway.ledger.schema import checkpoints
+from trackway.server.charts import DEFAULT_POINTS, MAX_POINTS, run_chart
+
+router = APIRouter(prefix="/api", tags=["reads"])
+
+
+@router.get("/resources")
+def resources(request: Request) -> list[dict[str, Any]]:
+    """Each resource runs may go to, with free GPUs and jobs running and pending now."""
+    from trackway.resources.availability import look_up, resource_record
+    from trackway.supervisor.placement import candidates
+
+    declared = candidates(request.app.state.settings)
+    found = look_up(declared)
+    return [resource_record(resource, found[resource.name]) for resource in declared]
+
+
+@router.get("/runs/{run_id}/metrics")
+def metrics(
+    run_id: str, request: Request,
+    keys: str | None = Query(None, max_length=10_000, description="Comma-separated metric keys (default: all)."),
+    max_points: int = Query(DEFAULT_POINTS, ge=2, le=MAX_POINTS, description="Points per key, at most."),
+) -> dict[str, Any]:
+    """The run's curves on its continuous step axis, downsampled on the server, with each attempt's bounds."""
+    wanted = [k.strip() for k in keys.split(",") if k.strip()] if keys else None
+    with request.app.state.ledger.read() as conn:
+        run = resolve_run(conn, run_id)
+        return run_chart(conn, run["run_id"], wanted, max_points)
+
+
+@router.get("/runs/{run_id}/checkpoints")
+def run_checkpoints(run_id: str, request: Request) -> list[dict[str, Any]]:
+    """The ledger's mirror of the run's checkpoints (state, step, size, attempt, parent: the lineage)."""
+    import json
+
+    with request.app.state.ledger.read() as conn:
+        run = resolve_run(conn, run_id)
+        rows = conn.execute(
+            select(checkpoints).where(checkpoints.c.run_id == run["run_id"]).order_by(checkpoints.c.step)
+        ).mappings().all()
+    return [{**dict(r), "metrics": json.loads(r["metrics"]) if r["metrics"] else None} for r in rows]
+
+
+@router.get("/runs/{run_id}/evals")
+def run_evals(run_id: str, request: Request) -> dict[str, Any]:
+    """Every evaluation of the run's checkpoints, per seed and aggregated (what `trackway evals --json` prints)."""
+    from trackway.evals.tables import run_table
+    from trackway.supervisor.retry import run_config
+
+    state = request.app.state
+    with state.ledger.read() as conn:
+        run = resolve_run(conn, run_id)
+        return run_table(conn, run["run_id"], run_config(state.settings, run["run_id"]))
+
+
+@router.get("/attempts/{run_id}/{number}/explain")
+def explain_attempt(run_id: str, number: int, request: Request) -> dict[str, Any]:
+    """The 15-minute answer for one attempt: the same facts as `trackway explain RUN/N --json`."""
+    from trackway.supervisor.explain import explain
+
+    with request.app.state.ledger.read() as conn:
+        return explain(conn, f"{run_id}/{number}")
+
+
+@router.get("/runs/{run_id}/explain")
+def explain_run(run_id: str, request: Request) -> dict[str, Any]:
+    """The run's latest attempt explained (`trackway explain RUN --json`)."""
+    from trackway.supervisor.explain import explain
+
+    with request.app.state.ledger.read() as conn:
+        return explain(conn, run_id)
+
+
+@router.get("/experiments")
+def experiments(request: Request, limit: int = Query(100, ge=1, le=10_000)) -> list[dict[str, Any]]:
+    """Experiments, newest first, with status and verdict."""
+    from trackway.experiments.records import list_experiments
+
+    keep = ("experiment_id", "name", "project", "title", "hypothesis", "status", "verdict", "stop_reason",
+            "baseline_run_id", "parent_experiment_id", "test_run_id", "full_run_id", "created_at", "concluded_at")
+    with request.app.state.ledger.read() as conn:
+        return [{k: row[k] for k in keep} for row in list_experiments(conn, limit=limit)]
+
+
+@router.get("/experiments/{experiment_id}")
+def experiment(experiment_id: str, request: Request) -> dict[str, Any]:
+    """One experiment in full (`trackway experiment show --json`)."""
+    from trackway.experiments.records import resolve_experiment
+    from trackway.experiments.report import describe
+
+    with request.app.state.ledger.read() as conn:
+        return describe(conn, resolve_experiment(conn, experiment_id))
+
+
+class SqlRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    query: str = Field(min_length=1, max_length=100_000, description="One read-only statement, PostgreSQL dialect.")
+    timeout_s: float = Field(30.0, gt=0, le=3600)
+
+
+@router.post("/sql")
+def sql(body: SqlRequest, request: Request) -> dict[str, Any]:
+    """One read-only query, refused as `trackway sql` refuses it (writes, DDL, the server's secrets)."""
+    from trackway.ledger.readonly_sql import run_readonly_query
+
+    result = run_readonly_query(request.app.state.ledger, body.query, body.timeout_s)
+    return {"columns": result.columns, "rows": [list(row) for row in result.rows]}

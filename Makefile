@@ -18,13 +18,14 @@ demo: $(STAMP)
 	$(PY) examples/demo.py
 
 # PostgreSQL and a single-node Slurm are started (installed, on a fresh machine) when they are not up; a no-op when they are.
-# sshd is installed when missing (the SSH tests start their own hosts).
+# sshd is installed when missing (the SSH tests start their own hosts), and Chromium (the dashboard's browser tests).
 # Tests that need a background supervisor turn it on themselves; elsewhere none is started,
 # so that no supervisor outlives the test that caused it.
 test: $(STAMP)
 	bash scripts/ensure-postgres.sh
 	bash scripts/ensure-slurm.sh
 	bash scripts/ensure-sshd.sh
+	bash scripts/ensure-chromium.sh
 	TRACKWAY_BACKGROUND_SUPERVISOR=0 $(PY) -m pytest -n 2 --dist loadfile
 
 # One table: figure, value, baseline, ratio, target, met; exits non-zero naming each missed figure.

@@ -12,7 +12,7 @@ from fastapi import Depends, FastAPI
 from fastapi.responses import JSONResponse
 
 from trackway.errors import TrackwayError
-from trackway.server import errors, events, jobs, reads
+from trackway.server import dashboard, errors, events, jobs, reads
 from trackway.server.auth import Access, checker
 from trackway.settings import Settings
 
@@ -66,14 +66,16 @@ def create_app(settings: Settings, access: Access, workdir: Path) -> FastAPI:
         summary="Training runs that leave tracks: jobs, attempts, metrics, checkpoints, evaluations, experiments.",
         version="1",
         default_response_class=LedgerJSON,
-        dependencies=[Depends(checker(access))],
     )
     app.state.settings = settings
     state = State(settings, workdir)
     for name in ("ledger", "supervisor", "workdir", "after_submit"):
         setattr(app.state, name, getattr(state, name))
     errors.install(app)
-    app.include_router(jobs.router)
-    app.include_router(reads.router)
-    app.include_router(events.router)
+    # Every /api route asks for the token; the dashboard's page and assets hold no data and do not.
+    guarded = [Depends(checker(access))]
+    app.include_router(jobs.router, dependencies=guarded)
+    app.include_router(reads.router, dependencies=guarded)
+    app.include_router(events.router, dependencies=guarded)
+    dashboard.install(app)
     return app

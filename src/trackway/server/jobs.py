@@ -22,7 +22,7 @@ from sqlalchemy import func, select
 
 from trackway import validation
 from trackway.ledger.records import resolve_run
-from trackway.ledger.schema import attempts, runs
+from trackway.ledger.schema import attempts, metric_points, metric_series, runs
 from trackway.taxonomy import RunState
 
 router = APIRouter(prefix="/api/jobs", tags=["jobs"])
@@ -108,7 +108,22 @@ def list_jobs(
     query = query.where(runs.c.kind == kind) if kind else query.where(runs.c.kind != "eval")
     with request.app.state.ledger.read() as conn:
         rows = conn.execute(query.limit(limit)).mappings().all()
-    return [_summary(r) for r in rows]
+        return [{**_summary(r), "last_metric": _last_metric(conn, r["run_id"])} for r in rows]
+
+
+def _last_metric(conn, run_id: str) -> dict[str, Any] | None:
+    """The run's newest `loss` point (else of its first key): what a runs list shows beside the state."""
+    keys = dict(conn.execute(
+        select(metric_series.c.key, metric_series.c.series_id).where(metric_series.c.run_id == run_id)
+    ).all())
+    if not keys:
+        return None
+    key = "loss" if "loss" in keys else sorted(keys)[0]
+    row = conn.execute(
+        select(metric_points.c.step, metric_points.c.value).where(metric_points.c.series_id == keys[key])
+        .order_by(metric_points.c.step.desc()).limit(1)
+    ).first()
+    return {"key": key, "step": row[0], "value": row[1]} if row else None
 
 
 @router.get("/{job_id}")

@@ -103,6 +103,31 @@ def experiment(experiment_id: str, request: Request) -> dict[str, Any]:
         return describe(conn, resolve_experiment(conn, experiment_id))
 
 
+@router.get("/waste")
+def waste(request: Request, weeks: int = Query(8, ge=1, le=520)) -> list[dict[str, Any]]:
+    """GPU-hours of ended attempts by ISO week and termination reason, with how much of it was wasted."""
+    from datetime import datetime, timedelta, timezone
+
+    from trackway.ledger.schema import attempts
+
+    since = datetime.now(timezone.utc) - timedelta(weeks=weeks)
+    with request.app.state.ledger.read() as conn:
+        rows = conn.execute(
+            select(attempts.c.started_at, attempts.c.termination_reason, attempts.c.gpu_seconds,
+                   attempts.c.wasted_gpu_seconds)
+            .where(attempts.c.started_at >= since, attempts.c.termination_reason.is_not(None))
+        ).all()
+    groups: dict[tuple[str, str], dict[str, Any]] = {}
+    for started, reason, gpu_seconds, wasted in rows:
+        monday = (started - timedelta(days=started.weekday())).date().isoformat()
+        entry = groups.setdefault((monday, reason), {"week": monday, "termination_reason": reason, "attempts": 0,
+                                                     "gpu_hours": 0.0, "wasted_gpu_hours": 0.0})
+        entry["attempts"] += 1
+        entry["gpu_hours"] += (gpu_seconds or 0.0) / 3600
+        entry["wasted_gpu_hours"] += (wasted or 0.0) / 3600
+    return sorted(groups.values(), key=lambda e: (e["week"], -e["gpu_hours"]), reverse=True)
+
+
 class SqlRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

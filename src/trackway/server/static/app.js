@@ -1,0 +1,377 @@
+// The trackway dashboard: one page, hash routes, data from /api, live from /api/events. No network beyond this server.
+"use strict";
+
+const TOKEN_KEY = "trackway-token";
+const COLORS = ["#2f5bd3", "#d3502f", "#1b7f3b", "#8a3fd1", "#c98a00", "#00838f", "#6d4c41"];
+const page = document.getElementById("page");
+// Steps are whole numbers: the x axis ticks at 1, 2, 5, 10, 20, 50, ... never at 0.5.
+const STEP_INCREMENTS = [];
+for (let scale = 1; scale <= 1e12; scale *= 10) STEP_INCREMENTS.push(scale, 2 * scale, 5 * scale);
+const listeners = new Set();  // what the current page refreshes on an event
+
+// -- plumbing ---------------------------------------------------------------------------------------------------
+
+function takeToken() {
+  // `#/runs?token=...` once: kept for this tab, removed from the address bar (never sent in a URL).
+  const match = location.hash.match(/[?&]token=([^&]+)/);
+  if (match) {
+    sessionStorage.setItem(TOKEN_KEY, decodeURIComponent(match[1]));
+    history.replaceState(null, "", location.hash.replace(/[?&]token=[^&]+/, ""));
+  }
+}
+
+function headers(extra) {
+  const token = sessionStorage.getItem(TOKEN_KEY);
+  return Object.assign(token ? { Authorization: "Bearer " + token } : {}, extra || {});
+}
+
+async function api(path, options) {
+  const response = await fetch(path, Object.assign({ headers: headers() }, options || {}));
+  const body = (response.headers.get("content-type") || "").startsWith("application/json") ? await response.json() : await response.text();
+  if (!response.ok) {
+    const message = body && body.error ? body.error.message : String(body);
+    if (response.status === 401) askToken();
+    throw new Error(message);
+  }
+  return body;
+}
+
+function askToken() {
+  const token = prompt("This server needs its token (trackway serve printed it; it is in $TRACKWAY_HOME/server-token):");
+  if (token) { sessionStorage.setItem(TOKEN_KEY, token.trim()); route(); }
+}
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (key === "class") node.className = value;
+    else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+    else if (value !== undefined && value !== null) node.setAttribute(key, value);
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+function table(columns, rows) {
+  return el("table", {}, el("thead", {}, el("tr", {}, columns.map((c) => el("th", {}, c)))),
+    el("tbody", {}, rows.map((cells) => el("tr", {}, cells.map((c) =>
+      c instanceof Node ? el("td", {}, c) : el("td", { class: typeof c === "number" ? "num" : "" }, fmt(c)))))));
+}
+
+function fmt(value) {
+  if (value === null || value === undefined) return "-";
+  if (typeof value === "number") return Number.isInteger(value) ? String(value) : value.toPrecision(4);
+  return String(value);
+}
+
+function age(iso) {
+  if (!iso) return "-";
+  const seconds = (Date.now() - new Date(iso).getTime()) / 1000;
+  if (seconds < 90) return Math.round(seconds) + " s";
+  if (seconds < 5400) return Math.round(seconds / 60) + " min";
+  if (seconds < 172800) return Math.round(seconds / 3600) + " h";
+  return Math.round(seconds / 86400) + " d";
+}
+
+function stateCell(status) { return el("span", { class: "state-" + status }, status); }
+function show(...nodes) { page.replaceChildren(...nodes); }
+function failed(error) { show(el("p", { class: "error" }, String(error.message || error))); }
+
+// -- the event stream: fetch (so the token can go in a header), read as server-sent events -----------------------
+
+async function listen() {
+  const live = document.getElementById("live");
+  try {
+    const response = await fetch("/api/events", { headers: headers() });
+    if (!response.ok) throw new Error(String(response.status));
+    live.classList.add("on");
+    const reader = response.body.getReader();
+    const decoder = new TextDecoder();
+    let buffer = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buffer += decoder.decode(value, { stream: true });
+      let cut;
+      while ((cut = buffer.indexOf("\n\n")) >= 0) {
+        const block = buffer.slice(0, cut);
+        buffer = buffer.slice(cut + 2);
+        const kind = (block.match(/^event: (.*)$/m) || [])[1];
+        const data = (block.match(/^data: (.*)$/m) || [])[1];
+        if (kind && data) listeners.forEach((heard) => heard(kind, JSON.parse(data)));
+      }
+    }
+  } catch (error) { /* reconnect below */ }
+  live.classList.remove("on");
+  setTimeout(listen, 3000);
+}
+
+function onEvents(refresh, wanted) {
+  let timer = null;
+  listeners.add((kind, data) => {
+    if (wanted && !wanted(kind, data)) return;
+    clearTimeout(timer);
+    timer = setTimeout(refresh, 300);  // a burst of events is one refresh
+  });
+}
+
+// -- runs ---------------------------------------------------------------------------------------------------------
+
+async function runsPage() {
+  const jobs = await api("/api/jobs?limit=200");
+  const picked = new Set();
+  const compare = el("button", { disabled: true, onclick: () => { location.hash = "#/compare/" + [...picked].join(","); } },
+    "compare selected");
+  show(
+    el("h1", {}, "Runs"),
+    el("div", { class: "controls" }, compare),
+    table(["", "run", "name", "kind", "status", "reason", "attempts", "last metric", "age"], jobs.map((job) => [
+      el("input", { type: "checkbox", onchange: (event) => {
+        event.target.checked ? picked.add(job.id) : picked.delete(job.id);
+        compare.disabled = picked.size < 2;
+      } }),
+      el("a", { href: "#/runs/" + job.id }, job.id), job.name, job.kind, stateCell(job.status), job.termination_reason,
+      job.attempts, job.last_metric ? `${job.last_metric.key} ${fmt(job.last_metric.value)} @ ${job.last_metric.step}` : "-",
+      age(job.created_at),
+    ])),
+  );
+  onEvents(() => { if (location.hash.startsWith("#/runs") && !location.hash.startsWith("#/runs/")) runsPage().catch(failed); },
+    (kind) => kind.startsWith("attempt_") || kind === "checkpoint_committed");
+}
+
+// -- one run: curves across attempts, timeline, lineage, evaluations, explain ------------------------------------
+
+function ema(values, weight) {
+  if (!weight) return values;
+  let last = null;
+  return values.map((v) => (v === null ? null : (last = last === null ? v : last * weight + v * (1 - weight))));
+}
+
+function aligned(seriesByName) {
+  // uPlot draws every series over one x array: the union of their steps, null where a series has no point.
+  const steps = [...new Set(Object.values(seriesByName).flatMap((s) => s.steps))].sort((a, b) => a - b);
+  const index = new Map(steps.map((step, i) => [step, i]));
+  const columns = Object.values(seriesByName).map((s) => {
+    const column = new Array(steps.length).fill(null);
+    s.steps.forEach((step, i) => { column[index.get(step)] = s.values[i]; });
+    return column;
+  });
+  return [steps, ...columns];
+}
+
+function restartMarkers(attempts) {
+  // A vertical dashed line at each attempt's first step after the first, labelled with why the one before ended.
+  return {
+    hooks: {
+      draw: [(u) => {
+        const ctx = u.ctx;
+        ctx.save();
+        for (const a of attempts.filter((a) => a.number > 1 && a.first_step !== null)) {
+          const x = u.valToPos(a.first_step, "x", true);
+          if (x < u.bbox.left || x > u.bbox.left + u.bbox.width) continue;
+          ctx.strokeStyle = "#b3261e";
+          ctx.setLineDash([5, 4]);
+          ctx.beginPath();
+          ctx.moveTo(x, u.bbox.top);
+          ctx.lineTo(x, u.bbox.top + u.bbox.height);
+          ctx.stroke();
+          ctx.setLineDash([]);
+          ctx.fillStyle = "#b3261e";
+          ctx.font = `${12 * devicePixelRatio}px system-ui`;
+          ctx.fillText(`attempt ${a.number} · after ${a.after || "?"}`, x + 4 * devicePixelRatio, u.bbox.top + 14 * devicePixelRatio);
+        }
+        ctx.restore();
+      }],
+    },
+  };
+}
+
+function drawChart(target, names, data, attempts, opts) {
+  target.replaceChildren();
+  const series = [{ label: "step" }, ...names.map((name, i) => ({ label: name, stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true }))];
+  const plot = new uPlot({
+    width: Math.min(target.clientWidth || 1000, 1300),
+    height: 360,
+    series,
+    scales: { x: { time: false }, y: opts.log ? { distr: 3 } : {} },
+    axes: [{ label: "step", incrs: STEP_INCREMENTS }, {}],
+    cursor: { drag: { x: true, y: false } },
+    plugins: attempts ? [restartMarkers(attempts)] : [],
+    hooks: { ready: [() => { document.body.dataset.chart = "drawn"; }] },
+  }, data, target);
+  target.ondblclick = () => plot.setScale("x", { min: data[0][0], max: data[0][data[0].length - 1] });
+  return plot;
+}
+
+async function runPage(runId) {
+  const [job, chart] = await Promise.all([api(`/api/jobs/${runId}`), api(`/api/runs/${runId}/metrics?max_points=2000`)]);
+  const keys = Object.keys(chart.series);
+  const chosen = new Set(keys.includes("loss") ? ["loss"] : keys.slice(0, 1));
+  const opts = { log: false, smooth: 0 };
+  const target = el("div", { id: "chart" });
+  const redraw = () => {
+    const names = keys.filter((k) => chosen.has(k));
+    if (!names.length) { target.replaceChildren(el("p", { class: "muted" }, "pick a metric")); return; }
+    const picked = Object.fromEntries(names.map((k) => [k, chart.series[k]]));
+    const data = aligned(picked);
+    for (let i = 1; i < data.length; i++) data[i] = ema(data[i], opts.smooth);
+    drawChart(target, names, data, chart.attempts, opts);
+  };
+  const controls = el("div", { class: "controls" },
+    keys.map((k) => el("label", {}, el("input", { type: "checkbox", ...(chosen.has(k) ? { checked: "" } : {}),
+      onchange: (e) => { e.target.checked ? chosen.add(k) : chosen.delete(k); redraw(); } }), " " + k)),
+    el("label", {}, el("input", { type: "checkbox", id: "log", onchange: (e) => { opts.log = e.target.checked; redraw(); } }), " log scale"),
+    el("label", {}, "smoothing ", el("input", { type: "range", min: 0, max: 0.99, step: 0.01, value: 0,
+      oninput: (e) => { opts.smooth = Number(e.target.value); redraw(); } })),
+    el("span", { class: "muted" }, "drag to zoom, double-click to reset"),
+  );
+  const markers = el("ul", { id: "markers" }, chart.attempts.filter((a) => a.number > 1).map((a) =>
+    el("li", {}, `attempt ${a.number} starts at step ${fmt(a.first_step)} after ${a.after || "?"}` +
+      (a.resumed_from ? `, resumed from ${a.resumed_from}` : ""))));
+  const tabs = el("div", { class: "tabs" });
+  const body = el("div", {});
+  const sections = {
+    attempts: () => attemptsTable(job),
+    checkpoints: () => checkpointsView(runId),
+    evaluations: () => evaluationsView(runId),
+    explain: () => explainView(runId, job),
+  };
+  const open = async (name) => {
+    [...tabs.children].forEach((b) => b.classList.toggle("active", b.dataset.tab === name));
+    try { body.replaceChildren(await sections[name]()); } catch (error) { body.replaceChildren(el("p", { class: "error" }, error.message)); }
+  };
+  Object.keys(sections).forEach((name) => tabs.append(el("button", { "data-tab": name, onclick: () => open(name) }, name)));
+  const summary = chart.attempts.length ? `${chart.attempts.length} attempt(s)` : "no attempt yet";
+  show(
+    el("h1", {}, `${job.name || job.id} `, stateCell(job.status), el("span", { class: "muted" }, ` ${job.kind} · ${summary} · ${job.resource}`)),
+    controls, target, markers, tabs, body,
+  );
+  redraw();
+  open("attempts");
+  onEvents(() => { if (location.hash === "#/runs/" + runId) runPage(runId).catch(failed); },
+    (kind, data) => data.run_id === runId || (data.attempt_id || "").startsWith(runId + "/"));
+}
+
+function attemptsTable(job) {
+  return table(["attempt", "started", "ended", "reason", "exit", "steps", "resumed from", "decision", "started by"],
+    job.attempts.map((a) => [a.attempt_id, a.started_at, a.ended_at, a.termination_reason,
+      a.signal !== null ? "signal " + a.signal : a.exit_code, a.first_step !== null ? `${a.first_step}..${a.last_step}` : "-",
+      a.resumed_from, a.decision ? `${a.decision.action}: ${a.decision.message}` : "-", a.started_by]));
+}
+
+async function checkpointsView(runId) {
+  const rows = await api(`/api/runs/${runId}/checkpoints`);
+  if (!rows.length) return el("p", { class: "muted" }, "no checkpoint");
+  return table(["step", "name", "state", "parent", "attempt", "size", "committed"],
+    rows.map((c) => [c.step, c.name, c.state, c.parent, c.attempt_id, c.size_bytes, c.committed_at]));
+}
+
+async function evaluationsView(runId) {
+  const result = await api(`/api/runs/${runId}/evals`);
+  if (!result.evaluations.length) return el("p", { class: "muted" }, "no evaluation");
+  const metrics = [...new Set(result.evaluations.flatMap((e) => Object.keys(e.metrics)))].sort();
+  return table(["step", "spec", "state", ...metrics], result.evaluations.map((e) => [e.step, e.spec, e.state,
+    ...metrics.map((m) => (e.metrics[m] ? `${fmt(e.metrics[m].mean)} ± ${fmt(e.metrics[m].std)} (${e.metrics[m].seeds})` : "-"))]));
+}
+
+async function explainView(runId, job) {
+  const numbers = job.attempts.map((a) => a.number);
+  const pick = el("select", {}, numbers.map((n) => el("option", { value: n }, `attempt ${n}`)));
+  pick.value = numbers[numbers.length - 1];
+  const out = el("div", { id: "explain" });
+  const load = async () => {
+    const facts = await api(`/api/attempts/${runId}/${pick.value}/explain`);
+    const ended = facts.ended_by || {};
+    const changes = Object.entries(facts.changes || {}).filter(([, v]) => v && v.length);
+    out.replaceChildren(
+      el("p", {}, el("b", {}, "Ended: "), `${ended.reason || "not yet"}`, ended.rule ? ` (rule ${ended.rule})` : ""),
+      ended.evidence && ended.evidence.length ? el("pre", {}, ended.evidence.join("\n")) : "",
+      el("p", {}, el("b", {}, "Read from: "), facts.checkpoints.read_from || "the start"),
+      changes.length ? el("div", {}, el("b", {}, "Changed against the previous attempt"),
+        el("ul", {}, changes.map(([kind, lines]) => el("li", {}, `${kind}: ${lines.join("; ")}`)))) : "",
+      facts.watchers && facts.watchers.length ? el("div", {}, el("b", {}, "Watchers"), el("ul", {}, facts.watchers.map((w) => el("li", {}, w)))) : "",
+      el("p", {}, el("b", {}, "Next: "), facts.next_steps.trackway || "-"),
+      facts.next_steps.person ? el("p", {}, el("b", {}, "To go on: "), facts.next_steps.person) : "",
+    );
+  };
+  pick.onchange = () => load().catch((e) => out.replaceChildren(el("p", { class: "error" }, e.message)));
+  await load();
+  return el("div", {}, pick, out);
+}
+
+// -- compare ------------------------------------------------------------------------------------------------------
+
+async function comparePage(ids) {
+  const key = new URLSearchParams(location.hash.split("?")[1] || "").get("key") || "loss";
+  const charts = await Promise.all(ids.map((id) => api(`/api/runs/${id}/metrics?keys=${encodeURIComponent(key)}&max_points=2000`)));
+  const target = el("div", { id: "chart" });
+  show(el("h1", {}, `Compare ${key}: ${ids.join(", ")}`), target);
+  const data = aligned(Object.fromEntries(charts.map((c) => [c.run_id, c.series[key]])));
+  drawChart(target, ids, data, null, { log: false });
+}
+
+// -- waste, resources, experiments ---------------------------------------------------------------------------------
+
+async function wastePage() {
+  const rows = await api("/api/waste?weeks=8");
+  const most = Math.max(1e-9, ...rows.map((r) => r.gpu_hours));
+  show(el("h1", {}, "GPU-hours by termination reason, by week"),
+    table(["week", "reason", "attempts", "GPU-hours", "wasted", ""], rows.map((r) => [r.week, r.termination_reason, r.attempts,
+      r.gpu_hours, r.wasted_gpu_hours, el("span", {},
+        el("span", { class: "bar useful", style: `width:${200 * (r.gpu_hours - r.wasted_gpu_hours) / most}px` }),
+        el("span", { class: "bar", style: `width:${200 * r.wasted_gpu_hours / most}px` }))])));
+}
+
+async function resourcesPage() {
+  const rows = await api("/api/resources");
+  show(el("h1", {}, "Resources and queue"), table(["resource", "executor", "gpu", "free / total", "running", "pending", "$/GPU-h", "reachable"],
+    rows.map((r) => [r.resource, r.executor, r.gpu, r.total_gpus === null ? "-" : `${r.free_gpus} / ${r.total_gpus}`,
+      r.running_jobs, r.pending_jobs, r.cost_per_gpu_hour, r.reachable ? "yes" : r.error])));
+}
+
+async function experimentsPage() {
+  const rows = await api("/api/experiments");
+  show(el("h1", {}, "Experiments"), rows.length ? table(["experiment", "title", "status", "verdict", "baseline", "full run"],
+    rows.map((e) => [el("a", { href: "#/experiments/" + e.experiment_id }, e.experiment_id), e.title, e.status,
+      el("span", { class: "verdict-" + e.verdict }, e.verdict || "-"), e.baseline_run_id,
+      e.full_run_id ? el("a", { href: "#/runs/" + e.full_run_id }, e.full_run_id) : "-"])) : el("p", { class: "muted" }, "no experiment yet"));
+}
+
+async function experimentPage(id) {
+  const d = await api(`/api/experiments/${id}`);
+  const detail = d.verdict_detail || {};
+  show(el("h1", {}, `${d.experiment_id}: ${d.title} `, el("span", { class: "verdict-" + d.verdict }, d.verdict || d.status)),
+    el("p", {}, d.hypothesis),
+    el("h2", {}, "Criteria"), table(["criterion", "holds", "observed", "quantities"], (detail.criteria || []).map((o) =>
+      [o.criterion, o.holds === null ? "undecided" : o.holds ? "yes" : "no", o.missing || `${fmt(o.left)} vs ${fmt(o.right)}`,
+        Object.entries(o.values).map(([k, v]) => `${k} = ${fmt(v)}`).join(", ")])),
+    el("p", {}, detail.why || d.stop_reason || ""),
+    el("h2", {}, "Test-run checks"), table(["check", "result", "detail"], (d.test_checks || []).map((c) =>
+      [c.check, c.passed === null ? "skipped" : c.passed ? "pass" : el("span", { class: "fail" }, "FAIL"), c.detail])));
+}
+
+// -- routing --------------------------------------------------------------------------------------------------------
+
+async function route() {
+  listeners.clear();
+  delete document.body.dataset.chart;
+  const path = location.hash.replace(/^#/, "").split("?")[0] || "/runs";
+  const parts = path.split("/").filter(Boolean);
+  try {
+    if (parts[0] === "runs" && parts[1]) await runPage(parts[1]);
+    else if (parts[0] === "compare" && parts[1]) await comparePage(parts[1].split(","));
+    else if (parts[0] === "waste") await wastePage();
+    else if (parts[0] === "resources") await resourcesPage();
+    else if (parts[0] === "experiments" && parts[1]) await experimentPage(parts[1]);
+    else if (parts[0] === "experiments") await experimentsPage();
+    else await runsPage();
+  } catch (error) { failed(error); }
+}
+
+takeToken();
+window.addEventListener("hashchange", route);
+route();
+listen();

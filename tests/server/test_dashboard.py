@@ -1,0 +1,103 @@
+"""The dashboard in a real browser (Debian's headless Chromium, driven by Playwright) against a real server.
+
+A run preempted once and resumed is opened: its curve is drawn across both attempts with the restart
+marker, a point is hovered, the explain view is read, and screenshots are kept in test-artifacts/.
+Every request the page makes is watched: none may leave this server (no CDN, works offline).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from api_server import CHATTY, Api, serving
+
+CHROMIUM = "/usr/bin/chromium"
+ARTIFACTS = Path(os.environ.get("TRACKWAY_TEST_ARTIFACTS", Path(__file__).resolve().parents[2] / "test-artifacts"))
+FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+         "--disable-sync", "--no-first-run", "--disable-default-apps"]
+
+
+@pytest.fixture
+def browser():
+    if not Path(CHROMIUM).exists() or shutil.which("chromium") is None:
+        pytest.skip("chromium is not installed (bash scripts/ensure-chromium.sh installs Debian's)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
+        try:
+            yield launched
+        finally:
+            launched.close()
+
+
+def test_a_resumed_run_reads_as_one_curve_with_its_restart_marked_and_explained(home, sqlite_url, browser):
+    environ = {**os.environ, "TRACKWAY_HOME": str(home), "TRACKWAY_DB": sqlite_url}
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with serving(home, sqlite_url) as (base, _):
+        api = Api(base)
+        job = api.post("/api/jobs", {"script": CHATTY, "name": "resumed-once"})[1]
+        deadline = time.time() + 90
+        while api.get(f"/api/jobs/{job['id']}")[1]["status"] != "completed":
+            assert time.time() < deadline, "the job did not complete"
+            subprocess.run([sys.executable, "-m", "trackway", "supervise", "--once"], env=environ,
+                           capture_output=True, timeout=120)
+
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        outside: list[str] = []
+        page.on("request", lambda request: None if request.url.startswith(base) else outside.append(request.url))
+
+        page.goto(base + "/#/runs")
+        page.wait_for_selector(f"a[href='#/runs/{job['id']}']")
+        assert "loss" in page.inner_text("table")  # the last metric beside the state
+        # The list updates live: a job submitted now appears without a reload (the event stream says so).
+        other = api.post("/api/jobs", {"script": CHATTY, "name": "appears-live"})[1]
+        page.wait_for_selector(f"a[href='#/runs/{other['id']}']", timeout=15_000)
+        page.screenshot(path=str(ARTIFACTS / "runs.png"), full_page=True)
+
+        page.goto(f"{base}/#/runs/{job['id']}")
+        page.wait_for_function("document.body.dataset.chart === 'drawn'")
+        assert page.inner_text("#markers") == "attempt 2 starts at step 8 after preempted, resumed from step-00000007"
+        # Both attempts' points are on the one curve, and the dashed restart line is drawn on the canvas.
+        drawn = page.evaluate("""() => {
+            const canvas = document.querySelector('#chart canvas');
+            const pixels = canvas.getContext('2d').getImageData(0, 0, canvas.width, canvas.height).data;
+            let marker = 0, curve = 0;
+            for (let i = 0; i < pixels.length; i += 4) {
+                const [r, g, b, a] = [pixels[i], pixels[i + 1], pixels[i + 2], pixels[i + 3]];
+                if (a > 200 && r > 150 && g < 80 && b < 80) marker++;
+                if (a > 200 && b > 150 && r < 100) curve++;
+            }
+            return {marker, curve};
+        }""")
+        assert drawn["marker"] > 50 and drawn["curve"] > 50, drawn
+
+        over = page.locator("#chart .u-over")
+        box = over.bounding_box()
+        page.mouse.move(box["x"] + box["width"] * 0.75, box["y"] + box["height"] / 2)
+        value = page.locator("#chart .u-legend .u-series").nth(1).locator(".u-value").inner_text()
+        assert value not in ("", "--") and float(value) > 0, value
+        page.screenshot(path=str(ARTIFACTS / "run-curve.png"), full_page=True)
+
+        page.click("button[data-tab='explain']")
+        page.wait_for_selector("#explain")
+        assert "Ended: completed" in page.inner_text("#explain")
+        page.select_option("#explain >> xpath=.. >> select", "1")
+        page.wait_for_function("document.querySelector('#explain').innerText.includes('preempted')")
+        assert "Read from: the start" in page.inner_text("#explain")
+        page.screenshot(path=str(ARTIFACTS / "run-explain.png"), full_page=True)
+
+        page.click("button[data-tab='checkpoints']")
+        page.wait_for_selector("text=step-00000007")
+        for route in ("#/waste", "#/resources", "#/experiments"):
+            page.goto(base + "/" + route)
+            page.wait_for_selector("h1")
+            assert not page.locator(".error").count(), page.inner_text("main")
+        assert outside == [], f"the dashboard asked beyond this server: {outside}"

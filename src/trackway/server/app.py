@@ -74,8 +74,7 @@ def create_app(settings: Settings, access: Access, workdir: Path) -> FastAPI:
     errors.install(app)
     # Every /api route asks for the token; the dashboard's page and assets hold no data and do not.
     guarded = [Depends(checker(access))]
-    app.include_router(jobs.router, dependencies=guarded)
-    app.include_router(reads.router, dependencies=guarded)
-    app.include_router(events.router, dependencies=guarded)
+    for router in (jobs.router, reads.router, events.router):
+        app.include_router(router, dependencies=guarded, responses=errors.RESPONSES)
     dashboard.install(app)
     return app

@@ -16,11 +16,45 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from trackway.errors import TrackwayError
 
 log = logging.getLogger("trackway.server")
+
+
+class FieldError(BaseModel):
+    field: str
+    message: str
+
+
+class ErrorDetail(BaseModel):
+    type: str
+    message: str
+    fields: list[FieldError] | None = None
+
+
+class ErrorBody(BaseModel):
+    """The shape of every error answer."""
+
+    error: ErrorDetail
+
+
+# Declared on every /api route, so the OpenAPI schema says what an error looks like (and clients can trust it).
+RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorBody, "description": why}
+    for status, why in (
+        (400, "Bad input: the message names the field and what was expected"),
+        (401, "No token, or the wrong one"),
+        (403, "Not allowed (a write through /api/sql)"),
+        (404, "No such job, run, attempt or experiment"),
+        (409, "A name that matches more than one thing"),
+        (422, "The request does not validate: each field is named"),
+        (500, "A bug in trackway: the server's log has the traceback"),
+        (503, "The ledger cannot be reached"),
+    )
+}
 
 
 def error_body(kind: str, message: str, fields: list[dict[str, str]] | None = None) -> dict[str, Any]:

@@ -114,6 +114,14 @@ max_running = 2
 # [retry.reasons.infra_transient]
 # budget = 3
 # backoff_seconds = 30
+
+# What needs a person (an attempt that ended other than completed or a resumed preemption, a
+# watcher's alarm, an evaluation's result, an experiment's verdict), sent once by the supervisor
+# through apprise: any URL it knows (json://, slack://, discord://, mailto://, ...).
+# [notify]
+# urls = ["slack://TOKEN_A/TOKEN_B/TOKEN_C/#training", "json://hooks.example.com/trackway"]
+# link = "http://gpu-box:8080"   # the dashboard (`trackway serve`): messages link to the run's page
+# events = ["attempts", "watchers", "evaluations", "experiments"]
 """
 
 
@@ -132,6 +140,10 @@ class Settings:
     # Scripts without the SDK: defaults for `submit --metric-pattern` and `--checkpoint-path`.
     log_metric_patterns: tuple[str, ...] = ()  # [logs] metrics: regexes with a (?P<step>...) group
     checkpoint_paths: tuple[str, ...] = ()  # [checkpoints] path: globs relative to the run's working directory
+    # [notify]: where what needs a person is sent (apprise URLs), the dashboard to link to, and which kinds.
+    notify_urls: tuple[str, ...] = ()
+    notify_link: str | None = None
+    notify_events: tuple[str, ...] = ("attempts", "watchers", "evaluations", "experiments")
 
     def resource(self, name: str = "local") -> Resource:
         """The resource called `name`; an undeclared one (a run recorded before it was removed) runs locally."""
@@ -204,6 +216,7 @@ def load_settings(home: str | Path | None = None, db: str | None = None, cwd: Pa
     if not isinstance(max_running, int) or isinstance(max_running, bool) or max_running < 1:
         raise InputError(f"{toml_path}: [evals] max_running: expected a whole number ≥ 1")
     resources = parse_resources(doc, toml_path, text)
+    notify_urls, notify_link, notify_events = _notify(doc.get("notify"), toml_path)
     return Settings(
         home=home_path,
         db_url=url,
@@ -217,7 +230,37 @@ def load_settings(home: str | Path | None = None, db: str | None = None, cwd: Pa
         idle_exit_seconds=idle_exit_seconds,
         log_metric_patterns=log_metric_patterns,
         checkpoint_paths=checkpoint_paths,
+        notify_urls=notify_urls,
+        notify_link=notify_link,
+        notify_events=notify_events,
     )
+
+
+NOTIFY_EVENTS = ("attempts", "watchers", "evaluations", "experiments")
+
+
+def _notify(section: Any, toml_path: Path) -> tuple[tuple[str, ...], str | None, tuple[str, ...]]:
+    """[notify] urls (apprise URLs: json://, slack://, mailto://, ...), link (the dashboard's address), events."""
+    if section is None:
+        return (), None, NOTIFY_EVENTS
+    if not isinstance(section, dict):
+        raise InputError(f"{toml_path}: [notify] must be a table")
+    unknown = sorted(set(section) - {"urls", "link", "events"})
+    if unknown:
+        raise InputError(f"{toml_path}: [notify] {unknown[0]}: unknown key; expected urls, link, events")
+    urls = _strings(section.get("urls", []), f"{toml_path}: [notify] urls", "notification URLs (json://, slack://, mailto://)")
+    for url in urls:
+        if "://" not in url:
+            raise InputError(f"{toml_path}: [notify] urls: {url.split(':')[0]!r}: expected a URL such as "
+                             "json://host/path, slack://TOKEN_A/TOKEN_B/TOKEN_C or mailto://user:pass@host")
+    link = section.get("link")
+    if link is not None and (not isinstance(link, str) or not link.startswith(("http://", "https://"))):
+        raise InputError(f"{toml_path}: [notify] link: expected the dashboard's http(s):// address, got {link!r}")
+    events = _strings(section.get("events", list(NOTIFY_EVENTS)), f"{toml_path}: [notify] events", "event kinds")
+    wrong = [e for e in events if e not in NOTIFY_EVENTS]
+    if wrong:
+        raise InputError(f"{toml_path}: [notify] events: {wrong[0]!r}: expected some of {', '.join(NOTIFY_EVENTS)}")
+    return urls, link.rstrip("/") if link else None, events
 
 
 def _strings(value: Any, field: str, what: str) -> tuple[str, ...]:

@@ -70,6 +70,7 @@ def _foreground(app: AppContext, once: bool, interval: float) -> None:
             say(err_console, f"a background supervisor (pid {holder.pid}) also drives this ledger; log: {holder.log}")
     if once:
         tell(supervisor.tick())
+        supervisor.notifier.wait(timeout=30)  # what this pass recorded is sent before it exits
     else:
         supervisor.run(lambda: False, interval_s=interval, on_ends=tell)
 

@@ -25,11 +25,12 @@ from trackway.errors import Ambiguous, InputError, NotFound
 from trackway.taxonomy import AttemptState, RunState
 
 # The newest migration: a ledger at another revision is migrated (through SQLAlchemy) before it is read.
-HEAD_REVISION = "0010"
+HEAD_REVISION = "0011"
 
 # Every column stored as `UTCDateTime` in schema.py (a test keeps this set equal to the schema's).
 TIMESTAMP_COLUMNS = frozenset({
     "created_at", "ended_at", "not_before", "started_at", "last_heartbeat_at", "at", "committed_at", "updated_at", "concluded_at",
+    "claimed_at", "sent_at",
 })
 DRIVEN_RUN_STATES = (RunState.QUEUED.value, RunState.RUNNING.value)
 EVALUATION_IN_FLIGHT = "running"  # evals.records.IN_FLIGHT (a test holds the two equal)
@@ -192,6 +193,8 @@ class Reader:
             # An experiment whose test run or full run ends next: the supervisor gates it or judges it.
             "experiments in flight": self.scalar(
                 "SELECT count(*) FROM experiments WHERE status IN ('testing', 'running', 'analyzing')"),
+            "notifications to send": self.scalar(
+                "SELECT count(*) FROM notifications WHERE state IN ('pending', 'sending')"),
         }
         return {what: int(n) for what, n in counts.items() if n}
 

@@ -340,3 +340,22 @@ experiments = Table(
     Column("concluded_at", UTCDateTime),
     Column("updated_at", UTCDateTime, nullable=False),
 )
+
+
+# -- notifications: what needs a person, sent once (supervisor/notify.py) ------------------------------
+
+notifications = Table(
+    "notifications",
+    metadata,
+    Column("key", String(200), primary_key=True),  # "attempt_ended:r.../2": the same happening is told once
+    Column("kind", String(32), nullable=False),
+    Column("run_id", String(32)),
+    Column("title", Text, nullable=False),
+    Column("body", Text, nullable=False),
+    Column("state", String(16), nullable=False, index=True),  # pending, sending, sent, failed
+    Column("tries", Integer, nullable=False),
+    Column("last_error", Text),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("claimed_at", UTCDateTime),
+    Column("sent_at", UTCDateTime),
+)

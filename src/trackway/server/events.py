@@ -13,15 +13,10 @@ import json
 import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
-from typing import Any
-
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
-from sqlalchemy import select
-
 from trackway.errors import InputError
-from trackway.ledger.ingest import SUPERVISOR_RANK
-from trackway.ledger.schema import attempt_events, attempts, checkpoints, evaluations, experiments
+from trackway.ledger.happenings import happened
 from trackway.supervisor.watchers import WATCHER_KINDS
 
 router = APIRouter(prefix="/api", tags=["events"])
@@ -52,7 +47,7 @@ def stream(ledger, start: datetime, poll_s: float = POLL_S, passes: int | None =
     while passes is None or done < passes:
         now = datetime.now(timezone.utc)
         with ledger.read() as conn:
-            found = happened(conn, max(start, cursor - OVERLAP))
+            found = happened(conn, max(start, cursor - OVERLAP), WATCHER_KINDS)
         for at, kind, key, data in found:
             if (kind, key) in sent:
                 continue
@@ -69,47 +64,6 @@ def stream(ledger, start: datetime, poll_s: float = POLL_S, passes: int | None =
         done += 1
         if passes is None or done < passes:
             time.sleep(poll_s)
-
-
-def happened(conn, after: datetime) -> list[tuple[datetime, str, str, dict[str, Any]]]:
-    """Every event after `after`, oldest first: (time, kind, key, data)."""
-    out: list[tuple[datetime, str, str, dict[str, Any]]] = []
-    for row in conn.execute(select(attempts.c.attempt_id, attempts.c.run_id, attempts.c.started_at, attempts.c.resource)
-                            .where(attempts.c.started_at > after)).mappings():
-        out.append((row["started_at"], "attempt_started", row["attempt_id"],
-                    {"attempt_id": row["attempt_id"], "run_id": row["run_id"], "resource": row["resource"]}))
-    for row in conn.execute(select(attempts.c.attempt_id, attempts.c.run_id, attempts.c.ended_at,
-                                   attempts.c.termination_reason, attempts.c.retry_decision)
-                            .where(attempts.c.ended_at > after)).mappings():
-        decision = json.loads(row["retry_decision"]) if row["retry_decision"] else None
-        out.append((row["ended_at"], "attempt_ended", row["attempt_id"],
-                    {"attempt_id": row["attempt_id"], "run_id": row["run_id"],
-                     "termination_reason": row["termination_reason"], "decision": decision}))
-    for row in conn.execute(select(checkpoints.c.run_id, checkpoints.c.step, checkpoints.c.name,
-                                   checkpoints.c.committed_at, checkpoints.c.attempt_id)
-                            .where(checkpoints.c.committed_at > after)).mappings():
-        out.append((row["committed_at"], "checkpoint_committed", f"{row['run_id']}/{row['name']}",
-                    {"run_id": row["run_id"], "step": row["step"], "name": row["name"], "attempt_id": row["attempt_id"]}))
-    for row in conn.execute(select(evaluations.c.eval_id, evaluations.c.run_id, evaluations.c.checkpoint_step,
-                                   evaluations.c.spec_name, evaluations.c.state, evaluations.c.ended_at)
-                            .where(evaluations.c.ended_at > after)).mappings():
-        out.append((row["ended_at"], "evaluation_finished", row["eval_id"],
-                    {"eval_id": row["eval_id"], "run_id": row["run_id"], "step": row["checkpoint_step"],
-                     "spec": row["spec_name"], "state": row["state"]}))
-    for row in conn.execute(select(attempt_events.c.attempt_id, attempt_events.c.kind, attempt_events.c.at,
-                                   attempt_events.c.payload)
-                            .where(attempt_events.c.at > after, attempt_events.c.rank == SUPERVISOR_RANK,
-                                   attempt_events.c.kind.in_(WATCHER_KINDS))).mappings():
-        message = json.loads(row["payload"]).get("message")
-        out.append((row["at"], "watcher_fired", f"{row['attempt_id']}/{row['kind']}",
-                    {"attempt_id": row["attempt_id"], "watcher": row["kind"], "message": message}))
-    for row in conn.execute(select(experiments.c.experiment_id, experiments.c.status, experiments.c.verdict,
-                                   experiments.c.concluded_at)
-                            .where(experiments.c.concluded_at > after)).mappings():
-        out.append((row["concluded_at"], "experiment_concluded", row["experiment_id"],
-                    {"experiment_id": row["experiment_id"], "status": row["status"], "verdict": row["verdict"]}))
-    out.sort(key=lambda e: e[0])
-    return out
 
 
 def _moment(text: str, field: str) -> datetime:

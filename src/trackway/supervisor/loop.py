@@ -43,6 +43,7 @@ from trackway.supervisor.watchers import (
     throughput_falling,
 )
 from trackway.receipts.placement import gpu_utilization
+from trackway.supervisor.notify import Notifier
 from trackway.spool import HEARTBEAT_FILE, read_json, write_json_atomic
 from trackway.taxonomy import AttemptState, RunKind, RunState, TerminationReason
 
@@ -113,6 +114,7 @@ class Supervisor:
         self._outside_sdk: dict[str, RowMapping] = {}
         self.outside_checkpoints = OutsideCheckpoints()
         self._executor_for = executor_for or (lambda name: get_executor(name, settings.home))
+        self.notifier = Notifier(ledger, settings)  # [notify]: what needs a person, told once
 
     def executor(self, name: str) -> Executor:
         if name not in self._executors:
@@ -165,6 +167,7 @@ class Supervisor:
         self.launch_due_retries(deadline)
         self.start_evaluations(deadline)
         self.advance_experiments()
+        self.notifier.tick()
         return ends
 
     def advance_experiments(self) -> None:

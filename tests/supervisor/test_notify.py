@@ -1,0 +1,141 @@
+"""Notifications through apprise to a real HTTP receiver on loopback: what needs a person is told once, with a link."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from trackway.ledger import open_ledger
+from trackway.ledger.schema import notifications
+
+FAULTS = Path(__file__).resolve().parents[2] / "examples" / "faults"
+
+
+class Receiver:
+    """A webhook on loopback that keeps every JSON body posted to it (status 200, or `status` when set)."""
+
+    def __init__(self) -> None:
+        self.bodies: list[dict] = []
+        self.status = 200
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 - http.server's name
+                length = int(self.headers.get("content-length", 0))
+                receiver.bodies.append(json.loads(self.rfile.read(length) or b"{}"))
+                self.send_response(receiver.status)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"json://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def wait_for(self, count: int, timeout: float = 30) -> list[dict]:
+        deadline = time.time() + timeout
+        while len(self.bodies) < count and time.time() < deadline:
+            time.sleep(0.05)
+        return self.bodies
+
+
+@pytest.fixture
+def receiver():
+    made = Receiver()
+    yield made
+    made.server.shutdown()
+
+
+def _configure(receiver: Receiver, extra: str = "") -> None:
+    Path("trackway.toml").write_text(
+        f'[notify]\nurls = ["{receiver.url}"]\nlink = "http://dash.example:8080"\n{extra}')
+
+
+def _rows(sqlite_url: str) -> list[dict]:
+    ledger = open_ledger(sqlite_url)
+    try:
+        with ledger.read() as conn:
+            return [dict(r) for r in conn.execute(select(notifications).order_by(notifications.c.created_at)).mappings()]
+    finally:
+        ledger.dispose()
+
+
+def test_a_failed_attempt_is_told_once_with_its_evidence_and_a_link_and_a_completed_one_is_not(cli_sqlite, receiver, sqlite_url):
+    _configure(receiver)
+    assert cli_sqlite("submit", "--name", "fine", "--", sys.executable, "-c", "print('ok')").code == 0
+    failed = cli_sqlite("submit", "--name", "broken", "--", sys.executable, "-c", "1/0")
+    assert failed.code == 1
+    run_id = failed.out.split()[0]
+    (body,) = receiver.wait_for(1)
+    assert body["title"] == f"trackway: {run_id}/1 ended code_error"
+    assert f"{run_id}/1 (broken) ended code_error." in body["message"]
+    assert "ZeroDivisionError" in body["message"] and f"http://dash.example:8080/#/runs/{run_id}" in body["message"]
+    # Told once: another pass over the same history sends nothing more.
+    assert cli_sqlite("supervise", "--once").code == 0
+    time.sleep(0.5)
+    assert len(receiver.bodies) == 1
+    (row,) = _rows(sqlite_url)
+    assert (row["key"], row["state"], row["tries"]) == (f"attempt_ended:{run_id}/1", "sent", 1)
+
+
+def test_a_preemption_resumed_by_the_supervisor_is_not_news(cli_sqlite, receiver, sqlite_url):
+    _configure(receiver)
+    result = cli_sqlite("submit", "--", sys.executable, str(FAULTS / "preempted.py"))
+    assert result.code == 0, result.err
+    assert cli_sqlite("supervise", "--once").code == 0
+    time.sleep(0.5)
+    assert receiver.bodies == [] and _rows(sqlite_url) == []
+
+
+def test_a_service_that_refuses_is_tried_again_and_its_error_kept(cli_sqlite, receiver, sqlite_url):
+    _configure(receiver, 'events = ["attempts"]\n')
+    receiver.status = 500
+    failed = cli_sqlite("submit", "--", sys.executable, "-c", "import sys; sys.exit(3)")
+    assert failed.code == 1
+    receiver.wait_for(1)
+    assert cli_sqlite("supervise", "--once").code == 0
+    (row,) = _rows(sqlite_url)
+    assert row["state"] == "pending" and row["tries"] == 1 and "did not accept" in row["last_error"]
+
+
+@pytest.mark.parametrize(("section", "said"), [
+    ('urls = ["hooks.example.com/x"]', "expected a URL such as json://"),
+    ('urls = ["json://h/x"]\nlink = "dash:8080"', "[notify] link: expected the dashboard's http(s):// address"),
+    ('urls = ["json://h/x"]\nevents = ["everything"]', "[notify] events: 'everything'"),
+    ('url = "json://h/x"', "[notify] url: unknown key"),
+])
+def test_a_bad_notify_section_is_refused_naming_the_key(cli_sqlite, section, said):
+    Path("trackway.toml").write_text(f"[notify]\n{section}\n")
+    result = cli_sqlite("runs")
+    assert result.code == 2 and said in result.err
+
+
+def test_what_each_happening_says():
+    from trackway.supervisor.notify import message_for
+
+    link = "http://dash:8080"
+    verdict = message_for("experiment_concluded", "x1", {"experiment_id": "x1", "title": "double lr", "status": "concluded",
+                                                        "verdict": "rejected", "why": "1 of 1 criteria fail", "run_id": "r1"}, link)
+    assert verdict.title == "trackway: experiment x1 (double lr): rejected"
+    assert verdict.body == "1 of 1 criteria fail\nhttp://dash:8080/#/experiments/x1"
+    evaluation = message_for("evaluation_finished", "ev1", {"run_id": "r1", "step": 300, "spec": "arith",
+                                                            "state": "completed", "metrics": {"pass@1": 0.249}}, None)
+    assert evaluation.body == "pass@1 0.249\ntrackway explain r1" and "step 300 arith evaluation completed" in evaluation.title
+    alarm = message_for("watcher_fired", "r1/2/stalled", {"attempt_id": "r1/2", "watcher": "stalled",
+                                                          "message": "no heartbeat for 700 s"}, link)
+    assert alarm.title == "trackway: r1/2 stalled" and alarm.body.startswith("no heartbeat for 700 s")
+    # An evaluation seed's own attempt is the evaluation's business; a spent retry budget on a preemption is a person's.
+    assert message_for("attempt_ended", "e/1", {"attempt_id": "e/1", "run_id": "e", "kind": "eval",
+                                                "termination_reason": "code_error"}, link) is None
+    stopped = message_for("attempt_ended", "r1/11", {"attempt_id": "r1/11", "run_id": "r1", "kind": "full",
+                                                     "termination_reason": "preempted",
+                                                     "decision": {"action": "stop", "message": "preempted 10 times"}}, link)
+    assert stopped is not None and "trackway: stop: preempted 10 times" in stopped.body

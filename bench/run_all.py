@@ -34,6 +34,7 @@ BENCHES = [
     "bench_slurm.py",
     "bench_host_loss.py",
     "bench_evals.py",
+    "bench_api.py",
 ]
 
 

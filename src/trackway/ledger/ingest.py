@@ -30,6 +30,7 @@ from typing import Any
 from sqlalchemy import Connection, RowMapping, case, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
+from trackway.ledger import rollups
 from trackway.ledger.schema import attempt_events, attempts, checkpoints, metric_series, spool_cursors
 from trackway.ledger.script_config import merge_script_config
 from trackway.ledger.store import Ledger
@@ -291,11 +292,17 @@ def _ingest_metric_lines(conn: Connection, attempt: RowMapping, batches: list) -
         # Sorted, stably: a step logged twice keeps its last value last, and the upsert keeps that one.
         rows = sorted(rows, key=_SERIES_STEP)
     placeholder = "%s" if conn.dialect.name == "postgresql" else "?"
+    rollups.lock(conn, series)
     cursor = conn.connection.cursor()  # the DBAPI's executemany takes the rows as they are made, one at a time
     try:
         cursor.executemany(_UPSERT_POINTS.format(p=placeholder), rows)
     finally:
         cursor.close()
+    # A chart's kept min/max blocks from the lowest step written on no longer equal their points.
+    rollups.invalidate(conn, {
+        series_id: min(steps[0] if ordered else min(steps) for steps, _, _ in parts)
+        for series_id, parts in series.items()
+    })
     first, last = attempts.c.first_step, attempts.c.last_step
     conn.execute(
         update(attempts)

@@ -177,6 +177,24 @@ metric_points = Table(
     sqlite_with_rowid=False,
 )
 
+# Per series, the lowest and highest value of each block of `width` steps: what a chart of millions of
+# points reads (ledger/rollups.py). Kept rows equal their points: writing points drops the rows after them.
+metric_rollups = Table(
+    "metric_rollups",
+    metadata,
+    Column("series_id", Integer, primary_key=True, autoincrement=False),
+    Column("width", Integer, primary_key=True, autoincrement=False),
+    Column("bucket", BigInteger, primary_key=True, autoincrement=False),
+    Column("first_step", BigInteger),
+    Column("last_step", BigInteger),
+    Column("first_value", Float),
+    Column("last_value", Float),
+    Column("min_value", Float),
+    Column("max_value", Float),
+    Column("points", Integer, nullable=False),
+    sqlite_with_rowid=False,
+)
+
 attempt_events = Table(
     "attempt_events",
     metadata,

@@ -34,9 +34,7 @@ def metrics(
 ) -> dict[str, Any]:
     """The run's curves on its continuous step axis, downsampled on the server, with each attempt's bounds."""
     wanted = [k.strip() for k in keys.split(",") if k.strip()] if keys else None
-    with request.app.state.ledger.read() as conn:
-        run = resolve_run(conn, run_id)
-        return run_chart(conn, run["run_id"], wanted, max_points)
+    return run_chart(request.app.state.ledger, run_id, wanted, max_points)
 
 
 @router.get("/runs/{run_id}/checkpoints")

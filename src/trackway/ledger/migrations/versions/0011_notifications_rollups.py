@@ -1,4 +1,5 @@
-"""Notifications: each message about what needs a person, recorded once (by its key) before it is sent.
+"""Notifications (each message about what needs a person, recorded once by its key before it is sent) and
+metric rollups (each series' min and max per block of steps, kept for charts; ledger/rollups.py).
 
 Revision ID: 0011
 Revises: 0010
@@ -32,8 +33,23 @@ def upgrade() -> None:
         sa.Column("sent_at", TS),
     )
     op.create_index("ix_notifications_state", "notifications", ["state"])
+    op.create_table(
+        "metric_rollups",
+        sa.Column("series_id", sa.Integer, primary_key=True, autoincrement=False),
+        sa.Column("width", sa.Integer, primary_key=True, autoincrement=False),
+        sa.Column("bucket", sa.BigInteger, primary_key=True, autoincrement=False),
+        sa.Column("first_step", sa.BigInteger),
+        sa.Column("last_step", sa.BigInteger),
+        sa.Column("first_value", sa.Float),
+        sa.Column("last_value", sa.Float),
+        sa.Column("min_value", sa.Float),
+        sa.Column("max_value", sa.Float),
+        sa.Column("points", sa.Integer, nullable=False),
+        sqlite_with_rowid=False,
+    )
 
 
 def downgrade() -> None:
+    op.drop_table("metric_rollups")
     op.drop_index("ix_notifications_state", "notifications")
     op.drop_table("notifications")

@@ -84,6 +84,22 @@ def test_a_resumed_run_reads_as_one_curve_with_its_restart_marked_and_explained(
         page.mouse.move(box["x"] + box["width"] * 0.75, box["y"] + box["height"] / 2)
         value = page.locator("#chart .u-legend .u-series").nth(1).locator(".u-value").inner_text()
         assert value not in ("", "--") and float(value) > 0, value
+        # Wheel zooms around the cursor, shift+wheel pans, a double-click shows every step again.
+        def visible() -> tuple[int, int]:
+            low, high = page.get_attribute("#chart", "data-steps").split("..")
+            return int(low), int(high)
+
+        assert visible() == (0, 11)
+        page.mouse.wheel(0, -300)
+        zoomed = visible()
+        assert zoomed[1] - zoomed[0] < 11
+        page.keyboard.down("Shift")
+        page.mouse.wheel(0, 300)
+        page.keyboard.up("Shift")
+        panned = visible()
+        assert panned[0] > zoomed[0] and abs((panned[1] - panned[0]) - (zoomed[1] - zoomed[0])) <= 1  # moved, same width
+        page.mouse.dblclick(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+        page.wait_for_function("document.querySelector('#chart').dataset.steps === '0..11'")
         page.screenshot(path=str(ARTIFACTS / "run-curve.png"), full_page=True)
 
         page.click("button[data-tab='explain']")

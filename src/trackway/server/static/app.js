@@ -200,9 +200,28 @@ function drawChart(target, names, data, attempts, opts) {
     axes: [{ label: "step", incrs: STEP_INCREMENTS }, {}],
     cursor: { drag: { x: true, y: false } },
     plugins: attempts ? [restartMarkers(attempts)] : [],
-    hooks: { ready: [() => { document.body.dataset.chart = "drawn"; }] },
+    hooks: {
+      ready: [() => { document.body.dataset.chart = "drawn"; }],
+      // The visible steps, on the element: what a reader (or a test) can check without reading the canvas.
+      setScale: [(u, key) => { if (key === "x") target.dataset.steps = `${Math.round(u.scales.x.min)}..${Math.round(u.scales.x.max)}`; }],
+    },
   }, data, target);
-  target.ondblclick = () => plot.setScale("x", { min: data[0][0], max: data[0][data[0].length - 1] });
+  const full = { min: data[0][0], max: data[0][data[0].length - 1] };
+  target.ondblclick = () => plot.setScale("x", full);
+  // Pan: the wheel with shift (or a horizontal wheel) moves the visible steps; the wheel alone zooms around the cursor.
+  plot.over.addEventListener("wheel", (event) => {
+    event.preventDefault();
+    const { min, max } = plot.scales.x;
+    const span = max - min;
+    if (event.shiftKey || Math.abs(event.deltaX) > Math.abs(event.deltaY)) {
+      const shift = span * 0.1 * Math.sign(event.deltaX || event.deltaY);
+      plot.setScale("x", { min: min + shift, max: max + shift });
+    } else {
+      const at = plot.posToVal(event.offsetX, "x");
+      const factor = event.deltaY < 0 ? 0.8 : 1.25;
+      plot.setScale("x", { min: at - (at - min) * factor, max: at + (max - at) * factor });
+    }
+  }, { passive: false });
   return plot;
 }
 
@@ -226,7 +245,7 @@ async function runPage(runId) {
     el("label", {}, el("input", { type: "checkbox", id: "log", onchange: (e) => { opts.log = e.target.checked; redraw(); } }), " log scale"),
     el("label", {}, "smoothing ", el("input", { type: "range", min: 0, max: 0.99, step: 0.01, value: 0,
       oninput: (e) => { opts.smooth = Number(e.target.value); redraw(); } })),
-    el("span", { class: "muted" }, "drag to zoom, double-click to reset"),
+    el("span", { class: "muted" }, "drag or wheel to zoom, shift+wheel to pan, double-click to reset"),
   );
   const markers = el("ul", { id: "markers" }, chart.attempts.filter((a) => a.number > 1).map((a) =>
     el("li", {}, `attempt ${a.number} starts at step ${fmt(a.first_step)} after ${a.after || "?"}` +

@@ -17,6 +17,7 @@ from trackway.cli.context import AppContext, app_context
 from trackway.cli.render import printable
 from trackway.errors import InputError, NotFound
 from trackway.ledger.records import active_attempts, get_attempt, resolve_run
+from trackway.output_log import read_from, tail_offset
 from trackway.ledger.schema import attempts, runs
 from trackway.taxonomy import AttemptState, RunState
 from trackway.validation import attempt_ref
@@ -24,7 +25,6 @@ from trackway.validation import attempt_ref
 FOLLOW_INTERVAL_S = 0.25
 # `logs --all` starts an attempt that was already running at its last lines, as `tail` does.
 TAIL_LINES = 10
-TAIL_PROBE_BYTES = 64 * 1024
 
 
 def logs(
@@ -180,7 +180,7 @@ class _Tail:
 
     def pump(self, final: bool = False) -> None:
         """Print the whole lines written since the last call, each after the prefix (the rest too when `final`)."""
-        data = _read_from(self.path, self.offset)
+        data = read_from(self.path, self.offset)
         self.offset += len(data)
         *lines, self.partial = (self.partial + data).split(b"\n")
         if final and self.partial:
@@ -204,7 +204,7 @@ def _tail_all(app: AppContext, follow: bool, interrupt: Interrupt) -> None:
                 if attempt_id not in tails:
                     path = Path(attempt["log_path"])
                     # Started before this command: its last lines; started since: all of it.
-                    tails[attempt_id] = _Tail(_prefix(conn, attempt), path, _tail_offset(path) if first else 0)
+                    tails[attempt_id] = _Tail(_prefix(conn, attempt), path, tail_offset(path, TAIL_LINES) if first else 0)
         for attempt_id, tail in list(tails.items()):
             tail.pump(final=attempt_id not in running)
             if attempt_id not in running:
@@ -224,36 +224,11 @@ def _prefix(conn, attempt) -> bytes:
     return f"{printable(name or attempt['run_id'])}/{attempt['attempt_number']} | ".encode()
 
 
-def _tail_offset(path: Path, lines: int = TAIL_LINES) -> int:
-    """Where the last `lines` lines of `path` begin (0 for a short or missing file)."""
-    try:
-        size = path.stat().st_size
-    except FileNotFoundError:
-        return 0
-    start = max(0, size - TAIL_PROBE_BYTES)
-    data = _read_from(path, start)
-    cut = len(data.rstrip(b"\n"))
-    for _ in range(lines):
-        cut = data.rfind(b"\n", 0, cut)
-        if cut < 0:
-            return start if start == 0 else start + data.find(b"\n") + 1
-    return start + cut + 1
-
-
 # -- bytes ----------------------------------------------------------------------------------------
 
 
-def _read_from(path: Path, offset: int) -> bytes:
-    try:
-        with path.open("rb") as f:
-            f.seek(offset)
-            return f.read()
-    except FileNotFoundError:
-        return b""  # the attempt has not written its first line yet
-
-
 def _copy_from(path: Path, offset: int) -> int:
-    data = _read_from(path, offset)
+    data = read_from(path, offset)
     sys.stdout.buffer.write(data)
     sys.stdout.flush()
     return offset + len(data)

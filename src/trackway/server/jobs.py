@@ -23,6 +23,7 @@ from sqlalchemy import func, select
 from trackway import validation
 from trackway.ledger.records import resolve_run
 from trackway.ledger.schema import attempts, metric_points, metric_series, runs
+from trackway.output_log import read_from, tail_offset
 from trackway.taxonomy import RunState
 
 router = APIRouter(prefix="/api/jobs", tags=["jobs"])
@@ -193,8 +194,7 @@ def _log_stream(ledger, run_id: str, follow: bool, tail: int | None) -> Iterator
     number, offset = 0, 0
     tried = _attempts(ledger, run_id)[1]
     if tail is not None:
-        lines = b"".join(_whole(run_id, tried)).splitlines(keepends=True)
-        yield b"".join(lines[-tail:])
+        yield _last_lines(run_id, tried, tail)
         if tried:
             number, offset = tried[-1][0], _size(Path(tried[-1][1]))
     if not follow and tail is not None:
@@ -207,7 +207,7 @@ def _log_stream(ledger, run_id: str, follow: bool, tail: int | None) -> Iterator
             if attempt_number != number:
                 number, offset = attempt_number, 0
                 yield _separator(run_id, attempt_number)
-            chunk = _read_from(Path(log_path), offset)
+            chunk = read_from(Path(log_path), offset)
             if chunk:
                 offset += len(chunk)
                 yield chunk
@@ -229,10 +229,17 @@ def _attempts(ledger, run_id: str) -> tuple[str, list[tuple[int, str, str]]]:
     return state, [tuple(row) for row in tried]
 
 
-def _whole(run_id: str, tried) -> Iterator[bytes]:
-    for attempt_number, log_path, _ in tried:
-        yield _separator(run_id, attempt_number)
-        yield _read_from(Path(log_path), 0)
+def _last_lines(run_id: str, tried, count: int) -> bytes:
+    """The last `count` lines across the attempts' logs and their separators, reading back from the newest
+    attempt only as far as it takes (each log from where its last lines begin, not whole)."""
+    kept: list[bytes] = []
+    for attempt_number, log_path, _ in reversed(tried):
+        path = Path(log_path)
+        kept[:0] = read_from(path, tail_offset(path, count - len(kept))).splitlines(keepends=True)
+        kept.insert(0, _separator(run_id, attempt_number))
+        if len(kept) >= count:
+            break
+    return b"".join(kept[-count:])
 
 
 def _separator(run_id: str, number: int) -> bytes:
@@ -244,12 +251,3 @@ def _size(path: Path) -> int:
         return path.stat().st_size
     except FileNotFoundError:
         return 0
-
-
-def _read_from(path: Path, offset: int) -> bytes:
-    try:
-        with path.open("rb") as f:
-            f.seek(offset)
-            return f.read()
-    except FileNotFoundError:
-        return b""

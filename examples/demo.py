@@ -19,7 +19,11 @@ Run it with `make demo`. Every step is a real `trackway` command; what it prints
 7. two experiments on the reference: a hypothesis (a doubled learning rate gets to the reference's
    final loss sooner and ends lower) whose test run passes its checks before its full run starts,
    concluded `supported`; then, from it, one (halving the batch) concluded `rejected` and reverted;
-   their reports and the chain of iterations.
+   their reports and the chain of iterations;
+8. the memory preflight on the case that motivated it: Llama-2-7B under FSDP over 8 GPUs,
+   micro-batch 4, dynamic padding of lognormal lengths cut at 4096. It fits at the median on an
+   H100, runs out of memory at the longest batch on an A100 and an H100, fits on an H200, and
+   ranks the changes that would make it fit.
 """
 
 from __future__ import annotations
@@ -241,6 +245,29 @@ def experiments(reference: str) -> list[str]:
     return [as_json("experiment", "show", e)["verdict"] for e in (faster, smaller)]
 
 
+def memory_preflight() -> dict[str, str]:
+    """Step 8: lengths drawn lognormal (median 1500, σ 0.6), then `trackway preflight` on them; the verdicts."""
+    import math
+    import random
+
+    rng = random.Random(7)
+    with tempfile.TemporaryDirectory(prefix="trackway-demo-") as folder:
+        lengths = Path(folder) / "lengths.txt"
+        lengths.write_text("".join(f"{round(rng.lognormvariate(math.log(1500), 0.6))}\n" for _ in range(100_000)))
+        return _judged(lengths)
+
+
+def _judged(lengths: Path) -> dict[str, str]:
+    model = ["--layers", "32", "--hidden", "4096", "--heads", "32", "--ffn", "11008", "--vocab", "32000",
+             "--batch-size", "4", "--sharding", "fsdp", "--world-size", "8", "--flash-attention",
+             "--seq-lengths", str(lengths), "--max-length", "4096", "--steps", "2500",
+             "--gpu", "A100-80", "--gpu", "H100", "--gpu", "H200"]
+    trackway("preflight", *model)
+    said = {t["name"]: t for t in as_json("preflight", *model)["targets"]}
+    return {"H100 median": said["H100"]["at"]["median"]["verdict"],
+            **{name: said[name]["verdict"] for name in ("A100-80", "H100", "H200")}}
+
+
 def main() -> None:
     corpus = ROOT / ".trackway" / "demo" / "corpus.txt"
     subprocess.run([sys.executable, str(EXAMPLES / "make_corpus.py"), str(corpus)], check=True)
@@ -315,6 +342,8 @@ def main() -> None:
                       "`bash scripts/ensure-slurm.sh` (as root) and run `make demo` again")
     console.print("\n[bold]7. Experiments: a hypothesis, a test run that gates the full run, a verdict[/bold]")
     verdicts = experiments(reference)
+    console.print("\n[bold]8. The memory preflight: will a step fit, at the median and at the longest batch?[/bold]")
+    preflight = memory_preflight()
     console.print(Rule("[bold]done", align="left"))
     console.print(f"the ledger is at .trackway/ledger.db; try `trackway attempts {interrupted} --json`.")
     if ref_loss != resumed_loss:
@@ -326,6 +355,8 @@ def main() -> None:
         raise SystemExit("demo: evaluations touched the training run's attempts")
     if not slurm_same:
         raise SystemExit("demo: the run preempted and resumed on Slurm did not reproduce the reference's final loss")
+    if preflight != {"H100 median": "FITS", "A100-80": "OOM", "H100": "OOM", "H200": "FITS"}:
+        raise SystemExit(f"demo: the memory preflight said {preflight} on the motivating case")
     if verdicts != ["supported", "rejected"]:
         raise SystemExit(f"demo: the experiments concluded {verdicts}, expected supported then rejected")
 

@@ -122,6 +122,15 @@ max_running = 2
 # urls = ["slack://TOKEN_A/TOKEN_B/TOKEN_C/#training", "json://hooks.example.com/trackway"]
 # link = "http://gpu-box:8080"   # the dashboard (`trackway serve`): messages link to the run's page
 # events = ["attempts", "watchers", "evaluations", "experiments"]
+
+# The memory preflight (`trackway preflight`), run by `submit` when the run's config declares the model
+# and batch shape: a [preflight] section with the command's keys (layers, hidden, heads, vocab,
+# batch_size, seq_lengths, max_length, precision, sharding, ...), or the config keys named here.
+# Resources it says would run out of GPU memory are passed over; `submit --strict` (or mode =
+# "strict") refuses a run that fits nowhere, before anything is recorded.
+# [preflight]
+# mode = "warn"               # warn | strict | off
+# keys = { batch_size = "train.batch_size", max_length = "data.max_len", model_config = "model.config" }
 """
 
 
@@ -144,6 +153,9 @@ class Settings:
     notify_urls: tuple[str, ...] = ()
     notify_link: str | None = None
     notify_events: tuple[str, ...] = ("attempts", "watchers", "evaluations", "experiments")
+    # [preflight] (resources/run_preflight.py): warn, strict or off; where a run config holds each preflight key.
+    preflight_mode: str = "warn"
+    preflight_keys: dict[str, str] = field(default_factory=dict)
 
     def resource(self, name: str = "local") -> Resource:
         """The resource called `name`; an undeclared one (a run recorded before it was removed) runs locally."""
@@ -217,6 +229,7 @@ def load_settings(home: str | Path | None = None, db: str | None = None, cwd: Pa
         raise InputError(f"{toml_path}: [evals] max_running: expected a whole number ≥ 1")
     resources = parse_resources(doc, toml_path, text)
     notify_urls, notify_link, notify_events = _notify(doc.get("notify"), toml_path)
+    preflight_mode, preflight_keys = _preflight(doc.get("preflight"), toml_path)
     return Settings(
         home=home_path,
         db_url=url,
@@ -233,6 +246,8 @@ def load_settings(home: str | Path | None = None, db: str | None = None, cwd: Pa
         notify_urls=notify_urls,
         notify_link=notify_link,
         notify_events=notify_events,
+        preflight_mode=preflight_mode,
+        preflight_keys=preflight_keys,
     )
 
 
@@ -261,6 +276,23 @@ def _notify(section: Any, toml_path: Path) -> tuple[tuple[str, ...], str | None,
     if wrong:
         raise InputError(f"{toml_path}: [notify] events: {wrong[0]!r}: expected some of {', '.join(NOTIFY_EVENTS)}")
     return urls, link.rstrip("/") if link else None, events
+
+
+def _preflight(section: Any, toml_path: Path) -> tuple[str, dict[str, str]]:
+    """[preflight] mode (warn, strict, off) and keys (preflight key = "dotted.config.key")."""
+    if section is None:
+        return "warn", {}
+    if not isinstance(section, dict):
+        raise InputError(f"{toml_path}: [preflight] must be a table")
+    unknown = sorted(set(section) - {"mode", "keys"})
+    if unknown:
+        raise InputError(f"{toml_path}: [preflight] {unknown[0]}: unknown key; expected mode, keys")
+    from trackway.resources.run_preflight import MODES, check_keys
+
+    mode = section.get("mode", "warn")
+    if mode not in MODES:
+        raise InputError(f"{toml_path}: [preflight] mode: expected one of {', '.join(MODES)}, got {mode!r}")
+    return mode, check_keys(section.get("keys", {}), f"{toml_path}: [preflight] keys")
 
 
 def _strings(value: Any, field: str, what: str) -> tuple[str, ...]:

@@ -43,6 +43,7 @@ COMMANDS: dict[str, Entry] = {
     "gc": Entry("checkpoints_cmd", "Apply checkpoint retention in one pass: what is not kept is superseded, then deleted (marker first)."),
     "evals": Entry("evals_cmd", "The run's checkpoints with their evaluations: step, progress, each metric per seed and aggregated."),
     "resources": Entry("resources_cmd", "List the resources runs may go to, with live availability (free GPUs, jobs running and pending)."),
+    "preflight": Entry("preflight_cmd", "Estimate peak GPU memory per GPU at the median, p99 and longest batch, judge it per GPU, and rank the fixes."),
     "supervise": Entry("supervise_cmd", "Drive every unfinished run: notice ends, classify them, decide by policy, resume what should resume."),
     "explain": Entry("explain_cmd", "A run's attempts and decisions, then one attempt in full: config, data, placement, checkpoints, retries, evaluations and what happens next."),
     "eval": Entry("evals_cmd", "Evaluate a checkpoint (`trackway eval RUN@STEP --spec FILE`), show an evaluation, compare two."),

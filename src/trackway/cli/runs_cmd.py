@@ -203,6 +203,7 @@ def show(
         payload["config"] = config
         payload["config_of"] = shown["attempt_id"] if shown is not None else None
         payload["data_manifest"] = manifest
+        payload["preflight"] = json.loads(run["preflight"]) if run.get("preflight") else None
         payload["attempts"] = [_attempt_json(a) for a in rows]
         print_json(payload)
         return
@@ -254,9 +255,16 @@ def _print_run(app: AppContext, run, config_sha, config, data_sha, manifest, sho
          if manifest else "no data declared"),
         ("code", code),
         ("checkpoints", run["checkpoint_root"] or "under trackway's home"),
+        ("memory", _preflight_line(run)),
     ):
         _fact(label, value)
     _print_config(app, run, config_sha, config, shown)
+
+
+def _preflight_line(run) -> str:
+    from trackway.resources.run_preflight import summary_of
+
+    return summary_of(run.get("preflight")) or "no memory preflight (the config declares no [preflight])"
 
 
 def _print_config(app: AppContext, run, config_sha, config, shown) -> None:

@@ -57,6 +57,11 @@ def submit(
         help="Where checkpoints outlive the machine: an fsspec URL (s3://bucket/prefix, gs://...) or a mounted volume's "
              "path; the run's id is appended (default: the resource's checkpoint_root, else under trackway's home).",
     ),
+    strict: bool = typer.Option(
+        False, "--strict",
+        help="Refuse the run, recording nothing, when the memory preflight (the config's [preflight]) predicts it runs "
+             "out of GPU memory wherever it may go.",
+    ),
     detach: bool = typer.Option(False, "--detach", help="Print the run id and return; do not follow the attempt."),
 ) -> None:
     """Submit COMMAND as a run: capture its receipt, start an attempt and follow it (exit 0 iff it completed)."""
@@ -89,6 +94,7 @@ def submit(
         metric_patterns=list(metric_patterns) or None,
         checkpoint_paths=list(checkpoint_paths) or None,
         checkpoint_root=checkpoint_root,
+        preflight_strict=strict,
     )
     supervisor = Supervisor(app.ledger, app.settings)
     run_id = submit_run(app.ledger, app.settings, spec, console=err_console)

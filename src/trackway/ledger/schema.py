@@ -16,6 +16,7 @@ from sqlalchemy import (
     Float,
     ForeignKey,
     Integer,
+    Index,
     LargeBinary,
     MetaData,
     String,
@@ -103,6 +104,8 @@ runs = Table(
     Column("gpu_memory_min_gb", Float),  # submit --gpu-memory-min
     # An fsspec URL the run's checkpoints are uploaded to and resumed from (0009); NULL: under the home.
     Column("checkpoint_root", Text),
+    # The memory preflight at submit (resources/preflight.py, 0012): JSON with the estimate and each verdict.
+    Column("preflight", Text),
 )
 
 attempts = Table(
@@ -376,4 +379,23 @@ notifications = Table(
     Column("created_at", UTCDateTime, nullable=False),
     Column("claimed_at", UTCDateTime),
     Column("sent_at", UTCDateTime),
+)
+
+
+# -- memory calibrations: measured peaks against the preflight's estimate (resources/calibration.py) --------
+
+memory_calibrations = Table(
+    "memory_calibrations",
+    metadata,
+    Column("calibration_id", Integer, primary_key=True, autoincrement=True),
+    Column("model_family", String(200), nullable=False),
+    Column("precision", String(32), nullable=False),
+    Column("factor", Float, nullable=False),  # measured reserved / estimate without the context
+    Column("run_id", String(32), nullable=False),
+    Column("estimated_bytes", Float, nullable=False),  # uncorrected, without the context
+    Column("measured_allocated_bytes", BigInteger),
+    Column("measured_reserved_bytes", BigInteger, nullable=False),
+    Column("row_length", Integer),  # the padded length the estimate was taken at
+    Column("created_at", UTCDateTime, nullable=False),
+    Index("ix_memory_calibrations_family", "model_family", "precision"),
 )

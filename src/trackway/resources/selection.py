@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from trackway.errors import InputError
 from trackway.resources.availability import Availability
+from trackway.resources.gpu_catalog import KNOWN_GPUS, known_gpu, resource_capacity_gib
 from trackway.resources.registry import QosTier, Resource
 
 AUTO = "auto"
@@ -32,6 +33,7 @@ class Need:
     gpus: int = 0
     gpu_memory_min_gb: float | None = None
     time_limit_hours: float | None = None
+    memory_peak_gib: float | None = None  # the memory preflight's estimate per GPU at the longest batch
 
 
 @dataclass(frozen=True)
@@ -129,6 +131,11 @@ def _unfit(need: Need, resource: Resource, row: Availability | None, explicit: b
             return f"{need.gpu_memory_min_gb:g} GB per GPU asked, and its GPU memory is unknown (declare gpu_memory_gb)"
         if memory < need.gpu_memory_min_gb:
             return f"{memory:g} GB < {need.gpu_memory_min_gb:g} GB asked"
+    if need.memory_peak_gib is not None:
+        capacity = _capacity_gib(resource, row)
+        if capacity is not None and need.memory_peak_gib > capacity:
+            return (f"the memory preflight predicts OOM: {need.memory_peak_gib:.1f} GiB per GPU at the longest batch "
+                    f"> {capacity:g} GiB ({need.memory_peak_gib / capacity:.2f})")
     total = resource.total_gpus if resource.total_gpus is not None else (row.total_gpus if row else None)
     if need.gpus:
         if total is None:
@@ -139,6 +146,16 @@ def _unfit(need: Need, resource: Resource, row: Availability | None, explicit: b
         longest = resource.qos[-1]
         return f"{need.time_limit_hours:g} h asked, its longest QoS ({longest.name}) allows {longest.max_hours:g} h"
     return None
+
+
+def _capacity_gib(resource: Resource, row: Availability | None) -> float | None:
+    """GiB per GPU as the driver reports it: the catalog's for a GPU it knows, else what is declared or seen."""
+    declared = resource_capacity_gib(resource)
+    if declared is not None:
+        return declared[0]
+    if row is not None and row.gpu_model and known_gpu(row.gpu_model):
+        return KNOWN_GPUS[known_gpu(row.gpu_model)]
+    return row.gpu_memory_gb if row is not None else None
 
 
 def _tier(resource: Resource, hours: float | None) -> QosTier | None:

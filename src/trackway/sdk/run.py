@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from trackway.sdk.cuda_memory import PeakRecorder
 from trackway.sdk.exceptions import NonFiniteLoss, SpoolPointsLost
 from trackway.sdk.hooks import (
     describe_exception,
@@ -127,6 +128,8 @@ class Run:
             loss_keys=self._is_loss,
         )
         self._append = self._writer.queue.append
+        # Each rank's own devices' peaks, on heartbeats and at the end (sdk/cuda_memory.py): calibration reads them.
+        self._writer.on_heartbeat = PeakRecorder(self._writer.event)
         self._step: int | None = None
         self.max_steps = context.max_steps
         # One comparison per log call: past this step, the test run has done what it was asked.

@@ -32,6 +32,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import repeat
 from pathlib import Path
@@ -196,6 +197,8 @@ class SpoolWriter:
         self._wake = threading.Event()
         self._stopped = threading.Event()
         self._last_heartbeat = 0.0
+        # Called after each heartbeat, from this writer's thread (the run's GPU memory peak: sdk/cuda_memory.py).
+        self.on_heartbeat: Callable[[], None] | None = None
         self._thread = threading.Thread(target=self._loop, name="trackway-spool", daemon=True)
         self._thread.start()
 
@@ -404,6 +407,8 @@ class SpoolWriter:
             )
         except OSError:
             pass  # a full disk is told by the data writes; a missed heartbeat costs nothing held
+        if self.on_heartbeat is not None:
+            self.on_heartbeat()
 
     def _loop(self) -> None:
         told = False

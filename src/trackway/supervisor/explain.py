@@ -28,6 +28,7 @@ from trackway.ledger.schema import attempt_events, checkpoints, run_eval_specs
 from trackway.receipts import submitted_env
 from trackway.receipts.config_diff import change_text, changes, flatten
 from trackway.redaction import redact_structure
+from trackway.supervisor.memory_facts import memory_facts, memory_lines
 from trackway.supervisor.outside_sdk import visibility
 from trackway.taxonomy import RunState
 from trackway.taxonomy import TerminationReason as R
@@ -127,6 +128,7 @@ def explain(conn: Connection, ref: str, now: datetime | None = None) -> dict[str
         "changes": _changes(conn, previous, attempt) if previous is not None else {},
         "checkpoints": _checkpoint_facts(attempt, run_checkpoints) | {"read_from": _read_from(conn, attempt)},
         "watchers": _watched(conn, attempt["attempt_id"]),
+        "memory": memory_facts(conn, run, attempt, evidence.get("lines", []) + evidence.get("executor", [])),
         "incidents": incidents(conn, attempt["attempt_id"]),
         "history": [_timeline_row(a, run_checkpoints) for a in history],
         "evaluations": _evaluations(conn, run, run_checkpoints),
@@ -627,6 +629,9 @@ def _attempt_blocks(facts: dict[str, Any]) -> list[Block]:
     evidence = ended["evidence"] + [line for line in ended["executor"] if line not in ended["evidence"]]
     if evidence:
         blocks += [("para", "Evidence", ""), ("code", evidence)]
+    memory = memory_lines(facts.get("memory"))
+    if memory:
+        blocks += [("heading", "GPU memory")] + [("item", 0, None, line) for line in memory]
     if facts["incidents"]:
         blocks += [("heading", "Incidents")] + [("item", 0, None, line) for line in facts["incidents"]]
     if facts["watchers"]:

@@ -77,6 +77,8 @@ class RunSpec:
     checkpoint_root: str | None = None
     # Extra environment for every attempt (an experiment's test run: TRACKWAY_MAX_STEPS, TRACKWAY_RESTORE_CHECK).
     env: dict[str, str] | None = None
+    # Refuse, before recording anything, a run the memory preflight predicts to OOM wherever it may go.
+    preflight_strict: bool = False
 
 
 def _validate(spec: RunSpec) -> None:
@@ -120,7 +122,7 @@ def checkpoint_root_url(root: str, field: str) -> str:
     return text.rstrip("/")
 
 
-def preview_placement(settings: Settings, spec: RunSpec):
+def preview_placement(settings: Settings, spec: RunSpec, preflight: str | None = None):
     """Where the run's first attempt would go now; InputError (naming each resource's reason) when nowhere fits.
 
     The attempt itself is placed when it launches (availability may change in between); this
@@ -141,14 +143,21 @@ def preview_placement(settings: Settings, spec: RunSpec):
         raise InputError(f"--resource {asked!r}: not declared in trackway.toml (declared: {declared}, or auto)")
     run = {"resource_request": asked, "resource": asked, "kind": spec.kind, "gpus": spec.gpus,
            "time_limit_s": spec.time_limit_hours * 3600 if spec.time_limit_hours else None,
-           "gpu_memory_min_gb": spec.gpu_memory_min_gb}
+           "gpu_memory_min_gb": spec.gpu_memory_min_gb, "preflight": preflight}
     return place(settings, run)
 
 
 def submit_run(ledger: Ledger, settings: Settings, spec: RunSpec, console: Console | None = None) -> str:
     """Capture the run's receipt and record the run (state queued); return its id."""
     _validate(spec)
-    selection = preview_placement(settings, spec)
+    config = load_config(spec.config_path, spec.overrides)
+    from trackway.supervisor.submit_preflight import submit_preflight
+
+    preflight = submit_preflight(
+        ledger, settings, config.values if config else None, strict=spec.preflight_strict, resource=spec.resource,
+        config_path=spec.config_path, cwd=spec.cwd, gpus=spec.gpus, model_family=spec.model_family, console=console,
+    )
+    selection = preview_placement(settings, spec, preflight)
     if spec.name:
         with ledger.read() as conn:
             if name_taken(conn, spec.name):
@@ -160,7 +169,6 @@ def submit_run(ledger: Ledger, settings: Settings, spec: RunSpec, console: Conso
     log_patterns, checkpoint_paths = _outside_sdk(spec, settings)
     retry_policy = read_policy_file(spec.retry_policy_path)
     eval_specs = load_eval_specs(spec.eval_spec_paths, settings)
-    config = load_config(spec.config_path, spec.overrides)
     data = build_data_manifest(spec.data_paths, console=console)
     environ = submitted_env.capture(spec.environ)
     run_id = new_run_id()
@@ -206,6 +214,7 @@ def submit_run(ledger: Ledger, settings: Settings, spec: RunSpec, console: Conso
                     checkpoint_paths=json.dumps(checkpoint_paths) if checkpoint_paths else None,
                     checkpoint_root=_run_checkpoint_root(spec, settings.resource(selection.resource), run_id),
                     env=json.dumps(spec.env) if spec.env else None,
+                    preflight=preflight,
                 ),
             )
             if eval_specs:

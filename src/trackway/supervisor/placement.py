@@ -10,12 +10,14 @@ for by name goes there, with the tier its time limit needs.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from trackway.errors import InputError
 from trackway.resources.availability import look_up
 from trackway.resources.registry import Resource
+from trackway.resources.run_preflight import peak_gib
 from trackway.resources.selection import AUTO, Need, NoResourceFits, Selection, select
 from trackway.settings import CONFIG_FILE_NAME, Settings, load_settings
 from trackway.taxonomy import TerminationReason
@@ -31,12 +33,19 @@ def requested(run: Mapping[str, Any]) -> str:
 
 def need_of(run: Mapping[str, Any], gpu_memory_min_gb: float | None = None) -> Need:
     limit = run["time_limit_s"]
+    preflight = peak_gib(run.get("preflight"))
     return Need(
         kind=run["kind"],
         gpus=run["gpus"],
         gpu_memory_min_gb=gpu_memory_min_gb if gpu_memory_min_gb is not None else run.get("gpu_memory_min_gb"),
         time_limit_hours=limit / 3600 if limit else None,
+        memory_peak_gib=preflight[0] if preflight is not None else None,
     )
+
+
+def _strict(run: Mapping[str, Any]) -> bool:
+    preflight = peak_gib(run.get("preflight"))
+    return preflight is not None and preflight[1] == "strict"
 
 
 def candidates(settings: Settings) -> list[Resource]:
@@ -64,6 +73,8 @@ def place(settings: Settings, run: Mapping[str, Any], previous: Mapping[str, Any
     """The resource and QoS tier for the run's next attempt (`previous`: its latest attempt, if any)."""
     asked = requested(run)
     need = need_of(run)
+    if asked != AUTO and not _strict(run):
+        need = replace(need, memory_peak_gib=None)  # asked for by name: the preflight warned, the user decides
     if asked != AUTO:
         resource = settings.resource(asked)
         if not resource.declared and resource.name != "local":
@@ -87,7 +98,21 @@ def place(settings: Settings, run: Mapping[str, Any], previous: Mapping[str, Any
                 return Selection(AUTO, kept.resource, kept.qos,
                                  f"where attempt {number} ran: a retry stays with its checkpoints and queue"
                                  + (f"; {kept.reason}" if kept.reason != "it fits" else ""))
-    return select(need, pool, look_up(pool), settings.selection.get(run["kind"], ()))
+    return _select_warned(run, need, pool, settings)
+
+
+def _select_warned(run: Mapping[str, Any], need: Need, pool: list[Resource], settings: Settings) -> Selection:
+    """Selection among `pool`; a run the preflight predicts to OOM everywhere still runs unless it is strict."""
+    available = look_up(pool)
+    priority = settings.selection.get(run["kind"], ())
+    try:
+        return select(need, pool, available, priority)
+    except NoResourceFits:
+        if need.memory_peak_gib is None or _strict(run):
+            raise
+        chosen = select(replace(need, memory_peak_gib=None), pool, available, priority)
+    return replace(chosen, reason=f"{chosen.reason}; the memory preflight predicts OOM on every resource "
+                                  f"({need.memory_peak_gib:.1f} GiB per GPU): warned at submit")
 
 
 def _after_oom(
@@ -102,7 +127,7 @@ def _after_oom(
     bigger = [r for r in pool if r.gpu_memory_gb is not None and r.gpu_memory_gb > where.gpu_memory_gb]
     if not bigger:
         return None
-    roomier = Need(need.kind, need.gpus, None, need.time_limit_hours)
+    roomier = replace(need, gpu_memory_min_gb=None)
     try:
         chosen = select(roomier, bigger, look_up(bigger), settings.selection.get(run["kind"], ()))
     except NoResourceFits:

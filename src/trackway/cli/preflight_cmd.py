@@ -66,7 +66,10 @@ def preflight(
 
         calibrate_run(app, calibrate, options, at_length, as_json)
         return
-    with _progress(as_json, seq_lengths or data) as advance:
+    from trackway.cli.render import err_console
+    from trackway.resources.reading_progress import reading_progress
+
+    with reading_progress(None if as_json else err_console, seq_lengths or data) as advance:
         spec = read_spec(options, _option_name, Path.cwd(), advance)
     correction = None
     if spec.model_family and not uncalibrated:
@@ -85,35 +88,6 @@ def preflight(
 
 def _option_name(key: str) -> str:
     return "--" + key.replace("_", "-")
-
-
-class _progress:
-    """A progress bar over the bytes of the lengths file while it is read (nothing with --json or in a pipe)."""
-
-    def __init__(self, quiet: bool, path: str | None):
-        self.quiet = quiet or path is None
-        self.size = Path(path).stat().st_size if path and Path(path).is_file() else None
-        self.bar = None
-
-    def __enter__(self):
-        if self.quiet:
-            return None
-        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
-
-        from trackway.cli.render import err_console
-
-        self.bar = Progress(TextColumn("reading lengths"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
-                            console=err_console, transient=True)
-        self.bar.start()
-        self.task = self.bar.add_task("lengths", total=self.size)
-        return self.advance
-
-    def advance(self, nbytes: int) -> None:
-        self.bar.update(self.task, advance=nbytes)
-
-    def __exit__(self, *exc) -> None:
-        if self.bar is not None:
-            self.bar.stop()
 
 
 def register(app: typer.Typer) -> None:

@@ -22,6 +22,7 @@ from trackway.resources.gpu_catalog import Target, resource_capacity_gib
 from trackway.resources.preflight import Correction, Report, run_preflight
 from trackway.resources.preflight_spec import KEYS, read_spec
 from trackway.resources.registry import Resource
+from trackway.resources.seq_lengths import Progress
 
 MODES = ("warn", "strict", "off")
 
@@ -64,12 +65,12 @@ def _lookup(config: Mapping[str, Any], dotted: str) -> Any:
 def preflight_run(
     values: dict[str, Any], name: Callable[[str], str], base_dir: Path, resources: Iterable[Resource],
     correction_for: Callable[[str | None, str], Correction | None] | None = None, world_size: int | None = None,
-    model_family: str | None = None,
+    model_family: str | None = None, progress: Progress | None = None,
 ) -> Report:
     """The run's preflight against the GPUs of `resources` (those whose memory is known)."""
     if world_size and world_size > 1 and "world_size" not in values:
         values = {**values, "world_size": world_size}
-    spec = read_spec(values, name, base_dir)
+    spec = read_spec(values, name, base_dir, progress)
     if spec.model_family is None and model_family:
         spec = replace(spec, model_family=model_family)  # the run's --model-family
     correction = correction_for(spec.model_family, spec.setup.precision) if correction_for else None

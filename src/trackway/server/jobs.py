@@ -50,6 +50,9 @@ class JobRequest(BaseModel):
     config: dict[str, Any] | None = Field(None, description="The run's config, snapshotted into its receipt.")
     data: list[str] = Field(default_factory=list, max_length=1000, description="Data paths hashed into the manifest.")
     eval: list[str] = Field(default_factory=list, max_length=100, description="Eval spec files (TOML).")
+    strict_memory_preflight: bool = Field(
+        False, description="Refuse the job, recording nothing, when the memory preflight (the config's [preflight]) "
+                           "predicts it runs out of GPU memory wherever it may go.")
 
 
 class Submitted(BaseModel):
@@ -77,6 +80,7 @@ def submit_job(job: JobRequest, request: Request) -> Submitted:
         kind=job.kind, config_path=str(config_path) if config_path else None, data_paths=list(job.data),
         gpus=job.gpu_count, time_limit_hours=job.time_limit_hours, resource=job.prefer_resource,
         gpu_memory_min_gb=job.gpu_memory_min_gb, repo_url=job.repo, branch=job.branch, eval_spec_paths=list(job.eval),
+        preflight_strict=job.strict_memory_preflight,
     )
     try:
         run_id = submit_run(state.ledger, state.settings, spec)

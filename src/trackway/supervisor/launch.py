@@ -155,7 +155,7 @@ def submit_run(ledger: Ledger, settings: Settings, spec: RunSpec, console: Conso
 
     preflight = submit_preflight(
         ledger, settings, config.values if config else None, strict=spec.preflight_strict, resource=spec.resource,
-        config_path=spec.config_path, cwd=spec.cwd, gpus=spec.gpus, model_family=spec.model_family, console=console,
+        cwd=spec.cwd, gpus=spec.gpus, model_family=spec.model_family, console=console,
     )
     selection = preview_placement(settings, spec, preflight)
     if spec.name:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 
 from trackway.errors import InputError
+from trackway.resources.reading_progress import reading_progress
 from trackway.resources.run_preflight import preflight_run, preflight_values, record
 from trackway.settings import Settings
 
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
 
 def submit_preflight(
     ledger: Ledger, settings: Settings, config: dict[str, Any] | None, *, strict: bool, resource: str | None,
-    config_path: str | None, cwd: Path, gpus: int, model_family: str | None = None, console: Console | None = None,
+    cwd: Path, gpus: int, model_family: str | None = None, console: Console | None = None,
 ) -> str | None:
     """The receipt's preflight record (JSON), or None when the run declares no model and batch shape."""
     mode = "strict" if strict else settings.preflight_mode
@@ -36,7 +37,7 @@ def submit_preflight(
                              "preflight (a [preflight] section, or trackway.toml's [preflight] keys)")
         return None
     values, name = found
-    base_dir = (cwd / config_path).parent if config_path else cwd
+    base_dir = cwd  # relative paths (seq_lengths, data, model_config) as for --data: from where submit runs
     pool = _pool(settings, resource)
 
     def correction(family: str | None, precision: str):
@@ -45,7 +46,10 @@ def submit_preflight(
         with ledger.read() as conn:
             return correction_for(conn, family, precision)
 
-    report = preflight_run(values, name, base_dir, pool, correction, world_size=gpus, model_family=model_family)
+    source = values.get("seq_lengths") or values.get("data")
+    with reading_progress(console, base_dir / source if isinstance(source, str) else None) as advance:
+        report = preflight_run(values, name, base_dir, pool, correction, world_size=gpus, model_family=model_family,
+                               progress=advance)
     if mode == "strict":
         _refuse_if_oom(report, resource)
     if console is not None:

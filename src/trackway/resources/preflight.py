@@ -185,8 +185,8 @@ def _fixes(spec: PreflightSpec, target: Target, targets: list[Target], factor: f
         fits(replace(spec, setup=replace(setup, activation_checkpointing=True)),
              "activation checkpointing", "≈ +33% compute per step: each layer's forward runs again in backward")
     bigger = [t for t in targets if t.capacity_gib > target.capacity_gib]
+    total = estimate(spec.model, setup, longest.row_length, longest.tokens, factor).total
     for other in sorted(bigger, key=lambda t: (t.cost_per_gpu_hour, t.capacity_gib)):
-        total = estimate(spec.model, setup, longest.row_length, longest.tokens, factor).total
         if total <= FITS_BELOW * other.capacity_gib * GIB:
             price = f"${other.cost_per_gpu_hour:.2f}/GPU-h" if other.cost_per_gpu_hour else "a bigger GPU"
             fixes.append(Fix(f"{other.name} ({other.capacity_gib:g} GiB)", price, total / GIB,

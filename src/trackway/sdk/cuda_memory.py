@@ -42,8 +42,9 @@ class PeakRecorder:
         self._read = read
         self._last: list[dict[str, Any]] | None = None
 
-    def __call__(self, final: bool = False) -> None:
+    def __call__(self) -> None:
         peaks = self._read()
         if peaks and peaks != self._last:
             self._last = peaks
-            self._event("cuda_memory", fsync=final, devices=peaks)
+            # Not synced here: the writer's close() syncs the events file after its last heartbeat.
+            self._event("cuda_memory", fsync=False, devices=peaks)

@@ -197,7 +197,7 @@ class SpoolWriter:
         self._wake = threading.Event()
         self._stopped = threading.Event()
         self._last_heartbeat = 0.0
-        # Called after each heartbeat, from this writer's thread (the run's GPU memory peak: sdk/cuda_memory.py).
+        # Called after each heartbeat (this writer's thread, and close()): the run's GPU peak, sdk/cuda_memory.py.
         self.on_heartbeat: Callable[[], None] | None = None
         self._thread = threading.Thread(target=self._loop, name="trackway-spool", daemon=True)
         self._thread.start()

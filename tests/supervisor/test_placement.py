@@ -171,3 +171,23 @@ def test_a_retry_no_resource_can_take_waits_queued_and_says_why(project, project
     explained = flat(project("explain", "stranded").stdout)
     assert "the retry could not be placed: no resource can take this run: workstation: not used for full runs" in explained
     assert "it stays queued and is tried again every 30 s" in explained
+
+
+def test_an_oom_moves_to_a_gpu_the_catalog_knows_is_bigger_without_gpu_memory_gb(tmp_path, sqlite_url):
+    # Resources named by their GPU alone: the catalog's driver figures (31.84 and 140.4 GiB) decide "bigger".
+    (tmp_path / "trackway.toml").write_text(
+        '[resources.desk]\nexecutor = "local"\ngpu = "RTX 5090"\n\n[resources.rented]\nexecutor = "local"\n'
+        'gpu = "H200"\ncost_per_gpu_hour = 3.5\n\n[selection]\nfull = ["desk", "rented"]\n\n'
+        '[retry.reasons.oom]\nbudget = 2\n')
+    env = {**os.environ, "TRACKWAY_HOME": str(tmp_path / "home"), "TRACKWAY_DB": sqlite_url, "COLUMNS": "100"}
+
+    def trackway(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([PY, "-m", "trackway", *args], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=180)
+
+    done = trackway("submit", "--name", "grows", "--", PY, str(SCRIPTS / "oom_first_attempt.py"))
+    assert done.returncode == 0, done.stderr
+    first, second = attempts(trackway, "grows")
+    assert (first["resource"], second["resource"]) == ("desk", "rented")
+    assert json.loads(second["selection"])["reason"].startswith(
+        "attempt 1 ran out of memory on desk (31.84 GB per GPU), rented has 140.4 GB")

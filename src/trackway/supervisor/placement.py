@@ -16,6 +16,7 @@ from typing import Any
 
 from trackway.errors import InputError
 from trackway.resources.availability import look_up
+from trackway.resources.gpu_catalog import resource_capacity_gib
 from trackway.resources.registry import Resource
 from trackway.resources.run_preflight import peak_gib
 from trackway.resources.selection import AUTO, Need, NoResourceFits, Selection, select
@@ -122,9 +123,9 @@ def _after_oom(
     if previous.get("termination_reason") != TerminationReason.OOM.value:
         return None
     where = settings.resources.get(previous.get("resource") or run["resource"])
-    if where is None or where.gpu_memory_gb is None:
+    if where is None or _memory(where) is None:
         return None
-    bigger = [r for r in pool if r.gpu_memory_gb is not None and r.gpu_memory_gb > where.gpu_memory_gb]
+    bigger = [r for r in pool if (_memory(r) or 0.0) > _memory(where)]
     if not bigger:
         return None
     roomier = replace(need, gpu_memory_min_gb=None)
@@ -132,11 +133,17 @@ def _after_oom(
         chosen = select(roomier, bigger, look_up(bigger), settings.selection.get(run["kind"], ()))
     except NoResourceFits:
         return None
-    memory = settings.resource(chosen.resource).gpu_memory_gb
+    memory = _memory(settings.resource(chosen.resource))
     return Selection(AUTO, chosen.resource, chosen.qos,
                      f"attempt {previous['attempt_number']} ran out of memory on {where.name} "
-                     f"({where.gpu_memory_gb:g} GB per GPU), {chosen.resource} has {memory:g} GB: {chosen.reason}",
+                     f"({_memory(where):g} GB per GPU), {chosen.resource} has {memory:g} GB: {chosen.reason}",
                      chosen.skipped)
+
+
+def _memory(resource: Resource) -> float | None:
+    """Memory per GPU: the driver's figure for a GPU the catalog knows (`gpu = "H200"` alone), else gpu_memory_gb."""
+    capacity = resource_capacity_gib(resource)
+    return capacity[0] if capacity is not None else None
 
 
 def resource_after_oom(settings: Settings, run: Mapping[str, Any], attempt: Mapping[str, Any]) -> str | None:

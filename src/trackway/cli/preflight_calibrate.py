@@ -53,7 +53,6 @@ def _estimate(
     recorded: dict | None, options: dict[str, Any], at_length: int | None, ref: str,
 ) -> tuple[float, int, str, str | None]:
     """Bytes estimated (uncorrected, without the context), the padded length, the precision and the family."""
-    from trackway.resources.memory_model import estimate
     from trackway.resources.preflight_spec import read_spec
 
     if recorded is not None and at_length is None:
@@ -68,11 +67,10 @@ def _estimate(
         def name(key: str) -> str:
             return f"run {ref}'s [preflight] {key}"
     else:
+        from trackway.cli.preflight_cmd import option_name as name
+
         values = {k: v for k, v in options.items() if v is not None and k != "model_family"}
         base_dir = Path.cwd()
-
-        def name(key: str) -> str:
-            return "--" + key.replace("_", "-")
         if "layers" not in values and "model_config" not in values:
             raise InputError(f"--calibrate {ref}: the run has no preflight in its receipt; give the model and batch "
                              "(--layers --hidden --heads --vocab or --model-config, --batch-size, --max-length ...)")
@@ -81,6 +79,5 @@ def _estimate(
     spec = read_spec(values, name, base_dir)
     from trackway.resources.preflight import run_preflight
 
-    shape = run_preflight(spec, []).points["max"][0]
-    breakdown = estimate(spec.model, spec.setup, shape.row_length, shape.tokens)
+    shape, breakdown = run_preflight(spec, []).points["max"]  # uncorrected: no calibration is passed
     return breakdown.total - breakdown.context, int(shape.row_length), spec.setup.precision, spec.model_family

@@ -70,7 +70,7 @@ def preflight(
     from trackway.resources.reading_progress import reading_progress
 
     with reading_progress(None if as_json else err_console, seq_lengths or data) as advance:
-        spec = read_spec(options, _option_name, Path.cwd(), advance)
+        spec = read_spec(options, option_name, Path.cwd(), advance)
     correction = None
     if spec.model_family and not uncalibrated:
         from trackway.resources.calibration import correction_for
@@ -86,7 +86,8 @@ def preflight(
     print_report(report)
 
 
-def _option_name(key: str) -> str:
+def option_name(key: str) -> str:
+    """How an error names a preflight key on this command line: `batch_size` is `--batch-size`."""
     return "--" + key.replace("_", "-")
 
 

@@ -46,12 +46,17 @@ def targets_for(resources: Iterable[Resource], gpu_names: Iterable[str] = ()) ->
     named = [resolve_gpu(name) for name in gpu_names]
     if named:
         return [Target(name, KNOWN_GPUS[name], "catalog") for name in dict.fromkeys(named)]
-    declared = []
+    return resource_targets(resources) or [Target(name, gib, "catalog") for name, gib in KNOWN_GPUS.items()]
+
+
+def resource_targets(resources: Iterable[Resource]) -> list[Target]:
+    """The resources whose GPU memory is known (the others cannot be judged), as targets."""
+    targets = []
     for resource in resources:
         capacity = resource_capacity_gib(resource)
         if capacity is not None:
-            declared.append(Target(resource.name, capacity[0], capacity[1], resource.cost_per_gpu_hour, resource=True))
-    return declared or [Target(name, gib, "catalog") for name, gib in KNOWN_GPUS.items()]
+            targets.append(Target(resource.name, capacity[0], capacity[1], resource.cost_per_gpu_hour, resource=True))
+    return targets
 
 
 def known_gpu(name: str | None) -> str | None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trackway import validation
 from trackway.errors import InputError
 from trackway.resources.memory_model import OPTIMIZERS, PRECISIONS, SHARDINGS, ModelShape, TrainingSetup
 from trackway.resources.seq_lengths import PADDINGS, Lengths, Progress, read_jsonl_lengths, read_lengths_file
@@ -175,9 +176,7 @@ def _path(value: Any, field: str, base_dir: Path) -> Path:
         raise InputError(f"{field}: expected a file path")
     path = Path(value).expanduser()
     path = path if path.is_absolute() else base_dir / path
-    if not path.is_file():
-        raise InputError(f"{field} {value}: expected an existing file")
-    return path
+    return Path(validation.existing_file(str(path), field, "a file"))
 
 
 def _whole(value: Any, field: str, low: int, high: int) -> int:
@@ -187,9 +186,7 @@ def _whole(value: Any, field: str, low: int, high: int) -> int:
         number = int(value)
     except ValueError:
         raise InputError(f"{field} {value!r}: expected a whole number from {low} to {high}") from None
-    if not low <= number <= high:
-        raise InputError(f"{field} {number}: expected a whole number from {low} to {high}")
-    return number
+    return validation.whole(number, field, low, high)
 
 
 def _number(value: Any, field: str, low: float, high: float) -> float:

@@ -12,17 +12,20 @@ may go) or `off`.
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trackway.errors import InputError
-from trackway.resources.gpu_catalog import Target, resource_capacity_gib
-from trackway.resources.preflight import Correction, Report, run_preflight
-from trackway.resources.preflight_spec import KEYS, read_spec
 from trackway.resources.registry import Resource
-from trackway.resources.seq_lengths import Progress
+
+if TYPE_CHECKING:
+    from trackway.resources.preflight import Correction, Report
+    from trackway.resources.seq_lengths import Progress
+
+# The estimate itself (resources/preflight.py and what it imports) is imported where a preflight runs:
+# placement reads recorded verdicts through this module on every supervisor's start-up.
 
 MODES = ("warn", "strict", "off")
 
@@ -68,18 +71,17 @@ def preflight_run(
     model_family: str | None = None, progress: Progress | None = None,
 ) -> Report:
     """The run's preflight against the GPUs of `resources` (those whose memory is known)."""
+    from trackway.resources.gpu_catalog import resource_targets
+    from trackway.resources.preflight import run_preflight
+    from trackway.resources.preflight_spec import read_spec
+
     if world_size and world_size > 1 and "world_size" not in values:
         values = {**values, "world_size": world_size}
     spec = read_spec(values, name, base_dir, progress)
     if spec.model_family is None and model_family:
         spec = replace(spec, model_family=model_family)  # the run's --model-family
     correction = correction_for(spec.model_family, spec.setup.precision) if correction_for else None
-    targets = []
-    for resource in resources:
-        capacity = resource_capacity_gib(resource)
-        if capacity is not None:
-            targets.append(Target(resource.name, capacity[0], capacity[1], resource.cost_per_gpu_hour, resource=True))
-    return run_preflight(spec, targets, correction)
+    return run_preflight(spec, resource_targets(resources), correction)
 
 
 def record(report: Report, values: Mapping[str, Any], mode: str, base_dir: Path) -> str:
@@ -113,6 +115,8 @@ def summary_of(recorded: str | None) -> str | None:
 
 def check_keys(keys: Any, where: str) -> dict[str, str]:
     """trackway.toml's `[preflight] keys`: preflight key → dotted config key."""
+    from trackway.resources.preflight_spec import KEYS
+
     if not isinstance(keys, Mapping):
         raise InputError(f"{where}: expected a table of preflight key = \"dotted.config.key\"")
     for key, dotted in keys.items():

@@ -132,7 +132,7 @@ def _unfit(need: Need, resource: Resource, row: Availability | None, explicit: b
         if memory < need.gpu_memory_min_gb:
             return f"{memory:g} GB < {need.gpu_memory_min_gb:g} GB asked"
     if need.memory_peak_gib is not None:
-        capacity = _capacity_gib(resource, row)
+        capacity = capacity_gib(resource, row)
         if capacity is not None and need.memory_peak_gib > capacity:
             return (f"the memory preflight predicts OOM: {need.memory_peak_gib:.1f} GiB per GPU at the longest batch "
                     f"> {capacity:g} GiB ({need.memory_peak_gib / capacity:.2f})")
@@ -148,8 +148,9 @@ def _unfit(need: Need, resource: Resource, row: Availability | None, explicit: b
     return None
 
 
-def _capacity_gib(resource: Resource, row: Availability | None) -> float | None:
-    """GiB per GPU as the driver reports it: the catalog's for a GPU it knows, else what is declared or seen."""
+def capacity_gib(resource: Resource, row: Availability | None = None) -> float | None:
+    """GiB per GPU as the driver reports it: the catalog's for a GPU it knows, else what is declared or seen
+    (`row`: its live availability, when looked up); None when nothing says."""
     declared = resource_capacity_gib(resource)
     if declared is not None:
         return declared[0]

@@ -16,10 +16,9 @@ from typing import Any
 
 from trackway.errors import InputError
 from trackway.resources.availability import look_up
-from trackway.resources.gpu_catalog import resource_capacity_gib
 from trackway.resources.registry import Resource
 from trackway.resources.run_preflight import peak_gib
-from trackway.resources.selection import AUTO, Need, NoResourceFits, Selection, select
+from trackway.resources.selection import AUTO, Need, NoResourceFits, Selection, capacity_gib, select
 from trackway.settings import CONFIG_FILE_NAME, Settings, load_settings
 from trackway.taxonomy import TerminationReason
 
@@ -74,7 +73,8 @@ def place(settings: Settings, run: Mapping[str, Any], previous: Mapping[str, Any
     """The resource and QoS tier for the run's next attempt (`previous`: its latest attempt, if any)."""
     asked = requested(run)
     need = need_of(run)
-    if asked != AUTO and not _strict(run):
+    strict = _strict(run)
+    if asked != AUTO and not strict:
         need = replace(need, memory_peak_gib=None)  # asked for by name: the preflight warned, the user decides
     if asked != AUTO:
         resource = settings.resource(asked)
@@ -99,17 +99,18 @@ def place(settings: Settings, run: Mapping[str, Any], previous: Mapping[str, Any
                 return Selection(AUTO, kept.resource, kept.qos,
                                  f"where attempt {number} ran: a retry stays with its checkpoints and queue"
                                  + (f"; {kept.reason}" if kept.reason != "it fits" else ""))
-    return _select_warned(run, need, pool, settings)
+    return _select_warned(run, need, pool, settings, strict)
 
 
-def _select_warned(run: Mapping[str, Any], need: Need, pool: list[Resource], settings: Settings) -> Selection:
+def _select_warned(run: Mapping[str, Any], need: Need, pool: list[Resource], settings: Settings,
+                   strict: bool) -> Selection:
     """Selection among `pool`; a run the preflight predicts to OOM everywhere still runs unless it is strict."""
     available = look_up(pool)
     priority = settings.selection.get(run["kind"], ())
     try:
         return select(need, pool, available, priority)
     except NoResourceFits:
-        if need.memory_peak_gib is None or _strict(run):
+        if need.memory_peak_gib is None or strict:
             raise
         chosen = select(replace(need, memory_peak_gib=None), pool, available, priority)
     return replace(chosen, reason=f"{chosen.reason}; the memory preflight predicts OOM on every resource "
@@ -123,9 +124,10 @@ def _after_oom(
     if previous.get("termination_reason") != TerminationReason.OOM.value:
         return None
     where = settings.resources.get(previous.get("resource") or run["resource"])
-    if where is None or _memory(where) is None:
+    had = capacity_gib(where) if where is not None else None
+    if had is None:
         return None
-    bigger = [r for r in pool if (_memory(r) or 0.0) > _memory(where)]
+    bigger = [r for r in pool if (capacity_gib(r) or 0.0) > had]
     if not bigger:
         return None
     roomier = replace(need, gpu_memory_min_gb=None)
@@ -133,18 +135,11 @@ def _after_oom(
         chosen = select(roomier, bigger, look_up(bigger), settings.selection.get(run["kind"], ()))
     except NoResourceFits:
         return None
-    memory = _memory(settings.resource(chosen.resource))
+    memory = capacity_gib(settings.resource(chosen.resource))
     return Selection(AUTO, chosen.resource, chosen.qos,
                      f"attempt {previous['attempt_number']} ran out of memory on {where.name} "
-                     f"({_memory(where):g} GB per GPU), {chosen.resource} has {memory:g} GB: {chosen.reason}",
+                     f"({had:g} GB per GPU), {chosen.resource} has {memory:g} GB: {chosen.reason}",
                      chosen.skipped)
-
-
-def _memory(resource: Resource) -> float | None:
-    """Memory per GPU: the driver's figure for a GPU the catalog knows (`gpu = "H200"` alone), else gpu_memory_gb."""
-    capacity = resource_capacity_gib(resource)
-    return capacity[0] if capacity is not None else None
-
 
 def resource_after_oom(settings: Settings, run: Mapping[str, Any], attempt: Mapping[str, Any]) -> str | None:
     """Where the retry of `attempt`, which ran out of memory, would go: a resource with more memory per GPU,

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from api_server import CHATTY, Api, serving
+from api_server import CHATTY, Api, serving, wait_for
 
 
 @pytest.fixture
@@ -26,16 +26,6 @@ def server(home, sqlite_url) -> Iterator[tuple[Api, object]]:
 
     with serving(home, sqlite_url) as (base, _):
         yield Api(base), supervise
-
-
-def _wait(predicate, timeout: float = 60, what: str = "a condition"):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        found = predicate()
-        if found:
-            return found
-        time.sleep(0.2)
-    raise AssertionError(f"gave up waiting for {what}")
 
 
 def test_a_job_posted_with_our_users_field_names_runs_and_its_logs_stream_across_a_preemption(home, sqlite_url):
@@ -125,7 +115,7 @@ def test_metrics_are_downsampled_on_the_server_keeping_the_spikes(server, tmp_pa
     status, job, _ = api.post("/api/jobs", {"script": str(script)})
     assert status == 201
     supervise = server[1]
-    _wait(lambda: supervise() or api.get(f"/api/jobs/{job['id']}")[1]["status"] == "completed",
+    wait_for(lambda: supervise() or api.get(f"/api/jobs/{job['id']}")[1]["status"] == "completed",
           what="the job to complete")
     chart = api.get(f"/api/runs/{job['id']}/metrics?keys=loss&max_points=100")[1]
     loss = chart["series"]["loss"]

@@ -11,12 +11,11 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from api_server import CHATTY, Api, serving
+from api_server import CHATTY, Api, serving, wait_for
 
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(os.environ.get("TRACKWAY_TEST_ARTIFACTS", Path(__file__).resolve().parents[2] / "test-artifacts"))
@@ -44,11 +43,15 @@ def test_a_resumed_run_reads_as_one_curve_with_its_restart_marked_and_explained(
     with serving(home, sqlite_url) as (base, _):
         api = Api(base)
         job = api.post("/api/jobs", {"script": CHATTY, "name": "resumed-once"})[1]
-        deadline = time.time() + 90
-        while api.get(f"/api/jobs/{job['id']}")[1]["status"] != "completed":
-            assert time.time() < deadline, "the job did not complete"
+
+        def completed() -> bool:
+            if api.get(f"/api/jobs/{job['id']}")[1]["status"] == "completed":
+                return True
             subprocess.run([sys.executable, "-m", "trackway", "supervise", "--once"], env=environ,
                            capture_output=True, timeout=120)
+            return False
+
+        wait_for(completed, timeout=90, what="the job to complete")
 
         page = browser.new_page(viewport={"width": 1280, "height": 900})
         outside: list[str] = []

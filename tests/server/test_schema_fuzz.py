@@ -4,12 +4,13 @@ answer (errors included) matches the schema. In process (ASGI), on a ledger with
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis.specs.openapi.checks import positive_data_acceptance
+
+from api_server import wait_for
 
 from trackway.ledger import open_ledger
 from trackway.server.app import create_app
@@ -26,10 +27,8 @@ def _schema(home: Path, sqlite_url: str):
     script = "import trackway\nrun = trackway.init()\nfor s in range(50):\n    run.log({'loss': 1 / (s + 1)}, step=s)\nrun.finish()\n"
     run_id = submit_run(ledger, configured, RunSpec(command=[sys.executable, "-c", script], cwd=Path.cwd(), name="fuzzed"))
     start_attempt(ledger, configured, run_id, supervisor.executor("local"))
-    deadline = time.time() + 60
-    while not supervisor.tick():  # until its end is recorded: a run to read, with points and a receipt
-        assert time.time() < deadline, "the run to read did not end"
-        time.sleep(0.1)
+    # Until its end is recorded: a run to read, with points and a receipt.
+    wait_for(supervisor.tick, timeout=60, what="the run to read to end")
     ledger.dispose()
     app = create_app(configured, Access(None), Path.cwd())
     # Generated jobs would start real processes, and the event stream never ends: both have their own tests.

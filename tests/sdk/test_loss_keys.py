@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -26,11 +30,15 @@ def make_run(tmp_path):
 
     yield make
     for run in made:
-        run.finish()
+        run.finish()  # after a NonFiniteLoss it was told: it completes what is left
 
 
 WATCHED = ["loss", "train_loss", "train/loss", "val_loss", "eval/loss", "Train/Loss", "train_loss_step", "grad_norm"]
 IGNORED = ["loss_scale", "lossless_ratio", "accuracy", "lr", "train/loss/std", "grad_norm_clip"]
+
+
+def _note(tmp_path) -> dict:
+    return json.loads((tmp_path / "spool" / NOTE_FILE).read_text())
 
 
 @pytest.mark.parametrize("key", WATCHED)
@@ -38,10 +46,64 @@ IGNORED = ["loss_scale", "lossless_ratio", "accuracy", "lr", "train/loss/std", "
 def test_a_non_finite_float_under_a_loss_key_is_nan_loss(make_run, tmp_path, key, value):
     run = make_run()
     run.log({key: 0.5, "lr": 0.1}, step=0)
-    with pytest.raises(NonFiniteLoss):
-        run.log({key: value, "lr": 0.1}, step=1)
-    note = json.loads((tmp_path / "spool" / NOTE_FILE).read_text())
-    assert note["reason"] == "nan_loss" and note["key"] == key and note["message"].startswith(f"non-finite {key} = ")
+    run.log({key: value, "lr": 0.1}, step=1)
+    run.log({key: 0.5, "lr": 0.1}, step=2)
+    with pytest.raises(NonFiniteLoss, match="at step 1$"):
+        run.finish()  # checks everything logged before it: never a completed attempt
+    note = _note(tmp_path)
+    assert note["reason"] == "nan_loss" and note["key"] == key and note["step"] == 1
+    assert note["message"].startswith(f"non-finite {key} = ")
+
+
+def test_the_training_loop_is_stopped_by_its_next_log_once_the_writer_met_the_value(make_run, tmp_path):
+    run = make_run()
+    run.log({"loss": math.nan}, step=0)
+    deadline = time.monotonic() + 30  # the writer passes every 0.25 s; this only guards against a hang
+    with pytest.raises(NonFiniteLoss, match="non-finite loss = nan at step 0"):
+        for step in itertools.count(1):
+            assert time.monotonic() < deadline, "no log call raised"
+            run.log({"loss": 0.5}, step=step)
+            time.sleep(0.01)
+    assert _note(tmp_path)["message"] == "non-finite loss = nan at step 0; no checkpoint committed yet"
+
+
+@pytest.mark.parametrize("value", [math.nan, np.float32("inf")], ids=["float", "numpy scalar"])
+def test_no_checkpoint_saved_after_a_non_finite_loss_is_committed(make_run, tmp_path, value):
+    run = make_run()
+    run.log({"loss": 0.5}, step=2)
+    with run.checkpoints.writing(2) as directory:
+        (directory / "weights.bin").write_bytes(b"good")
+    run.log({"loss": value}, step=3)
+    with pytest.raises(NonFiniteLoss, match="at step 3"):
+        with run.checkpoints.writing(3) as directory:
+            (directory / "weights.bin").write_bytes(b"diverged")
+    assert [info.step for info in run.checkpoints.list()] == [2]
+    assert _note(tmp_path)["message"].endswith("at step 3; last good checkpoint: step-00000002")
+
+
+def test_a_torch_save_after_a_non_finite_loss_is_refused_before_writing(make_run, tmp_path):
+    torch = pytest.importorskip("torch")
+    run = make_run()
+    run.log({"loss": torch.tensor(float("nan"))}, step=4)
+    with pytest.raises(NonFiniteLoss, match="at step 4"):
+        run.checkpoints.save(4, model=torch.nn.Linear(2, 2), blocking=True)
+    assert run.checkpoints.list() == []
+
+
+def test_a_script_that_exits_without_finish_after_a_non_finite_loss_ends_as_nan_loss(tmp_path):
+    script = f"""
+from pathlib import Path
+from trackway.sdk.run import AttemptContext, Run
+context = AttemptContext(run_id="r1", attempt_id="r1/1", attempt_number=1,
+                         spool_dir=Path({str(tmp_path / "spool")!r}), checkpoint_dir=Path({str(tmp_path / "ckpt")!r}))
+run = Run(context, {{}}, install_hooks=False)
+for step in range(5):
+    run.log({{"train/loss": float("inf") if step == 4 else 1.0}}, step=step)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert "non-finite train/loss = inf at step 4: ending the attempt as nan_loss" in done.stderr, done.stderr
+    note = _note(tmp_path)
+    assert note["reason"] == "nan_loss" and note["step"] == 4
 
 
 @pytest.mark.parametrize("key", IGNORED)
@@ -63,12 +125,14 @@ def test_the_pattern_is_configurable_by_argument_and_environment(make_run, monke
     monkeypatch.setenv("TRACKWAY_LOSS_KEYS", r"objective")
     run = make_run()
     run.log({"loss": math.nan}, step=0)  # the pattern replaces the default
-    with pytest.raises(NonFiniteLoss):
-        run.log({"Objective": math.nan}, step=1)
+    run.log({"Objective": math.nan}, step=1)
+    with pytest.raises(NonFiniteLoss, match="non-finite Objective = nan at step 1"):
+        run.finish()
     run = make_run(loss_keys=r"ppl|.*_loss")  # the argument wins over the environment
     run.log({"objective": math.nan}, step=0)
-    with pytest.raises(NonFiniteLoss):
-        run.log({"ppl": math.inf}, step=1)
+    run.log({"ppl": math.inf}, step=1)
+    with pytest.raises(NonFiniteLoss, match="non-finite ppl = inf at step 1"):
+        run.finish()
 
 
 def test_a_bad_pattern_is_refused_by_name():

@@ -96,7 +96,9 @@ class CheckpointManager:
 
     `format`: "torch" or "safetensors" payloads. `storage_options` go to fsspec for `remote_url`
     (default: the environment's credentials and endpoint). `on_upload(remote, seconds)` hears each
-    checkpoint whose marker is up in the remote store, on the uploader's thread.
+    checkpoint whose marker is up in the remote store, on the uploader's thread. `before_save()`
+    runs first in every `save()` and `writing()`: what it raises stops the save before anything is
+    written (the SDK raises NonFiniteLoss there, so a state past a diverged loss never commits).
     """
 
     def __init__(
@@ -118,6 +120,7 @@ class CheckpointManager:
         on_upload: Callable[[RemoteCheckpoint, float], None] | None = None,
         upload_stall_s: float = 60.0,
         on_round_trip: Callable[[dict[str, Any]], None] | None = None,
+        before_save: Callable[[], None] | None = None,
     ) -> None:
         if every_steps is not None and (not isinstance(every_steps, int) or every_steps < 1):
             raise InputError(f"every_steps must be a positive integer, got {every_steps!r}")
@@ -153,6 +156,7 @@ class CheckpointManager:
         self._ranks: _Ranks | None | bool = False
         # Read the next save back from storage and compare it with what was given (checkpoints/round_trip.py).
         self.on_round_trip = on_round_trip
+        self.before_save = before_save
 
     def __enter__(self) -> CheckpointManager:
         return self
@@ -204,6 +208,8 @@ class CheckpointManager:
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise InputError(f"checkpoint step must be a non-negative integer, got {step!r}")
         format = check_format(self.format if format is None else format)  # noqa: A001
+        if self.before_save is not None:
+            self.before_save()
         saver = self._async_saver()
         if step == self._last_step:
             self._wait_saves()
@@ -261,6 +267,8 @@ class CheckpointManager:
         """
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise InputError(f"checkpoint step must be a non-negative integer, got {step!r}")
+        if self.before_save is not None:
+            self.before_save()
         self._wait_saves()
         ranks = self._distributed()
         pending = self._begin(step, ranks.token() if ranks is not None else None)

@@ -8,7 +8,11 @@ class BadData(Exception):
 
 
 class NonFiniteLoss(FloatingPointError):
-    """Raised by `run.log` when a logged loss or gradient norm is NaN or infinite: the attempt ends as `nan_loss`."""
+    """A logged loss or gradient norm was NaN or infinite: the attempt ends as `nan_loss`.
+
+    Raised by the first `run.log` after the writer thread met it, or first by a checkpoint save,
+    `finish()` or `exit_preempted()`, which check everything logged before them.
+    """
 
     def __init__(self, key: str, value: float, step: int):
         super().__init__(f"non-finite {key} = {value} at step {step}")

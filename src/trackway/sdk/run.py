@@ -164,7 +164,11 @@ class Run:
         """Record scalar metrics at `step` (default: the last step + 1). Never blocks on I/O.
 
         A non-finite value under a key naming a loss (`loss`, `*_loss`, `*/loss`, and `grad_norm`;
-        `init(loss_keys=REGEX)` or $TRACKWAY_LOSS_KEYS to change) ends the attempt as nan_loss.
+        `init(loss_keys=REGEX)` or $TRACKWAY_LOSS_KEYS to change) ends the attempt as nan_loss:
+        NonFiniteLoss, naming that step, is raised by the first `log` after the writer thread met
+        it (within a flush interval, 0.25 s), and at the latest by the next checkpoint save,
+        `finish()` or `exit_preempted()`, which check everything logged before them first. So no
+        checkpoint saved after a non-finite loss is ever committed.
         """
         if step is None:
             step = 0 if self._step is None else self._step + 1
@@ -174,12 +178,8 @@ class Run:
         if step >= self._stop_at:
             self._at_max_steps(step)
         if self._logging:
-            for value in metrics.values():
-                # A plain float is checked here (v - v is NaN for NaN and ±inf), and the keys only then.
-                # Anything else (a tensor) would force a device sync: the writer thread checks it.
-                if value.__class__ is float and value - value != 0.0:
-                    self._check_loss_keys(metrics, step)
-                    break
+            # No per-value work here: checking five floats in Python costs more than the rest of
+            # the call. The writer checks every value of a loss key in C loops, tensors included.
             if self._writer.non_finite is not None:
                 self._non_finite(*self._writer.non_finite)
             # A copy: a script may reuse its dict for the next step before the writer reads this one.
@@ -202,17 +202,28 @@ class Run:
         self.finish()
         sys.exit(0)
 
-    def _check_loss_keys(self, metrics: Mapping[str, Any], step: int) -> None:
-        for key, value in metrics.items():
-            if value.__class__ is float and value - value != 0.0 and self._is_loss(key):
-                self._non_finite(key, value, step)
+    def _logged_non_finite(self) -> tuple[str, float, int] | None:
+        """Everything logged so far, checked now rather than on the writer's next pass: (key, value, step) or None."""
+        if not self._logging:
+            return None
+        self._writer.flush()
+        return self._writer.non_finite
+
+    def _raise_if_non_finite(self) -> None:
+        """Before a checkpoint commits or the attempt ends: a loss that went non-finite ends it as nan_loss."""
+        found = self._logged_non_finite()
+        if found is not None:
+            self._non_finite(*found)
 
     def _non_finite(self, key: str, value: Any, step: int) -> NoReturn:
+        self._note_non_finite(key, value, step)
+        raise NonFiniteLoss(key, float(value), step)
+
+    def _note_non_finite(self, key: str, value: Any, step: int) -> None:
         self._writer.non_finite = None
         last = self._last_committed_name()
         hint = f"; last good checkpoint: {last}" if last else "; no checkpoint committed yet"
         self.note(TerminationReason.NAN_LOSS, f"non-finite {key} = {value} at step {step}{hint}", step=step, key=key)
-        raise NonFiniteLoss(key, float(value), step)
 
     # -- checkpoints -----------------------------------------------------------------------
 
@@ -235,6 +246,7 @@ class Run:
                 remote_url=self.context.checkpoint_url,
                 on_upload=self._on_upload,
                 on_round_trip=self._on_round_trip if self.context.restore_check and self._logging else None,
+                before_save=self._raise_if_non_finite,
             )
         return self._checkpoints
 
@@ -377,6 +389,7 @@ class Run:
         When `should_stop` was true because a test run reached its max steps (and no notice came),
         the attempt did all it was asked: it ends completed, exit code 0.
         """
+        self._raise_if_non_finite()  # a diverged run resumed would only diverge again
         if self._notice is None and self._reached_at is not None:
             self._end_at_max_steps()
         self._end_preempted(None, exit_code=code)
@@ -418,6 +431,8 @@ class Run:
         preempted, exit code 75, so it is resumed. An attempt that got a notice is never `completed`.
         After `finish()`, a notice is ignored: it ends nothing and resumes nothing.
         """
+        if not self._finished:
+            self._raise_if_non_finite()  # a loss that went non-finite in the last steps: nan_loss, never completed
         if self._notice is not None and not self._finished:
             self._end_preempted("run.finish() came after it, with the work cut short", exit_code=EXIT_PREEMPTED)
             sys.exit(EXIT_PREEMPTED)
@@ -448,7 +463,14 @@ class Run:
     def _at_exit(self) -> None:
         if self._closed:
             return
-        if self._notice is not None and not self._finished:
+        found = self._logged_non_finite() if not self._finished else None
+        if found is not None:
+            # The script exited without finish() after a loss went non-finite: nothing is left to raise into.
+            print(f"trackway: non-finite {found[0]} = {found[1]} at step {found[2]}: ending the attempt as nan_loss",
+                  file=sys.stderr, flush=True)
+            self._note_non_finite(*found)
+            self._close(None, exit_code=1)
+        elif self._notice is not None and not self._finished:
             # Exit code 0 or not, an attempt that got a notice and never finished was cut short.
             self._end_preempted("the script exited without run.finish()", exit_code=None, strict=False)
         else:

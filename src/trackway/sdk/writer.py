@@ -382,7 +382,7 @@ class SpoolWriter:
         self._write(self._events, fsync=True)
 
     def _check_finite(self, batches: list[MetricBatch]) -> None:
-        """Find a non-finite value under a loss key (plain floats never get here non-finite: `Run.log` raised)."""
+        """Find a non-finite value under a loss key, floats and tensors alike: `Run` raises it (see `Run.log`)."""
         is_loss = self.loss_keys
         for batch in batches:
             for key, column in zip(batch.keys, batch.columns):

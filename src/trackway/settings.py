@@ -7,7 +7,6 @@ SQLite at `$TRACKWAY_HOME/ledger.db`. `TRACKWAY_HOME` defaults to `./.trackway`.
 from __future__ import annotations
 
 import os
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -167,6 +166,8 @@ class Settings:
 
 
 def _read_toml(path: Path) -> tuple[dict[str, Any], str]:
+    import tomllib  # here: most commands run where there is no trackway.toml, and every command reads settings
+
     text = path.read_text()
     try:
         return tomllib.loads(text), text

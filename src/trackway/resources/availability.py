@@ -12,7 +12,6 @@ import os
 import re
 import subprocess
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
 from trackway.resources.registry import Resource
@@ -54,6 +53,8 @@ def look_up(resources: list[Resource], timeout_s: float = LOOKUP_TIMEOUT_S) -> d
     """Every resource's availability, looked up side by side."""
     if not resources:
         return {}
+    from concurrent.futures import ThreadPoolExecutor  # here: `show` imports this module to render a selection
+
     with ThreadPoolExecutor(max_workers=min(8, len(resources))) as pool:
         found = list(pool.map(lambda resource: availability(resource, timeout_s), resources))
     return {row.resource: row for row in found}
@@ -102,6 +103,8 @@ def _ssh(resource: Resource, timeout_s: float) -> Availability:
             return None
         except ExecutorError as exc:
             return str(exc)
+
+    from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(max_workers=min(8, len(resource.hosts))) as pool:
         failures = dict(zip(resource.hosts, pool.map(probe, resource.hosts)))

@@ -266,12 +266,16 @@ class Reader:
         The rows go from the database driver to the caller without a dict or a datetime per point:
         this is what `trackway metrics --json` and the read API stream a long run's history through.
         """
-        _, rows = self._execute(
+        return self._chunks(
             "SELECT metric_points.step, metric_points.value, metric_points.attempt_number, metric_points.logged_at"
             " FROM metric_points WHERE metric_points.series_id = ("
             "SELECT series_id FROM metric_series WHERE run_id = :run_id AND key = :key) ORDER BY metric_points.step",
             {"run_id": run_id, "key": key},
         )
+
+    def _chunks(self, sql: str, params: dict[str, Any]) -> Iterator[list[Sequence[Any]]]:
+        """The rows of `sql` in lists of up to CHUNK_POINTS."""
+        _, rows = self._execute(sql, params)
         chunk: list = []
         for row in rows:
             chunk.append(row)
@@ -305,6 +309,12 @@ class _SqliteReader(Reader):
         cursor = self.conn.execute(sql, params)
         columns = [d[0] for d in cursor.description] if cursor.description else []
         return columns, _fetched(cursor)
+
+    def _chunks(self, sql: str, params: dict[str, Any]) -> Iterator[list[Sequence[Any]]]:
+        # The driver's own batches, handed over as they are: no Python work per row.
+        cursor = self.conn.execute(sql, params)
+        while batch := cursor.fetchmany(CHUNK_POINTS):
+            yield batch
 
 
 def _fetched(cursor: sqlite3.Cursor) -> Iterator[Sequence[Any]]:

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import event, func, select
 
 from trackway.ledger.ingest import ingest_attempt, ingester_event_key
 from trackway.ledger.schema import attempt_events, metric_points, metric_series, spool_cursors
@@ -154,15 +154,16 @@ INGESTER = textwrap.dedent("""
     from trackway.ledger.ingest import ingest_attempt, ingester_event_key
     from trackway.ledger.records import get_attempt
 
-    url, attempt_id, stop = sys.argv[1:4]
+    url, attempt_id, stop, how = sys.argv[1:5]
     ledger = open_ledger(url, migrate=False)
+    read_offsets = {} if how == "remembering" else None  # as the supervisor keeps them between ticks
     print("ready", flush=True)
     rounds = 0
     while True:
         last = os.path.exists(stop)  # one more round after the writer stopped, so nothing is left
         with ledger.read() as conn:
             attempt = get_attempt(conn, attempt_id)
-        ingest_attempt(ledger, attempt)
+        ingest_attempt(ledger, attempt, read_offsets)
         rounds += 1
         if last:
             break
@@ -174,9 +175,9 @@ def test_two_processes_ingesting_one_attempt_store_everything_once(ledger, ledge
     attempts = [attempt_with_spool(ledger, tmp_path / f"a{i}", run_id=f"rconc{i}") for i in range(2)]
     stop = tmp_path / "stop"
     ingesters = [
-        subprocess.Popen([sys.executable, "-c", INGESTER, ledger_url, a["attempt_id"], str(stop)],
+        subprocess.Popen([sys.executable, "-c", INGESTER, ledger_url, a["attempt_id"], str(stop), how],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for a in attempts for _ in range(2)
+        for a in attempts for how in ("remembering", "asking")  # one keeps the offsets it read, one asks each time
     ]
     try:
         for p in ingesters:
@@ -212,3 +213,36 @@ def test_two_processes_ingesting_one_attempt_store_everything_once(ledger, ledge
         spool = Path(a["state_dir"]) / "spool"
         assert cursors == {p.name: p.stat().st_size for p in spool.glob("*.jsonl")}
         assert points == step
+
+
+def test_a_quiet_spool_costs_the_supervisor_no_ledger_query_once_its_offsets_are_known(ledger, tmp_path):
+    attempt = attempt_with_spool(ledger, tmp_path / "quiet")
+    spool = Path(attempt["state_dir"]) / "spool"
+    _append(spool / "metrics-r0.jsonl", _metric_line(range(0, 10)))
+    read_offsets: dict = {}
+    assert ingest_attempt(ledger, attempt, read_offsets).points == 10
+    statements = []
+    listener = lambda *args: statements.append(args[2])  # noqa: E731 - before_cursor_execute's statement
+    event.listen(ledger.engine, "before_cursor_execute", listener)
+    try:
+        assert ingest_attempt(ledger, attempt, read_offsets).points == 0
+        assert statements == []  # the spool's sizes, compared with what this process read: no query
+        _append(spool / "metrics-r0.jsonl", _metric_line(range(10, 15)))
+        assert ingest_attempt(ledger, attempt, read_offsets).points == 5
+    finally:
+        event.remove(ledger.engine, "before_cursor_execute", listener)
+    assert statements  # new lines: read and written through the ledger
+    assert _steps(ledger, attempt["run_id"]) == list(range(15))
+
+
+def test_offsets_another_process_moved_on_are_never_read_twice(ledger, tmp_path):
+    attempt = attempt_with_spool(ledger, tmp_path / "shared")
+    spool = Path(attempt["state_dir"]) / "spool"
+    _append(spool / "metrics-r0.jsonl", _metric_line(range(0, 10)))
+    remembered: dict = {}
+    ingest_attempt(ledger, attempt, remembered)
+    _append(spool / "metrics-r0.jsonl", _metric_line(range(10, 20)))
+    assert ingest_attempt(ledger, attempt).points == 10  # another ingester took these
+    assert ingest_attempt(ledger, attempt, remembered).points == 0  # its old offsets say "news": the ledger says no
+    assert remembered[attempt["attempt_id"]] == {"metrics-r0.jsonl": (spool / "metrics-r0.jsonl").stat().st_size}
+    assert _steps(ledger, attempt["run_id"]) == list(range(20))

@@ -180,8 +180,10 @@ def test_a_nan_shows_the_learning_rate_and_resumes_from_the_checkpoint_before_it
     text = _read(stories.explain("nan"))
     _placement(stories, "nan", text)
     assert "optim.lr = 10" in text and "train.batch_size = 32" in text
-    assert "steps 0..5" in text and "non-finite loss = nan at step 6" in text
-    assert "committed step-00000005" in text
+    assert "non-finite loss = nan at step 6; last good checkpoint: step-00000005" in text
+    # The script ran on until the writer met the NaN or its next save (step 10) checked what had
+    # been logged first and refused: either way nothing past the NaN was committed.
+    assert "committed step-00000005" in text and "step-00000010" not in text
     assert "newest committed of the run: step-00000005 (step 5" in text
     _once(text, "lower the learning rate (optim.lr is 10)")
     assert "`trackway resume nan --set optim.lr=...`; it resumes from step-00000005" in text

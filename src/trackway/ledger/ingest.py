@@ -90,22 +90,38 @@ def _insert(conn: Connection):
     return postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
 
 
-def ingest_attempt(ledger: Ledger, attempt: RowMapping) -> IngestReport:
-    """Bring everything new in `attempt`'s spool (and its fallback files) into the ledger."""
+def ingest_attempt(ledger: Ledger, attempt: RowMapping,
+                   read_offsets: dict[str, dict[str, int]] | None = None) -> IngestReport:
+    """Bring everything new in `attempt`'s spool (and its fallback files) into the ledger.
+
+    `read_offsets` (attempt id → how far each file was read, kept by a caller that ingests the same
+    attempts again and again: the supervisor) spares a quiet spool the ledger read. Offsets only
+    grow, so a copy that another process has overtaken can only take a quiet spool for a busy one,
+    and the write transaction, which reads them again under the attempt's lock, then finds it quiet.
+    """
+    attempt_id = attempt["attempt_id"]
     spool = spool_dir_of(attempt)
     report = IngestReport(note=read_json(spool / NOTE_FILE))
     sources = _sources(spool)
     beat = read_json(spool / HEARTBEAT_FILE)
+    known = read_offsets.get(attempt_id) if read_offsets is not None else None
+    if known is not None and not _has_news(sources, known, attempt, beat):
+        return report  # the common case on a busy supervisor: not even a read transaction
     with ledger.read() as conn:
-        if not _has_news(sources, _offsets(conn, attempt["attempt_id"]), attempt, beat):
-            return report  # the common case on a busy supervisor: no write transaction at all
+        offsets = _offsets(conn, attempt_id)
+    if read_offsets is not None:
+        read_offsets[attempt_id] = offsets
+    if not _has_news(sources, offsets, attempt, beat):
+        return report  # no write transaction at all
     with ledger.write() as conn:
-        _lock_attempt(conn, attempt["attempt_id"])
-        offsets = _offsets(conn, attempt["attempt_id"])
+        _lock_attempt(conn, attempt_id)
+        offsets = _offsets(conn, attempt_id)
+        read = dict(offsets)
         for source in sources:
             located, end = read_complete_lines_at(source.path, offsets.get(source.cursor, 0))
             if not located:
                 continue
+            read[source.cursor] = end
             decoded = _decode_lines(conn, attempt, source, located, report)
             if source.metrics:
                 report.points += _ingest_metric_lines(conn, attempt, decoded)
@@ -113,8 +129,10 @@ def ingest_attempt(ledger: Ledger, attempt: RowMapping) -> IngestReport:
                 events, committed = _ingest_events(conn, attempt, decoded)
                 report.events += events
                 report.checkpoints += committed
-            _save_offset(conn, attempt["attempt_id"], source.cursor, end)
+            _save_offset(conn, attempt_id, source.cursor, end)
         _ingest_heartbeat(conn, attempt, beat)
+    if read_offsets is not None:
+        read_offsets[attempt_id] = read  # committed
     return report
 
 

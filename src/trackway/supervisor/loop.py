@@ -7,6 +7,7 @@ each end exactly once.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -109,6 +110,7 @@ class Supervisor:
         self.findings: list[tuple[str, str]] = []  # (attempt, what a watcher noticed), for live status lines
         self._first_rss: dict[str, int | None] = {}
         self._cursor = ""  # the running attempt a time-bounded tick stopped at
+        self._read_offsets: dict[str, dict[str, int]] = {}  # how far each running attempt's spool was read
         self.backlog = False  # the last tick left ends or running attempts for the next one
         # Scripts without the SDK: each run's log patterns and declared checkpoint paths (fixed at submit).
         self._outside_sdk: dict[str, RowMapping] = {}
@@ -129,6 +131,8 @@ class Supervisor:
         self._launch_orphaned_runs()
         with self.ledger.read() as conn:
             pending = [a for a in active_attempts(conn) if a["executor_job_id"]]
+        live = {a["attempt_id"] for a in pending}
+        self._read_offsets = {key: value for key, value in self._read_offsets.items() if key in live}
         # A tick is bounded in time. Every attempt is polled (a few file reads each), and the ends
         # are recorded first: a receipt and a retry are what people wait for, while ingesting and
         # watching the attempts still running can wait a tick. What the budget leaves undone is
@@ -142,9 +146,11 @@ class Supervisor:
         polled = self._poll(pending)
         self._note_placements(polled)
         self._note_host_reach(polled)
-        for attempt, status in polled:
-            if not status.phase.is_terminal():
-                continue
+        # The longest-ended first: a burst of ends (a node lost, a sweep failing at its first step)
+        # is recorded oldest first, so none waits for the whole burst.
+        ended = sorted(((attempt, status) for attempt, status in polled if status.phase.is_terminal()),
+                       key=lambda pair: pair[1].ended_at.timestamp() if pair[1].ended_at else math.inf)
+        for attempt, status in ended:
             if ends and time.monotonic() > deadline:
                 self.backlog = True
                 break
@@ -159,7 +165,7 @@ class Supervisor:
                 self._cursor = attempt["attempt_id"]
                 self.backlog = True
                 break
-            report = ingest_attempt(self.ledger, attempt)
+            report = ingest_attempt(self.ledger, attempt, self._read_offsets)
             run = self._run_outside_sdk(attempt["run_id"])
             logged = self._ingest_log(attempt, run)
             self._watch(attempt, new_points=report.points > 0 or logged.points > 0, nan=logged.nan)
@@ -308,12 +314,19 @@ class Supervisor:
         interval_s: float = 1.0,
         on_ends: Callable[[list[AttemptEnd]], None] | None = None,
     ) -> None:
-        """Tick until `should_stop()`, handing each tick's ends to `on_ends`."""
+        """Tick until `should_stop()`, handing each tick's ends to `on_ends`; a tick starts every `interval_s`.
+
+        Start to start, not a pause after each tick: with hundreds of attempts running a tick
+        takes a few hundred milliseconds, and an end that came just after one tick's poll must not
+        wait that long again on top of the interval before the next one records it.
+        """
         while not should_stop():
+            started = time.monotonic()
             ends = self.tick()
             if on_ends is not None:
                 on_ends(ends)
-            time.sleep(0 if self.backlog else interval_s)
+            if not self.backlog:
+                time.sleep(max(0.0, interval_s - (time.monotonic() - started)))
 
     def cancel(self, run_ref: str) -> list[str]:
         """Ask the executors to end every unfinished attempt of a run; return their ids.

@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -14,17 +13,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 CHATTY = str(Path(__file__).parent / "server" / "scripts" / "chatty_preempted.py")
-
-
-def wait_for(predicate, timeout: float = 60, what: str = "a condition"):
-    """`predicate()`'s first true answer, tried every 0.2 s; a test that waits longer than `timeout` has hung."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        found = predicate()
-        if found:
-            return found
-        time.sleep(0.2)
-    raise AssertionError(f"gave up waiting for {what}")
 
 
 class Api:

@@ -7,13 +7,12 @@ import re
 import signal
 import sys
 import textwrap
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
+import waiting
 
 from trackway.executors.base import Executor, JobHandle, JobPhase, JobStatus, LaunchRequest
 from trackway.executors.local import LocalExecutor
@@ -22,15 +21,9 @@ from trackway.executors.local_shim import process_create_time, read_json, same_p
 DEADLINE_S = 30.0
 
 
-def wait_for(predicate: Callable[[], object], what: str, timeout: float = DEADLINE_S, interval: float = 0.02):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
+def wait_for(predicate, what: str, timeout: float = DEADLINE_S, interval: float = 0.02):
+    """tests/waiting.py's, asked more often: executors answer in milliseconds."""
+    return waiting.wait_for(predicate, what, timeout, interval)
 
 
 def wait_terminal(executor: Executor, handle: JobHandle, timeout: float = DEADLINE_S) -> JobStatus:

@@ -7,10 +7,10 @@ import json
 import math
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
+from waiting import wait_for
 
 from trackway.sdk.exceptions import NonFiniteLoss
 from trackway.sdk.run import AttemptContext, Run
@@ -58,12 +58,14 @@ def test_a_non_finite_float_under_a_loss_key_is_nan_loss(make_run, tmp_path, key
 def test_the_training_loop_is_stopped_by_its_next_log_once_the_writer_met_the_value(make_run, tmp_path):
     run = make_run()
     run.log({"loss": math.nan}, step=0)
-    deadline = time.monotonic() + 30  # the writer passes every 0.25 s; this only guards against a hang
+    steps = itertools.count(1)
+
+    def next_step_logged() -> bool:  # the training loop goes on, step by step, until a log call raises
+        run.log({"loss": 0.5}, step=next(steps))
+        return False
+
     with pytest.raises(NonFiniteLoss, match="non-finite loss = nan at step 0"):
-        for step in itertools.count(1):
-            assert time.monotonic() < deadline, "no log call raised"
-            run.log({"loss": 0.5}, step=step)
-            time.sleep(0.01)
+        wait_for(next_step_logged, "a log call to raise NonFiniteLoss", timeout=30, interval=0.01)
     assert _note(tmp_path)["message"] == "non-finite loss = nan at step 0; no checkpoint committed yet"
 
 

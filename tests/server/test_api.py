@@ -12,7 +12,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from api_server import CHATTY, Api, serving, wait_for
+from api_server import CHATTY, Api, serving
+from waiting import wait_for
 
 
 @pytest.fixture
@@ -116,7 +117,7 @@ def test_metrics_are_downsampled_on_the_server_keeping_the_spikes(server, tmp_pa
     assert status == 201
     supervise = server[1]
     wait_for(lambda: supervise() or api.get(f"/api/jobs/{job['id']}")[1]["status"] == "completed",
-          what="the job to complete")
+             "the job to complete")
     chart = api.get(f"/api/runs/{job['id']}/metrics?keys=loss&max_points=100")[1]
     loss = chart["series"]["loss"]
     assert loss["downsampled"] is True and loss["points"] == 5000 and len(loss["steps"]) <= 100

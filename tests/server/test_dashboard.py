@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from api_server import CHATTY, Api, serving, wait_for
+from api_server import CHATTY, Api, serving
+from waiting import wait_for
 
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(os.environ.get("TRACKWAY_TEST_ARTIFACTS", Path(__file__).resolve().parents[2] / "test-artifacts"))
@@ -51,7 +52,7 @@ def test_a_resumed_run_reads_as_one_curve_with_its_restart_marked_and_explained(
                            capture_output=True, timeout=120)
             return False
 
-        wait_for(completed, timeout=90, what="the job to complete")
+        wait_for(completed, "the job to complete", timeout=90)
 
         page = browser.new_page(viewport={"width": 1280, "height": 900})
         outside: list[str] = []

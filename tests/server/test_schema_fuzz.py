@@ -10,7 +10,7 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
-from api_server import wait_for
+from waiting import wait_for
 
 from trackway.ledger import open_ledger
 from trackway.server.app import create_app
@@ -28,7 +28,7 @@ def _schema(home: Path, sqlite_url: str):
     run_id = submit_run(ledger, configured, RunSpec(command=[sys.executable, "-c", script], cwd=Path.cwd(), name="fuzzed"))
     start_attempt(ledger, configured, run_id, supervisor.executor("local"))
     # Until its end is recorded: a run to read, with points and a receipt.
-    wait_for(supervisor.tick, timeout=60, what="the run to read to end")
+    wait_for(supervisor.tick, "the run to read to end", timeout=60, interval=0.1)
     ledger.dispose()
     app = create_app(configured, Access(None), Path.cwd())
     # Generated jobs would start real processes, and the event stream never ends: both have their own tests.

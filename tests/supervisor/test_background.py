@@ -11,11 +11,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from sqlalchemy import select
+from waiting import wait_for
 
 from trackway.errors import InputError
 from trackway.ledger import open_ledger
@@ -27,7 +27,6 @@ PY = sys.executable
 TESTS = Path(__file__).resolve().parent.parent
 NEUTRAL = str(TESTS / "cli" / "scripts" / "neutral.py")
 EVALUATOR = TESTS / "evals" / "scripts" / "evaluator.py"
-WAIT_S = 60  # a bound on waiting for what the supervisor does, not a speed requirement
 
 
 # -- helpers ----------------------------------------------------------------------------------------
@@ -62,16 +61,6 @@ def trackway(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
     """`python -m trackway ARGS` as a person types it, in the test's working directory."""
     return subprocess.run([PY, "-m", "trackway", *args], capture_output=True, text=True, timeout=120,
                           env={**os.environ, **(env or {})})
-
-
-def wait_for(condition, what: str):
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"gave up waiting for {what}")
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import select
+from waiting import wait_for
 
 from trackway.ledger import open_ledger
 from trackway.ledger.schema import attempts, blobs, runs
@@ -26,16 +27,6 @@ from trackway.supervisor.loop import Supervisor
 
 SCRIPT = str(Path(__file__).resolve().parent / "scripts" / "env_echo.py")
 TOKEN = "hf_" + "Zq8vN3kLm2Xp7rT5wY1bC4dF6gH9jK0aSe"
-
-
-def _wait(predicate, timeout: float = 90, what: str = "condition"):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _rows(url: str, table, *where):
@@ -73,8 +64,8 @@ def test_a_retry_launched_by_the_supervisor_runs_with_the_submitters_environment
     supervisor = _supervise(ledger_url, home, {"KB_FOO": "launcher", "KB_STEPS": "3", "HF_TOKEN": None,
                                                "KB_LAUNCHER_ONLY": "leaked"})
     try:
-        _wait(lambda: _rows(ledger_url, runs, runs.c.run_id == run_id)[0]["state"] == "completed",
-              what="the run to complete through its retry")
+        wait_for(lambda: _rows(ledger_url, runs, runs.c.run_id == run_id)[0]["state"] == "completed",
+                 "the run to complete through its retry", timeout=90, interval=0.1)
     finally:
         supervisor.terminate()
         supervisor.wait(timeout=30)
@@ -130,7 +121,8 @@ def test_explain_names_the_variables_that_changed_between_attempts(cli, home, le
     ledger.dispose()
     supervisor = _supervise(ledger_url, home, {"KB_FOO": "second"})
     try:
-        _wait(lambda: _rows(ledger_url, runs, runs.c.run_id == run_id)[0]["state"] == "completed", what="completion")
+        wait_for(lambda: _rows(ledger_url, runs, runs.c.run_id == run_id)[0]["state"] == "completed", "completion",
+                 timeout=90, interval=0.1)
     finally:
         supervisor.terminate()
         supervisor.wait(timeout=30)
@@ -175,8 +167,8 @@ def test_a_retry_whose_secrets_are_gone_is_not_started_with_another_environment(
     (home / "runs" / run_id / "secret-env.json").unlink()
     supervisor = _supervise(ledger_url, home, {})
     try:
-        _wait(lambda: len([a for a in _rows(ledger_url, attempts, attempts.c.run_id == run_id)
-                           if a["state"] == "ended"]) == 2, what="the retry to be refused")
+        wait_for(lambda: len([a for a in _rows(ledger_url, attempts, attempts.c.run_id == run_id)
+                              if a["state"] == "ended"]) == 2, "the retry to be refused", timeout=90, interval=0.1)
     finally:
         supervisor.terminate()
         supervisor.wait(timeout=30)

@@ -104,7 +104,7 @@ def test_an_oom_is_retried_on_a_resource_with_more_memory(project):
     assert json.loads(first["retry_decision"])["action"] == "resume"
     assert (second["termination_reason"], second["resource"]) == ("completed", "bigbox")
     reason = json.loads(second["selection"])["reason"]
-    assert reason.startswith("attempt 1 ran out of memory on workstation (16 GB per GPU), bigbox has 80 GB")
+    assert reason.startswith("attempt 1 ran out of memory on workstation (16 GiB per GPU), bigbox has 80 GiB")
     assert "ran out of memory on workstation" in flat(project("explain", "grows").stdout)
 
 
@@ -190,4 +190,4 @@ def test_an_oom_moves_to_a_gpu_the_catalog_knows_is_bigger_without_gpu_memory_gb
     first, second = attempts(trackway, "grows")
     assert (first["resource"], second["resource"]) == ("desk", "rented")
     assert json.loads(second["selection"])["reason"].startswith(
-        "attempt 1 ran out of memory on desk (31.84 GB per GPU), rented has 140.4 GB")
+        "attempt 1 ran out of memory on desk (31.84 GiB per GPU), rented has 140.4 GiB")

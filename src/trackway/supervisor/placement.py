@@ -138,8 +138,9 @@ def _after_oom(
     memory = capacity_gib(settings.resource(chosen.resource))
     return Selection(AUTO, chosen.resource, chosen.qos,
                      f"attempt {previous['attempt_number']} ran out of memory on {where.name} "
-                     f"({had:g} GB per GPU), {chosen.resource} has {memory:g} GB: {chosen.reason}",
+                     f"({had:g} GiB per GPU), {chosen.resource} has {memory:g} GiB: {chosen.reason}",
                      chosen.skipped)
+
 
 def resource_after_oom(settings: Settings, run: Mapping[str, Any], attempt: Mapping[str, Any]) -> str | None:
     """Where the retry of `attempt`, which ran out of memory, would go: a resource with more memory per GPU,

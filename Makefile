@@ -6,7 +6,8 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test bench bench-peers clean
 
-$(STAMP): pyproject.toml
+# The C source too: its extension is built by the install (pip install -e rebuilds it).
+$(STAMP): pyproject.toml src/trackway/checkpoints/_stream_copy.c
 	$(PYTHON) -m venv $(VENV)
 	# torch first and pinned: the CPU build of 2.13.0 lies on this machine's disk; an unpinned
 	# torch would pull a multi-GB CUDA build.

@@ -8,9 +8,11 @@ plain save (the order rotates each round, files are removed between runs, untime
   (b) the same with the safetensors payload ≤ 0.8× the plain save;
   (c) the async manager.save's blocking time (what the training thread waits for: the copy into
       host buffers) ≤ 0.1× the plain save.
-For reference, untargeted: safetensors' own save_file + fsync of the same tensors, a synchronous
-manager.save (capture + protocol save), and, on a machine with a GPU, the bandwidth of a capture's
-copy from the GPU (pinned buffers, a copy stream of its own) and what that capture blocks.
+For reference, untargeted: torch's own copy_ of the state into preallocated tensors (what (c)
+would block with torch's copy in place of the capture's streaming stores), safetensors' own
+save_file + fsync of the same tensors, a synchronous manager.save (capture + protocol save),
+and, on a machine with a GPU, the bandwidth of a capture's copy from the GPU (pinned buffers, a
+copy stream of its own) and what that capture blocks.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import torch  # noqa: E402
 
 from trackway.checkpoints.manager import CheckpointManager  # noqa: E402
 from trackway.checkpoints.protocol import CheckpointStore  # noqa: E402
-from trackway.checkpoints.torch_state import HostBuffers, Snapshot, capture  # noqa: E402
+from trackway.checkpoints.torch_state import COPY, HostBuffers, Snapshot, capture  # noqa: E402
 
 PLAIN = "plain torch.save + fsync"
 
@@ -89,7 +91,8 @@ def main() -> None:
     as_safetensors = capture(model, optimizer, buffers=HostBuffers(), format="safetensors")
     flat = {name: t for part in as_safetensors.layout.parts for name, t in zip(part.names, part.tensors)}
     print(f"state: {as_torch.nbytes / 1e6:.0f} MB (model + Adam), {args.repeat} interleaved rounds; "
-          f"load average {os.getloadavg()[0]:.2f} on {len(os.sched_getaffinity(0))} cores", flush=True)
+          f"load average {os.getloadavg()[0]:.2f} on {len(os.sched_getaffinity(0))} cores; "
+          f"captures copy CPU tensors with {COPY}", flush=True)
 
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         root = Path(tmp)
@@ -147,7 +150,7 @@ def main() -> None:
 
             return run
 
-        # The least an async save can block: one copy of every tensor into tensors allocated before.
+        # For scale: torch's own copy of every tensor into tensors allocated before (the capture streams its stores).
         sources = as_torch.tensors
         copies = [torch.empty_like(t) for t in sources]
 
@@ -178,7 +181,7 @@ def main() -> None:
         figure("(c) async manager.save: time the training thread blocks", medians["blocked"],
                baseline=base, baseline_name=PLAIN, target_ratio=0.1),
     ]
-    figure("    the copy alone: every tensor into preallocated ones (c's floor)", medians["copy"], baseline=base,
+    figure("    torch's copy_ of every tensor into preallocated ones (reference)", medians["copy"], baseline=base,
            baseline_name=PLAIN)
     figure("    safetensors' save_file + fsync (reference)", medians["library"], baseline=base, baseline_name=PLAIN)
     figure("    synchronous manager.save (capture + protocol save)", medians["sync"], baseline=base,

@@ -5,9 +5,10 @@ A capture holds the model, optimizer, scheduler and AMP scaler state dicts, the 
 `extra`. Tensors are copied into `HostBuffers` allocated once and reused by later captures,
 so the training step blocks only for the copy:
 
-    CPU tensor   memmoves into its buffer, shared with a helper thread piece by piece (torch's copy
-                 splits a large copy across threads in fixed shares and waits for the slowest: on a
-                 busy machine, one thread descheduled stalls the step several times over)
+    CPU tensor   copied into its buffer with streaming stores (_stream_copy.c; memmove where it
+                 was not built), shared with a helper thread piece by piece (torch's copy splits a
+                 large copy across threads in fixed shares and waits for the slowest: on a busy
+                 machine, one thread descheduled stalls the step several times over)
     CUDA tensor  queued on a copy stream of its own into pinned memory; the training's stream
                  waits for it before it runs anything else, the writer before it reads the buffers
 
@@ -611,17 +612,17 @@ class _Copier:
 
 
 class _Moves:
-    """A capture's CPU copies, as memmoves of at most 16 MiB, done by the caller and a helper thread together.
+    """A capture's CPU copies, in pieces of at most 16 MiB, done by the caller and a helper thread together.
 
-    Each takes the next piece until none is left (ctypes.memmove lets go of the GIL), so a thread
+    Each takes the next piece until none is left (`copy_bytes` lets go of the GIL), so a thread
     descheduled on a busy machine delays only the piece it holds: the caller waits for pieces the
     helper took, never for the helper to wake. Where the machine is idle two threads copy a little
     faster than one; where it is busy they get twice one thread's share of the CPU.
     """
 
-    # Each piece costs both threads a turn of the GIL. 16 MiB (about 1 ms of copying) blocked the
-    # async save of a 252 MB state for 13-16 ms where 4 MiB pieces took 18 ms, with two busy
-    # processes on the 2 cores as well as idle (p90 33 ms against 35 ms; torch's own OpenMP copy: 150).
+    # Each piece costs both threads a turn of the GIL. A 252 MB state on 2 cores, streaming: 2 MiB
+    # pieces 14.4 ms, 4 to 16 MiB 12.3 ms; with two busy processes beside it, 16 MiB pieces 18.7 ms
+    # (p90 22 ms; memmove's 29 ms, p90 33; torch's own OpenMP copy's p90 150 ms).
     PIECE = 16 << 20
     SHARED_FROM = 16 << 20  # less is not worth waking the helper
 
@@ -652,11 +653,20 @@ class _Moves:
                 dst, src, nbytes = self.pieces[self._next]
                 self._next += 1
                 self._taken += 1
-            ctypes.memmove(dst, src, nbytes)
+            copy_bytes(dst, src, nbytes)
             with self._done:
                 self._taken -= 1
                 if self._taken == 0:
                     self._done.notify_all()
+
+
+try:
+    # Built at install where a C compiler was found; it streams on x86-64 (see _stream_copy.c).
+    from trackway.checkpoints._stream_copy import STREAMING
+    from trackway.checkpoints._stream_copy import copy as copy_bytes
+except ImportError:
+    STREAMING, copy_bytes = 0, ctypes.memmove
+COPY = "streaming stores" if STREAMING else "memmove"  # how a capture copies CPU tensors, as bench/ reports it
 
 
 _helper_queue: queue.SimpleQueue[_Moves] | None = None

@@ -5,6 +5,7 @@ Exits non-zero, naming the figures, when any target is missed (or a benchmark fa
 
 from __future__ import annotations
 
+import compileall
 import json
 import os
 import subprocess
@@ -18,6 +19,8 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import _shown  # noqa: E402
+
+import trackway  # noqa: E402
 
 BENCHES = [
     "bench_cli.py",
@@ -42,6 +45,10 @@ def main(argv: list[str]) -> int:
     here = Path(__file__).resolve().parent
     chosen = [name for name in BENCHES if not argv or any(word in name for word in argv)]
     failed: list[str] = []
+    # Where PYTHONDONTWRITEBYTECODE is set, or after an edit, each fresh interpreter would compile the
+    # modules it imports, and the start-up figures would time that compiling rather than trackway.
+    for package in (Path(trackway.__file__).parent, here):
+        compileall.compile_dir(package, quiet=1)
     with tempfile.TemporaryDirectory() as tmp:
         results = Path(tmp) / "results.jsonl"
         for name in chosen:

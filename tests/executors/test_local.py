@@ -350,3 +350,56 @@ def test_state_is_readable_from_files(executor, make_request):
     assert (state_dir / "shim.err").read_text() == ""
     # A second executor object (another process, say) reads the same answer.
     assert LocalExecutor(executor.home, gpu_inventory=lambda: []).poll(sub.handle) == executor.poll(sub.handle)
+
+
+def test_a_supervisor_polling_every_tick_reads_job_json_once_per_running_job(
+    executor, make_request, tmp_path, monkeypatch
+):
+    import trackway.executors.local as local
+
+    reads: list[str] = []
+    real_read_json = local.read_json
+
+    def counting_read_json(path: Path):
+        reads.append(Path(path).name)
+        return real_read_json(path)
+
+    monkeypatch.setattr(local, "read_json", counting_read_json)
+    go = tmp_path / "go"
+    first = executor.submit(make_request(python(f"import os, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.02)")))
+    second = executor.submit(make_request(python("import time; time.sleep(120)")))
+    handles = [first.handle, second.handle]
+
+    for _ in range(5):
+        assert {status.phase for status in executor.poll_many(handles).values()} == {JobPhase.RUNNING}
+    assert reads.count("job.json") == 2  # once for each job, not once a tick
+
+    go.touch()
+    wait_for(lambda: executor.poll_many(handles)[first.handle.job_id].phase is JobPhase.ENDED, "the first job to end")
+    status = executor.poll_many(handles)[first.handle.job_id]
+    assert status.phase is JobPhase.ENDED and status.exit_code == 0
+    # A job no longer asked about is forgotten: asked again, its job.json is read again.
+    executor.poll_many([])
+    before = reads.count("job.json")
+    assert executor.poll_many([second.handle])[second.handle.job_id].phase is JobPhase.RUNNING
+    assert reads.count("job.json") == before + 1
+
+
+def test_group_members_are_the_live_processes_of_that_group_only(tmp_path):
+    from trackway.executors.local_shim import group_members
+
+    # A group of three: the shell (left a zombie once it exits, since we do not reap it yet), and two sleepers.
+    leader = subprocess.Popen(["sh", "-c", "sleep 60 & sleep 60 & echo started; exec true"],
+                              start_new_session=True, stdout=subprocess.PIPE, text=True)
+    outsider = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        assert leader.stdout.readline().strip() == "started"
+        wait_for(lambda: len(group_members(leader.pid)) == 2, "the leader to exit and leave its two sleepers")
+        members = group_members(leader.pid)
+        assert leader.pid not in members and outsider.pid not in members  # a zombie, and another group
+        assert all(os.getpgid(pid) == leader.pid for pid in members)
+    finally:
+        os.killpg(leader.pid, signal.SIGKILL)
+        outsider.kill()
+        leader.wait()
+        outsider.wait()

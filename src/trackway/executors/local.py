@@ -66,6 +66,9 @@ class LocalExecutor(Executor):
         self.home = Path(home)
         self.gpu_inventory = gpu_inventory or host_gpu_inventory
         self.leases = LeaseFiles(self.home / "local" / "gpu-leases")
+        # job.json of the jobs last seen running, by state_dir: the shim writes it once, so a
+        # supervisor polling hundreds of attempts every second need not read and parse it each time.
+        self._running_jobs: dict[str, dict] = {}
 
     def submit(self, request: LaunchRequest) -> Submission:
         state_dir = Path(request.state_dir)
@@ -119,11 +122,23 @@ class LocalExecutor(Executor):
             return None
         return self._submission(Path(state_dir), job, None)
 
+    def poll_many(self, handles: Iterable[JobHandle]) -> dict[str, JobStatus]:
+        statuses = {}
+        polled = set()
+        for handle in handles:
+            statuses[handle.job_id] = self.poll(handle)
+            polled.add(str(handle.state_dir))
+        # Jobs no longer asked about ended (or were recorded by another supervisor): forget them.
+        self._running_jobs = {key: job for key, job in self._running_jobs.items() if key in polled}
+        return statuses
+
     def poll(self, handle: JobHandle) -> JobStatus:
         state_dir = Path(handle.state_dir)
-        job = read_json(state_dir / "job.json")
+        key = str(handle.state_dir)
+        job = self._running_jobs.pop(key, None) or read_json(state_dir / "job.json")
         ended = read_json(state_dir / "exit.json")
-        if ended is None and job is not None and not same_process(job["shim_pid"], job["create_time"]):
+        shim_alive = ended is None and job is not None and same_process(job["shim_pid"], job["create_time"])
+        if ended is None and job is not None and not shim_alive:
             # The shim may have written exit.json between the two reads above.
             ended = read_json(state_dir / "exit.json")
         started_at = datetime.fromisoformat(job["started_at"]) if job else None
@@ -145,7 +160,8 @@ class LocalExecutor(Executor):
                 cancelled=cancelled,
                 evidence=(f"no job.json in {state_dir}: the executor shim never started the command",),
             )
-        if same_process(job["shim_pid"], job["create_time"]):
+        if shim_alive:
+            self._running_jobs[key] = job
             return JobStatus(phase=JobPhase.RUNNING, started_at=started_at, cancelled=cancelled)
         shim_gone = f"executor shim pid {job['shim_pid']} is gone"
         if same_process(job["child_pid"], job["child_create_time"]):

@@ -366,7 +366,8 @@ def test_a_supervisor_polling_every_tick_reads_job_json_once_per_running_job(
 
     monkeypatch.setattr(local, "read_json", counting_read_json)
     go = tmp_path / "go"
-    first = executor.submit(make_request(python(f"import os, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.02)")))
+    waits_for_go = f"import os, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.02)"
+    first = executor.submit(make_request(python(waits_for_go)))
     second = executor.submit(make_request(python("import time; time.sleep(120)")))
     handles = [first.handle, second.handle]
 

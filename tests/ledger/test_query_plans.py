@@ -116,3 +116,22 @@ def test_what_in_flight_and_the_listings_ask_uses_indexes(sqlite_url):
     finally:
         conn.close()
     assert offenders == {}, f"these queries scan the whole history: {offenders}"
+
+
+def test_the_seed_query_starts_from_the_model_familys_runs_not_every_attempt(sqlite_url):
+    import sqlite3
+
+    open_ledger(sqlite_url).dispose()
+    seed_query = (
+        "select termination_reason, count(*) as attempts, sum(gpu_seconds) / 3600 as gpu_hours "
+        "from training_attempts where model_family = 'reasoning' and started_at >= datetime('now', '-7 days') "
+        "group by termination_reason order by gpu_hours desc"
+    )
+    conn = sqlite3.connect(sqlite_url.removeprefix("sqlite:///"))
+    try:
+        plan = [row[-1] for row in conn.execute(f"EXPLAIN QUERY PLAN {seed_query}")]
+    finally:
+        conn.close()
+    # The view joins attempts `a` to runs `r`: a scan of `a` reads every attempt ever recorded.
+    assert any(step.startswith("SEARCH r USING INDEX ix_runs_model_family") for step in plan), plan
+    assert not [step for step in plan if step.startswith(("SCAN a", "SCAN attempts"))], plan

@@ -72,7 +72,7 @@ runs = Table(
     Column("run_id", String(32), primary_key=True),
     Column("name", String(200), unique=True),
     Column("project", String(200), nullable=False),
-    Column("model_family", String(200)),
+    Column("model_family", String(200), index=True),  # the seed query's filter (0013)
     Column("kind", String(16), nullable=False),
     Column("state", String(16), nullable=False, index=True),  # every tick asks for queued runs
     Column("command", Text, nullable=False),  # JSON list of argv

@@ -182,11 +182,17 @@ def group_members(pgid: int) -> list[int]:
         try:
             if os.getpgid(pid) != pgid:
                 continue
+        except PermissionError:
+            pass  # a security module may refuse to say: /proc below does
+        except OSError:  # gone meanwhile
+            continue
+        try:
             with open(f"/proc/{name}/stat", "rb") as f:
                 stat = f.read()
-        except OSError:  # gone meanwhile (ProcessLookupError is one)
+        except OSError:
             continue
-        if stat[stat.rindex(b")") + 2 :].split()[0] not in (b"Z", b"X"):
+        fields = stat[stat.rindex(b")") + 2 :].split()
+        if fields[0] not in (b"Z", b"X") and int(fields[2]) == pgid:
             members.append(pid)
     return members
 

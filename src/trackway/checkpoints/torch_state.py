@@ -56,6 +56,14 @@ from trackway.checkpoints.protocol import (
 )
 from trackway.errors import InputError
 
+try:
+    # Built at install where a C compiler was found; it streams on x86-64 (see _stream_copy.c).
+    from trackway.checkpoints._stream_copy import STREAMING
+    from trackway.checkpoints._stream_copy import copy as copy_bytes
+except ImportError:
+    STREAMING, copy_bytes = 0, ctypes.memmove
+COPY = "streaming stores" if STREAMING else "memmove"  # how a capture copies CPU tensors, as bench/ reports it
+
 FORMAT = "trackway.torch_state/1"
 STATE_FILE = "state.pt"
 _HELD_MIN = 256 << 10  # smaller tensors are copied into the writer's stage with their neighbours
@@ -658,15 +666,6 @@ class _Moves:
                 self._taken -= 1
                 if self._taken == 0:
                     self._done.notify_all()
-
-
-try:
-    # Built at install where a C compiler was found; it streams on x86-64 (see _stream_copy.c).
-    from trackway.checkpoints._stream_copy import STREAMING
-    from trackway.checkpoints._stream_copy import copy as copy_bytes
-except ImportError:
-    STREAMING, copy_bytes = 0, ctypes.memmove
-COPY = "streaming stores" if STREAMING else "memmove"  # how a capture copies CPU tensors, as bench/ reports it
 
 
 _helper_queue: queue.SimpleQueue[_Moves] | None = None

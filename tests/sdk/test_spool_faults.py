@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import select
+from waiting import wait_for
 
 from trackway.ledger.ingest import ingest_attempt
 from trackway.ledger.records import get_attempt, insert_attempt, insert_run
@@ -100,6 +101,12 @@ def _wait_for(path: Path, text: str, timeout: float = 20) -> str:
     raise AssertionError(f"{path} never said {text!r}: {path.read_text()!r}")
 
 
+def _whole_lines(path: Path) -> tuple[bytes] | None:
+    """(`path`'s bytes,) (b"" if absent) when they end with a whole line; None while a line is cut off."""
+    held = path.read_bytes() if path.exists() else b""
+    return (held,) if held == b"" or held.endswith(b"\n") else None
+
+
 def _points(ledger) -> dict[str, list[int]]:
     with ledger.read() as conn:
         rows = conn.execute(
@@ -130,8 +137,11 @@ def test_points_logged_while_the_disk_is_full_arrive_once_space_returns(small_fs
     assert process.stdout.readline().strip() == "logged"
     _wait_for(stderr, "cannot write the spool file")
     metrics = small_fs / "attempt" / "spool" / "metrics-r0.jsonl"
-    held = metrics.read_bytes() if metrics.exists() else b""
-    assert held == b"" or held.endswith(b"\n")  # what could not be written whole was taken back
+    # What could not be written whole was taken back. The writer keeps retrying meanwhile, and a
+    # read that lands inside one retry sees its append before the take-back: read until one lands
+    # outside (a torn line that stayed fails here, after the hang guard).
+    (held,) = wait_for(lambda: _whole_lines(metrics), "the spool file to hold whole lines only")
+    assert held == b"" or held.endswith(b"\n")
     filler.unlink()
     go.touch()
     assert process.wait(timeout=30) == 0

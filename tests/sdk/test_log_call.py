@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import signal
 import threading
 from pathlib import Path
 
@@ -107,3 +108,36 @@ def test_events_are_written_while_a_flush_runs(tmp_path):
     assert len(_points(tmp_path / "spool")) == 20 * SLICE_ROWS
     events = (tmp_path / "spool" / "events.jsonl").read_text().splitlines()
     assert [line.count('"kind": "progress"') for line in events].count(1) == 20
+
+
+@pytest.mark.parametrize("log_all_ranks", [False, True], ids=["rank 0 logs", "every rank logs"])
+def test_another_rank_logs_only_when_asked_and_counts_its_steps_either_way(tmp_path, log_all_ranks):
+    context = AttemptContext(run_id="r1", attempt_id="r1/1", attempt_number=1, spool_dir=tmp_path / "spool",
+                             checkpoint_dir=tmp_path / "ckpt", rank=1, world_size=2)
+    run = Run(context, {}, install_hooks=False, log_all_ranks=log_all_ranks)
+    for step in range(3):
+        run.log({"loss": float(step)})
+    run._writer.flush()
+    spool = tmp_path / "spool" / "metrics-r1.jsonl"
+    points = ({(key, step) for keys, steps, _, _ in (decode_metric_line(line) for line in read_complete_lines(spool, 0)[0])
+               for key in keys for step in steps} if spool.exists() else set())
+    assert points == ({("loss", 0), ("loss", 1), ("loss", 2)} if log_all_ranks else set())
+    assert run._step == 2
+    run.finish()
+
+
+def test_after_a_notice_is_read_the_script_logs_on_until_it_saves_and_exits(tmp_path):
+    context = AttemptContext(run_id="r1", attempt_id="r1/1", attempt_number=1,
+                             spool_dir=tmp_path / "spool", checkpoint_dir=tmp_path / "ckpt")
+    run = Run(context, {}, install_hooks=False)
+    run.log({"loss": 1.0}, step=0)
+    run._on_notice(signal.SIGTERM)
+    run.log({"loss": 2.0}, step=1)  # the step under way when the notice came
+    assert run.should_stop
+    for step in range(2, 5):  # read: the script handles the notice, so later steps are logged, not ended
+        run.log({"loss": float(step)}, step=step)
+    run._writer.flush()
+    assert {step for (_, step) in _points(tmp_path / "spool")} == {0, 1, 2, 3, 4}
+    with pytest.raises(SystemExit) as ended:
+        run.finish()
+    assert ended.value.code == 75  # preempted: resumed, never completed

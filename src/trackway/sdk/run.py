@@ -53,6 +53,7 @@ EXIT_PREEMPTED = 75
 # executors give by default, so the forced ending (a checkpoint in flight, the note) fits in the rest.
 NOTICE_POLL_S = 10.0
 _NO_STEP = object()
+_ALWAYS = -sys.maxsize - 1  # `Run._plain_below` when every `log` needs attention (no real step is below it)
 _now = time.time
 
 
@@ -128,12 +129,16 @@ class Run:
             loss_keys=self._is_loss,
         )
         self._append = self._writer.queue.append
+        self._writer.on_non_finite = self._attend
         # Each rank's own devices' peaks, on heartbeats and at the end (sdk/cuda_memory.py): calibration reads them.
         self._writer.on_heartbeat = PeakRecorder(self._writer.event)
         self._step: int | None = None
         self.max_steps = context.max_steps
-        # One comparison per log call: past this step, the test run has done what it was asked.
+        # Past this step, the test run has done what it was asked.
         self._stop_at = context.max_steps if context.max_steps is not None else sys.maxsize
+        # One comparison per log call: below this step nothing needs attention, so `log` only appends.
+        # A non-finite loss found, a notice not yet read or a rank that does not log lower it to _ALWAYS.
+        self._plain_below = self._stop_at if self._logging else _ALWAYS
         self._reached_at: int | None = None  # the step at which max steps was reached
         self._notice: int | None = None
         self._notice_seen = False  # the script read `should_stop` after the notice: it handles it
@@ -175,17 +180,33 @@ class Run:
         elif step.__class__ is not int:
             step = _step_number(step)
         self._step = step
+        if step < self._plain_below:
+            # No per-value work here: checking five floats in Python costs more than the rest of
+            # the call. The writer checks every value of a loss key in C loops, tensors included.
+            # A copy: a script may reuse its dict for the next step before the writer reads this one.
+            self._append((step, _now(), metrics.copy() if metrics.__class__ is dict else dict(metrics)))
+        else:
+            self._log_attended(step, metrics)
+
+    def _log_attended(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """`log` off its plain path: max steps reached, a non-finite loss found, a notice unread, or a rank that does not log."""
         if step >= self._stop_at:
             self._at_max_steps(step)
         if self._logging:
-            # No per-value work here: checking five floats in Python costs more than the rest of
-            # the call. The writer checks every value of a loss key in C loops, tensors included.
             if self._writer.non_finite is not None:
                 self._non_finite(*self._writer.non_finite)
-            # A copy: a script may reuse its dict for the next step before the writer reads this one.
             self._append((step, _now(), metrics.copy() if metrics.__class__ is dict else dict(metrics)))
         if self._notice is not None and not self._notice_seen:
             self._logged_after_notice(step)
+        self._plain_below = self._stop_at if self._logging else _ALWAYS
+        # Read after that store: a notice (a signal handler) or a non-finite loss (the writer's thread) that
+        # came just before it is seen here; one that comes after it lowers the bound again itself (`_attend`).
+        if (self._notice is not None and not self._notice_seen) or self._writer.non_finite is not None:
+            self._plain_below = _ALWAYS
+
+    def _attend(self) -> None:
+        """The next `log` takes the attended path (called by the writer's thread, and for a notice)."""
+        self._plain_below = _ALWAYS
 
     def _at_max_steps(self, step: int) -> None:
         """The first step at or past a test run's max steps turns `should_stop` true; a later step ends the attempt."""
@@ -327,6 +348,7 @@ class Run:
             self._end_unanswered(f"did not read run.should_stop within {self._notice_poll_s:g} s")
         if self._notice is None:
             self._notice = signum
+            self._attend()
             # Written from the signal handler on purpose: a notice is rare and must not be lost.
             self._writer.event("preemption_notice", signal=signal.Signals(signum).name, step=self._step)
             self._noticed.set()

@@ -178,6 +178,7 @@ class SpoolWriter:
         # (key, value, step) of the first non-finite value of a `loss_keys` metric that was not a
         # plain float (those the training thread checks itself); `Run.log` raises it on its next call.
         self.non_finite: tuple[str, float, int] | None = None
+        self.on_non_finite: Callable[[], None] | None = None  # told once `non_finite` is set, from either thread
         self.points_lost = 0  # metric points neither the spool nor a fallback took: `Run` must say so
         self.fallback_dir: Path | None = None
         # One re-entrant lock for every file and backlog: an event may come from a signal handler
@@ -389,6 +390,8 @@ class SpoolWriter:
                 if is_loss(key) and not all(map(math.isfinite, column)):
                     at = next(i for i, value in enumerate(column) if not math.isfinite(value))
                     self.non_finite = (key, column[at], batch.steps[at])
+                    if self.on_non_finite is not None:
+                        self.on_non_finite()
                     return
 
     def heartbeat(self) -> None:

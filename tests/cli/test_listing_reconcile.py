@@ -48,3 +48,17 @@ def test_with_nothing_in_flight_a_listing_loads_no_supervisor(cli, ledger_url):
     done = subprocess.run([PY, "-c", probe], capture_output=True, text=True, env={**os.environ, "TRACKWAY_DB": ledger_url})
     assert done.returncode == 0, done.stderr
     assert '"name": "done"' in done.stdout and done.stderr.strip() == "False"
+
+
+def test_show_prints_a_placement_without_loading_what_chooses_one_or_starts_a_supervisor(cli, ledger_url):
+    assert cli("submit", "--name", "done", "--", PY, "-c", "pass").code == 0
+    probe = (
+        "import sys; from trackway.cli.errors import run_app; from trackway.cli.main import app\n"
+        "code = run_app(app, ['show', 'done'])\n"
+        "loaded = ['trackway.supervisor.loop', 'trackway.supervisor.background', 'trackway.resources.selection']\n"
+        "print([name for name in loaded if name in sys.modules], file=sys.stderr)"
+    )
+    done = subprocess.run([PY, "-c", probe], capture_output=True, text=True, env={**os.environ, "TRACKWAY_DB": ledger_url})
+    assert done.returncode == 0, done.stderr
+    assert "chose local: it fits" in done.stdout
+    assert done.stderr.strip() == "[]", "show loaded more than it prints: " + done.stderr

@@ -66,10 +66,10 @@ class AppContext:
         evaluation): a finished history needs no supervisor, and importing one costs more than
         the listing.
         """
-        from trackway.supervisor.background import running
+        from trackway.supervisor.lock_file import held
 
         try:
-            if running(self.settings) is not None:
+            if held(self.settings):
                 return
         except TrackwayError:  # an in-memory ledger has no background supervisor: tick here
             pass

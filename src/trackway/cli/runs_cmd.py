@@ -155,7 +155,7 @@ def _number(value: float | None) -> str:
 
 def _placement_line(a) -> str:
     """Where the attempt went and why, as the selection recorded it."""
-    from trackway.resources.selection import Selection
+    from trackway.resources.selection_record import Selection
 
     chosen = Selection.from_json(a["selection"])
     if chosen is None:

@@ -123,7 +123,7 @@ def submit(
 
 def _say_placement(app: AppContext, attempt_id: str) -> None:
     """Where the first attempt went and why, in one line on stderr."""
-    from trackway.resources.selection import Selection
+    from trackway.resources.selection_record import Selection
 
     with app.ledger.read() as conn:
         placement = Selection.from_json(get_attempt(conn, attempt_id)["selection"])

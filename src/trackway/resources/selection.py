@@ -14,13 +14,13 @@ a command: availability is looked up by the caller (resources/availability.py) a
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from trackway.errors import InputError
 from trackway.resources.availability import Availability
 from trackway.resources.gpu_catalog import KNOWN_GPUS, known_gpu, resource_capacity_gib
 from trackway.resources.registry import QosTier, Resource
+from trackway.resources.selection_record import Selection
 
 AUTO = "auto"
 
@@ -34,36 +34,6 @@ class Need:
     gpu_memory_min_gb: float | None = None
     time_limit_hours: float | None = None
     memory_peak_gib: float | None = None  # the memory preflight's estimate per GPU at the longest batch
-
-
-@dataclass(frozen=True)
-class Selection:
-    """The resource chosen, its QoS tier, why, and every candidate passed over with its reason."""
-
-    requested: str
-    resource: str
-    qos: str | None
-    reason: str
-    skipped: tuple[tuple[str, str], ...] = field(default=())
-
-    def text(self) -> str:
-        chosen = f"{self.resource}/{self.qos}" if self.qos else self.resource
-        parts = [f"chose {chosen}: {self.reason}", *(f"skipped {name}: {why}" for name, why in self.skipped)]
-        return "; ".join(parts)
-
-    def to_json(self) -> str:
-        return json.dumps({
-            "requested": self.requested, "chosen": self.resource, "qos": self.qos, "reason": self.reason,
-            "skipped": [{"resource": name, "reason": why} for name, why in self.skipped],
-        })
-
-    @classmethod
-    def from_json(cls, text: str | None) -> Selection | None:
-        if not text:
-            return None
-        data = json.loads(text)
-        return cls(data["requested"], data["chosen"], data.get("qos"), data["reason"],
-                   tuple((item["resource"], item["reason"]) for item in data.get("skipped", [])))
 
 
 class NoResourceFits(InputError):

@@ -34,8 +34,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from trackway.errors import InputError, TrackwayError
-from trackway.ledger.reader import Reader, sqlite_file
+from trackway.ledger.reader import Reader
 from trackway.settings import Settings
+from trackway.supervisor.lock_file import held, ledger_key, lock_path, sqlite_database
 from trackway.validation import finite
 
 AUTOSTART_ENV = "TRACKWAY_BACKGROUND_SUPERVISOR"  # "0", "off", "no" or "false": commands start none
@@ -92,64 +93,17 @@ class Holder:
 # -- where ------------------------------------------------------------------------------------------
 
 
-# Every listing asks `running()` first, so the module imports little, and what `running()` needs
-# for a SQLite ledger (a path beside the database) takes neither hashlib, socket nor the redaction
-# patterns: together they were ~7 ms of a 110 ms `trackway show`.
-
-
 def place_of(settings: Settings) -> Place:
     """The lock and log paths of `settings`' ledger; InputError for a ledger no other process can open."""
     from trackway.redaction import redact_url
 
-    key = _key(settings.db_url)
-    return Place(ledger=redact_url(settings.db_url), lock=_lock_path(settings, key),
+    key = ledger_key(settings.db_url)
+    return Place(ledger=redact_url(settings.db_url), lock=lock_path(settings, key),
                  log=settings.home / "supervisor" / f"{key}.log")
-
-
-def _lock_path(settings: Settings, key: str | None = None) -> Path:
-    """A SQLite ledger's lock lies beside its file; a server's under trackway's home, named by `key`."""
-    database = _sqlite_database(settings.db_url)
-    if database is None:
-        return settings.home / "supervisor" / f"{key or _key(settings.db_url)}.lock"
-    if database in ("", ":memory:") or database.startswith("file::memory:"):
-        raise InputError(f"ledger {settings.db_url}: an in-memory SQLite ledger has no background supervisor")
-    return Path(database).expanduser().resolve().with_name(Path(database).name + ".supervisor.lock")
-
-
-def _key(db_url: str) -> str:
-    import hashlib
-
-    return hashlib.sha256(_identity(db_url).encode()).hexdigest()[:16]
 
 
 def _host() -> str:
     return os.uname().nodename  # what socket.gethostname() returns, without importing socket
-
-
-def _sqlite_database(db_url: str) -> str | None:
-    """The database a SQLite URL names (as given), or None for a server's URL.
-
-    A plain `sqlite:///PATH` is read without SQLAlchemy, whose import would cost every listing
-    more than the look-up itself; any other spelling goes through its URL parser.
-    """
-    path = sqlite_file(db_url)
-    if path is not None:
-        return db_url[len("sqlite:///"):]
-    from sqlalchemy.engine import make_url
-
-    url = make_url(db_url)
-    return (url.database or "") if url.get_backend_name() == "sqlite" else None
-
-
-def _identity(db_url: str) -> str:
-    """The ledger a URL names, spelled one way: a SQLite file by its absolute path; a server without password."""
-    database = _sqlite_database(db_url)
-    if database is not None:
-        return "sqlite:" + str(Path(database).expanduser().resolve())
-    from sqlalchemy.engine import make_url
-
-    url = make_url(db_url)
-    return url.set(drivername=url.get_backend_name(), password=None).render_as_string(hide_password=False)
 
 
 # -- the lock ---------------------------------------------------------------------------------------
@@ -214,19 +168,9 @@ def _moment(value) -> datetime | None:
 
 def running(settings: Settings) -> Holder | None:
     """The background supervisor holding this ledger's lock, or None when none does."""
-    lock = _lock_path(settings)
-    if not lock.exists():
+    if not held(settings):
         return None
-    fd = os.open(lock, os.O_RDONLY)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return _read_holder(lock, place_of(settings).log)
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return None
-    finally:
-        os.close(fd)
+    return _read_holder(lock_path(settings), place_of(settings).log)
 
 
 # -- starting and stopping --------------------------------------------------------------------------
@@ -458,7 +402,7 @@ class _ErrorLog:
 
 def _ledger_gone(settings: Settings) -> str | None:
     """Why there is no ledger left to supervise (its SQLite file was removed), or None."""
-    database = _sqlite_database(settings.db_url)
+    database = sqlite_database(settings.db_url)
     if database and database != ":memory:" and not Path(database).expanduser().exists():
         return f"the ledger file {database} is gone; exiting"
     return None

@@ -528,7 +528,7 @@ def who_started(started_by: str | None) -> str:
 
 def _chosen(attempt, run) -> dict[str, Any]:
     """Where the attempt was sent and why (attempts recorded before selection: the run's resource, no reasons)."""
-    from trackway.resources.selection import Selection
+    from trackway.resources.selection_record import Selection
 
     placement = Selection.from_json(attempt["selection"])
     return {

@@ -305,8 +305,10 @@ def test_a_job_that_ends_itself_on_the_preemption_notice_is_preempted(slurm, mak
 @pytest.mark.slow
 def test_a_job_that_ends_itself_on_the_time_limit_notice_is_timeout(slurm, make_request):
     started = time.monotonic()
+    # Slurm sends `--signal` up to 60 s early: with a 60 s limit the notice could land before the
+    # command's handler is up (it then dies of SIGUSR1). 120 s puts it 10-70 s into the job.
     sub = slurm.submit(make_request(python(NOTICE_TRAP.replace("signum == signal.SIGTERM", "True")),
-                                    time_limit_s=60, grace_s=50))
+                                    time_limit_s=120, grace_s=50))
 
     status = wait_ended(slurm, sub.handle, timeout=180)
 

@@ -4,6 +4,7 @@ and without loading a supervisor at all when nothing is in flight."""
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import subprocess
 import sys
@@ -38,27 +39,27 @@ def test_a_listing_leaves_ends_to_the_background_supervisor_that_holds_the_ledge
         time.sleep(0.2)
 
 
-def test_with_nothing_in_flight_a_listing_loads_no_supervisor(cli, ledger_url):
-    assert cli("submit", "--name", "done", "--", PY, "-c", "pass").code == 0
+def _loaded_by(ledger_url: str, argv: list[str], modules: list[str]) -> tuple[str, list[str]]:
+    """What `trackway ARGV` printed in a fresh interpreter, and which of `modules` it imported."""
     probe = (
-        "import sys; from trackway.cli.errors import run_app; from trackway.cli.main import app\n"
-        "code = run_app(app, ['runs', '--json'])\n"
-        "print('trackway.supervisor.loop' in sys.modules, file=sys.stderr)"
+        "import json, sys; from trackway.cli.errors import run_app; from trackway.cli.main import app\n"
+        f"code = run_app(app, {argv!r})\n"
+        f"print(json.dumps([name for name in {modules!r} if name in sys.modules]), file=sys.stderr)"
     )
     done = subprocess.run([PY, "-c", probe], capture_output=True, text=True, env={**os.environ, "TRACKWAY_DB": ledger_url})
     assert done.returncode == 0, done.stderr
-    assert '"name": "done"' in done.stdout and done.stderr.strip() == "False"
+    return done.stdout, json.loads(done.stderr.strip().splitlines()[-1])
+
+
+def test_with_nothing_in_flight_a_listing_loads_no_supervisor(cli, ledger_url):
+    assert cli("submit", "--name", "done", "--", PY, "-c", "pass").code == 0
+    out, loaded = _loaded_by(ledger_url, ["runs", "--json"], ["trackway.supervisor.loop"])
+    assert '"name": "done"' in out and loaded == []
 
 
 def test_show_prints_a_placement_without_loading_what_chooses_one_or_starts_a_supervisor(cli, ledger_url):
     assert cli("submit", "--name", "done", "--", PY, "-c", "pass").code == 0
-    probe = (
-        "import sys; from trackway.cli.errors import run_app; from trackway.cli.main import app\n"
-        "code = run_app(app, ['show', 'done'])\n"
-        "loaded = ['trackway.supervisor.loop', 'trackway.supervisor.background', 'trackway.resources.selection']\n"
-        "print([name for name in loaded if name in sys.modules], file=sys.stderr)"
-    )
-    done = subprocess.run([PY, "-c", probe], capture_output=True, text=True, env={**os.environ, "TRACKWAY_DB": ledger_url})
-    assert done.returncode == 0, done.stderr
-    assert "chose local: it fits" in done.stdout
-    assert done.stderr.strip() == "[]", "show loaded more than it prints: " + done.stderr
+    out, loaded = _loaded_by(ledger_url, ["show", "done"], [
+        "trackway.supervisor.loop", "trackway.supervisor.background", "trackway.resources.selection"])
+    assert "chose local: it fits" in out
+    assert loaded == [], f"show loaded more than it prints: {loaded}"

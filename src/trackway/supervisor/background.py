@@ -170,7 +170,8 @@ def running(settings: Settings) -> Holder | None:
     """The background supervisor holding this ledger's lock, or None when none does."""
     if not held(settings):
         return None
-    return _read_holder(lock_path(settings), place_of(settings).log)
+    place = place_of(settings)
+    return _read_holder(place.lock, place.log)
 
 
 # -- starting and stopping --------------------------------------------------------------------------

@@ -9,6 +9,7 @@ path, the background writer (on the next save/wait/close) and `writing()`. A rea
 from __future__ import annotations
 
 import errno
+import os
 import re
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from trackway.checkpoints import protocol
 from trackway.checkpoints.manager import CheckpointManager
 from trackway.checkpoints.protocol import CheckpointError, CheckpointStore
 
@@ -80,6 +82,21 @@ def test_a_blocking_save_that_fills_the_disk_raises_enospc_and_leaves_no_half_ch
     manager.save(2, model=weights(2.0))
     restored = CheckpointManager(disk).restore_latest(model=None)
     assert restored.step == 2
+
+
+def test_a_safetensors_save_that_cannot_fit_fails_before_writing_a_byte(disk: Path, monkeypatch) -> None:
+    manager = CheckpointManager(disk, async_save=False, format="safetensors")
+    manager.save(1, model=weights(1.0))
+    free = os.statvfs(disk).f_bavail
+    passed: list[str] = []  # the protocol's crash points this save passed: "mid_write" after each write
+    monkeypatch.setattr(protocol, "_crash_point", passed.append)
+    with pytest.raises(OSError) as caught:
+        manager.save(2, model=weights(2.0, BIG // 4))
+    assert_disk_full(caught.value, disk, 2)
+    assert "mid_write" not in passed  # the room was asked for first: no tensor went to a disk without it
+    monkeypatch.undo()
+    assert_nothing_half_written(disk, 1)
+    assert os.statvfs(disk).f_bavail == free
 
 
 @pytest.mark.parametrize("surfaces_on", ["save", "wait", "close"])

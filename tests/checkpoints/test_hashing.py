@@ -92,3 +92,22 @@ def test_a_closed_file_refuses_writes_and_closes_once(tmp_path: Path) -> None:
     with pytest.raises(OSError):
         f.fileno()  # bytes written past the writer would not be hashed
     assert pending.digests["a.bin"]["size"] == 3
+
+
+def test_room_reserved_before_writing_is_the_files_and_its_size_stays_what_was_written(tmp_path: Path) -> None:
+    data = os.urandom(3 * STAGE + 17)
+    store = CheckpointStore(tmp_path)
+    pending = store.begin(1)
+    f = pending.open("state.bin")
+    f.reserve(len(data) + STAGE)  # more than will be written: the file must not keep the rest as bytes
+    path = pending.path / "state.bin"
+    reserved = os.stat(path)
+    assert reserved.st_size == 0
+    assert reserved.st_blocks * 512 >= len(data) + STAGE  # set aside on disk, not written
+    f.write(data[:5])
+    f.write_held(memoryview(data)[5:], data)
+    f.close()
+    assert pending.digests == {"state.bin": {"size": len(data), "sha256": sha(data)}}
+    info = pending.commit()
+    assert (info.path / "state.bin").read_bytes() == data
+    assert store.verify(info) == []

@@ -15,6 +15,8 @@ tensors) are hashed where they lie. The digest is of the bytes in the order they
 
 from __future__ import annotations
 
+import errno
+import functools
 import hashlib
 import io
 import os
@@ -30,6 +32,7 @@ _STAGES = 8  # how far (in stages) the hasher may trail the writer
 _HINT_EVERY = 8 << 20
 _FADVISE = hasattr(os, "posix_fadvise")
 _SPARE: list[bytearray] = []  # stages kept between files: fresh ones cost page faults
+_KEEP_SIZE = 0x01  # FALLOC_FL_KEEP_SIZE: room set aside past the end, the file's size unchanged
 
 Digest = tuple[int, str]
 
@@ -93,6 +96,25 @@ class HashingWriter(io.RawIOBase):
             self._write_out(view)
         self._size += view.nbytes
         return view.nbytes
+
+    def reserve(self, nbytes: int) -> None:
+        """Have the filesystem set aside room for the next `nbytes` bytes now; the file's size is unchanged.
+
+        Writes into room set aside skip the filesystem's block allocation (a tenth of a safetensors
+        save on this project's ext4 machines), and a disk without the room fails here, named by the
+        guard, before a byte is written. Where the system or the filesystem cannot set room aside
+        (no fallocate(2), a filesystem without it), nothing happens: the writes allocate as usual.
+        """
+        fallocate = _fallocate()
+        if nbytes <= 0 or fallocate is None:
+            return
+        with self._writing():
+            if fallocate(self._fd, _KEEP_SIZE, self._size, nbytes) != 0:
+                import ctypes
+
+                code = ctypes.get_errno()
+                if code in (errno.ENOSPC, errno.EDQUOT):
+                    raise OSError(code, os.strerror(code), self._name)
 
     def flush(self) -> None:
         if not self.closed and not self._failed:
@@ -207,6 +229,25 @@ class HashingWriter(io.RawIOBase):
         view = memoryview(data)
         view = view if view.c_contiguous else memoryview(view.tobytes())
         return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
+@functools.cache
+def _fallocate() -> Callable[[int, int, int, int], int] | None:
+    """Linux's fallocate(2) from the C library, or None where there is none.
+
+    Not os.posix_fallocate: where the filesystem cannot set room aside, glibc's emulation writes
+    a byte into every block, which on a network filesystem costs more than the save it would help.
+    """
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        call = getattr(libc, "fallocate64", None) or libc.fallocate
+    except (OSError, AttributeError):
+        return None
+    call.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
+    call.restype = ctypes.c_int
+    return call
 
 
 class _Writing:

@@ -158,6 +158,8 @@ class Snapshot:
             _write_layout(pending, filename or self.filename, self.layout)
             return
         with pending.open(filename or self.filename) as f:
+            if isinstance(f, HashingWriter):
+                f.reserve(self.nbytes)  # the tensors' bytes: the file's bulk, its zip records aside
             _write_torch(f, self.state, self.tensors)
 
 
@@ -182,6 +184,9 @@ def _write_layout(pending: PendingCheckpoint, filename: str, layout: Any) -> Non
 
     with ExitStack() as stack:
         files = [stack.enter_context(pending.open(part_file(filename, k))) for k in range(len(layout.parts))]
+        for f, part in zip(files, layout.parts):
+            if isinstance(f, HashingWriter):
+                f.reserve(part.nbytes)  # every part's room before any byte: a disk too small fails here
         for f, part in zip(files, layout.parts):
             f.write(part.header)
         for k, tensor in layout.order:

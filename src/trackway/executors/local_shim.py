@@ -114,10 +114,18 @@ def process_create_time(pid: int) -> float | None:
         return None
     except OSError:
         return _psutil_create_time(pid)
-    fields = stat[stat.rindex(b")") + 2 :].split()
-    if fields[0] in (b"Z", b"X"):
+    fields = _stat_fields(stat)
+    if fields[0] in _GONE:
         return None
     return _linux_boot_time() + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+
+
+_GONE = (b"Z", b"X")  # a zombie, or dead: still listed in /proc, no longer running
+
+
+def _stat_fields(stat: bytes) -> list[bytes]:
+    """/proc/PID/stat's fields after the command's name (which may hold spaces and ")"): the state first."""
+    return stat[stat.rindex(b")") + 2 :].split()
 
 
 def _psutil_create_time(pid: int) -> float | None:
@@ -191,8 +199,8 @@ def group_members(pgid: int) -> list[int]:
                 stat = f.read()
         except OSError:
             continue
-        fields = stat[stat.rindex(b")") + 2 :].split()
-        if fields[0] not in (b"Z", b"X") and int(fields[2]) == pgid:
+        fields = _stat_fields(stat)
+        if fields[0] not in _GONE and int(fields[2]) == pgid:
             members.append(pid)
     return members
 

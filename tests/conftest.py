@@ -30,6 +30,10 @@ if not hasattr(s3_server_module, "s3_server"):
     _S3_SPEC.loader.exec_module(s3_server_module)
 s3_server = s3_server_module.s3_server
 
+# Commands the tests run must leave no background supervisor behind (one that holds a queued run
+# never idles out), whoever starts pytest: as under `make test`. Tests of that supervisor turn it on.
+os.environ.setdefault("TRACKWAY_BACKGROUND_SUPERVISOR", "0")
+
 # CI starts PostgreSQL before the suite (see .ci/run); a developer may point elsewhere.
 PG_ADMIN_URL = os.environ.get("TRACKWAY_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 

@@ -105,16 +105,13 @@ class HashingWriter(io.RawIOBase):
         guard, before a byte is written. Where the system or the filesystem cannot set room aside
         (no fallocate(2), a filesystem without it), nothing happens: the writes allocate as usual.
         """
-        fallocate = _fallocate()
-        if nbytes <= 0 or fallocate is None:
+        set_aside = _set_aside()
+        if nbytes <= 0 or set_aside is None:
             return
         with self._writing():
-            if fallocate(self._fd, _KEEP_SIZE, self._size, nbytes) != 0:
-                import ctypes
-
-                code = ctypes.get_errno()
-                if code in (errno.ENOSPC, errno.EDQUOT):
-                    raise OSError(code, os.strerror(code), self._name)
+            code = set_aside(self._fd, self._size, nbytes)
+            if code in (errno.ENOSPC, errno.EDQUOT):
+                raise OSError(code, os.strerror(code), self._name)
 
     def flush(self) -> None:
         if not self.closed and not self._failed:
@@ -232,8 +229,8 @@ class HashingWriter(io.RawIOBase):
 
 
 @functools.cache
-def _fallocate() -> Callable[[int, int, int, int], int] | None:
-    """Linux's fallocate(2) from the C library, or None where there is none.
+def _set_aside() -> Callable[[int, int, int], int] | None:
+    """(fd, offset, nbytes) -> 0 or the errno: Linux's fallocate(2), size kept; None where there is none.
 
     Not os.posix_fallocate: where the filesystem cannot set room aside, glibc's emulation writes
     a byte into every block, which on a network filesystem costs more than the save it would help.
@@ -247,7 +244,11 @@ def _fallocate() -> Callable[[int, int, int, int], int] | None:
         return None
     call.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
     call.restype = ctypes.c_int
-    return call
+
+    def set_aside(fd: int, offset: int, nbytes: int) -> int:
+        return 0 if call(fd, _KEEP_SIZE, offset, nbytes) == 0 else ctypes.get_errno()
+
+    return set_aside
 
 
 class _Writing:

@@ -44,6 +44,10 @@ def cli(home, capsys, sqlite_url, monkeypatch):
         ("stall.py", [], ["stalled", "completed"], "resume", 0),
         ("timeout.py", ["--time-limit", str(1.5 / 3600)], ["timeout"], "stop", 1),
         ("infra_transient.py", [], ["infra_transient", "completed"], "resume", 0),
+        # With the SDK, the same collective error reads the same (issue 30): not a code error that stops.
+        ("collective_error.py", [], ["infra_transient", "completed"], "resume", 0),
+        # A NaN, then the script's own exception about it: the divergence is the ending, not the exception.
+        ("nan_then_raise.py", [], ["nan_loss"], "stop", 1),
     ],
 )
 def test_fault_scenario(cli, script, extra, reasons, first_action, outcome):

@@ -215,7 +215,7 @@ def test_cancel_by_trackway_and_by_someone_else(slurm, make_request):
 
     assert (mine.cancelled, mine.reason, mine.signal) == (True, None, signal.SIGTERM)
     assert "CANCELLED" in mine.evidence[0]
-    assert (other.cancelled, other.reason, other.signal) == (False, None, signal.SIGTERM)
+    assert (other.cancelled, other.reason, other.signal) == (False, "user_cancelled", signal.SIGTERM)
     assert any(line.startswith("cancelled outside trackway") for line in other.evidence), other.evidence
     slurm.cancel(ours.handle)  # cancelling an ended job does nothing
 

@@ -238,3 +238,36 @@ def test_exit_0_after_an_unfinished_notice_is_preempted():
     verdict = classify(Evidence(exit_code=0, unfinished_notice=True))
     assert (verdict.reason, verdict.rule) == (R.PREEMPTED, "sdk:notice-without-finish")
     assert classify(Evidence(exit_code=0)).reason is R.COMPLETED
+
+
+@pytest.mark.parametrize(("state", "executor_reason"), [
+    ("NODE_FAIL", "infra_transient"), ("CANCELLED", "user_cancelled"), ("PREEMPTED", "preempted"),
+])
+def test_the_schedulers_final_state_outranks_the_note_its_sigterm_caused(state, executor_reason):
+    # Slurm SIGTERMs the step of a job whose node failed or that an operator cancelled; the SDK
+    # writes its "preempted" note on that SIGTERM. The scheduler knows why; the note does not.
+    note = {"reason": "preempted", "message": "preemption notice (SIGTERM) at step 54"}
+    line = f"slurm job 36: {state}, exit code 75:0, partition test, nodes vm [squeue]"
+    verdict = classify(Evidence(exit_code=75, sdk_note=note, executor_reason=executor_reason, executor_lines=[line]))
+    assert (verdict.reason, verdict.rule) == (R(executor_reason), f"executor:{executor_reason}")
+    assert verdict.lines[0] == line
+    if executor_reason != "preempted":
+        assert "the SDK's note said preempted" in verdict.lines[-1]
+
+
+def test_trackways_own_cancel_still_outranks_what_the_executor_reports():
+    verdict = classify(Evidence(exit_code=75, cancelled=True, executor_reason="preempted"))
+    assert verdict.reason is R.USER_CANCELLED
+
+
+def test_a_collective_error_reads_the_same_with_and_without_the_sdk():
+    message = ("RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:1191, unhandled system error, "
+               "NCCL version 2.19.3: Connection reset by peer")
+    plain = classify(Evidence(exit_code=1, log_tail=_traceback(message), made_progress=True))
+    noted = classify(Evidence(exit_code=1, log_tail=_traceback(message), made_progress=True,
+                              sdk_note={"reason": "code_error", "message": message}))
+    assert plain.reason is noted.reason is R.INFRA_TRANSIENT
+    assert noted.rule == "sdk:note:network-or-io" and noted.lines == (message,)
+    # An exception of the code's own stays a code error.
+    other = classify(Evidence(exit_code=1, sdk_note={"reason": "code_error", "message": "KeyError: 'lr'"}))
+    assert other.reason is R.CODE_ERROR

@@ -66,7 +66,7 @@ def submit(
 ) -> None:
     """Submit COMMAND as a run: capture its receipt, start an attempt and follow it (exit 0 iff it completed)."""
     # Imported on use, so that the other commands do not pay for receipts and executors at start-up.
-    from trackway.supervisor.launch import RunSpec, command_by, start_attempt, submit_run
+    from trackway.supervisor.launch import RunSpec, command_by, submit_run
     from trackway.supervisor.loop import Supervisor
     from trackway.validation import existing_file
 
@@ -98,8 +98,8 @@ def submit(
     )
     supervisor = Supervisor(app.ledger, app.settings)
     run_id = submit_run(app.ledger, app.settings, spec, console=err_console)
-    attempt_id = start_attempt(
-        app.ledger, app.settings, run_id, supervisor.executor, first=True, started_by=command_by("trackway submit"),
+    attempt_id = _start(
+        app, run_id, supervisor.executor, first=True, started_by=command_by("trackway submit"),
     )
     if attempt_id is None:
         # A supervisor took over a launch it judged abandoned (this process was stopped that long).
@@ -121,6 +121,43 @@ def submit(
     raise typer.Exit(code)
 
 
+def _start(app: AppContext, run_id: str, executor, **options) -> str | None:
+    """`start_attempt`, where a launch the executor refused is an attempt like any other, not an error.
+
+    The refusal is recorded on the attempt with the policy's decision (supervisor/launch.py); it is
+    said here, and the command goes on following the run: its retry, if the policy makes one, is
+    what the person waits for.
+    """
+    from trackway.errors import ExecutorError
+    from trackway.supervisor.launch import start_attempt
+
+    with app.ledger.read() as conn:
+        before = latest_attempt(conn, run_id)
+    try:
+        return start_attempt(app.ledger, app.settings, run_id, executor, **options)
+    except ExecutorError:
+        with app.ledger.read() as conn:
+            refused = latest_attempt(conn, run_id)
+        if refused is None or (before is not None and refused["attempt_id"] == before["attempt_id"]):
+            raise  # refused before any attempt was recorded: nothing to follow
+    _say_end(refused)
+    return refused["attempt_id"]
+
+
+def _say_end(attempt) -> None:
+    """`RUN/N ended: REASON (exit code 1); ACTION: MESSAGE [RULE]`, as the live status says an end."""
+    import json
+
+    decision = json.loads(attempt["retry_decision"]) if attempt["retry_decision"] else {}
+    say(
+        err_console,
+        f"{attempt['attempt_id']} ended: {attempt['termination_reason']} "
+        f"({_exit_and_signal(attempt['exit_code'], attempt['signal'])}); "
+        f"{decision.get('action', 'none')}: {decision.get('message', '')}"
+        + (f" [{decision['rule']}]" if decision.get("rule") else ""),
+    )
+
+
 def _say_placement(app: AppContext, attempt_id: str) -> None:
     """Where the first attempt went and why, in one line on stderr."""
     from trackway.resources.selection_record import Selection
@@ -139,7 +176,7 @@ def resume(
 ) -> None:
     """Start a new attempt of RUN, from its latest committed checkpoint (exit 0 iff it completes)."""
     from trackway.errors import InputError
-    from trackway.supervisor.launch import command_by, start_attempt
+    from trackway.supervisor.launch import command_by
     from trackway.supervisor.loop import Supervisor
 
     app = app_context(ctx)
@@ -149,8 +186,8 @@ def resume(
         record = resolve_run(conn, run)
     if record["state"] in (RunState.RUNNING.value, RunState.QUEUED.value, RunState.COMPLETED.value):
         raise InputError(f"run {run!r}: is {record['state']}; only a run that ended without completing can be resumed")
-    attempt_id = start_attempt(
-        app.ledger, app.settings, record["run_id"], supervisor.executor, overrides=list(overrides),
+    attempt_id = _start(
+        app, record["run_id"], supervisor.executor, overrides=list(overrides),
         started_by=command_by(shlex.join(["trackway", "resume", *(a for o in overrides for a in ("--set", o))])),
     )
     with app.ledger.read() as conn:
@@ -169,12 +206,14 @@ def resume(
 
 def follow(app: AppContext, supervisor, run_id: str, attempt_id: str) -> int:
     """Show a live status line until the run ends, across the retries the policy decides; 0 iff it completed."""
-    import json
 
     from trackway.supervisor.loop import read_log_tail
 
     started = time.monotonic()
     reported: set[str] = set()
+    with app.ledger.read() as conn:
+        if get_attempt(conn, attempt_id)["state"] == "ended":
+            reported.add(attempt_id)  # a launch refused: its end was said already
     try:
         with err_console.status("", spinner="dots") as status:
             while True:
@@ -214,15 +253,7 @@ def follow(app: AppContext, supervisor, run_id: str, attempt_id: str) -> int:
         ensure_background_supervisor(app)  # this process was driving its retries
         return INTERRUPTED
     if attempt is not None and attempt["attempt_id"] not in reported:
-        # Another process recorded the end: say it the same way.
-        decision = json.loads(attempt["retry_decision"]) if attempt["retry_decision"] else {}
-        say(
-            err_console,
-            f"{attempt['attempt_id']} ended: {attempt['termination_reason']} "
-            f"({_exit_and_signal(attempt['exit_code'], attempt['signal'])}); "
-            f"{decision.get('action', 'none')}: {decision.get('message', '')}"
-            + (f" [{decision['rule']}]" if decision.get("rule") else ""),
-        )
+        _say_end(attempt)  # another process recorded the end: said the same way
     err_console.print(f"run {run_id} {run['state']} after {duration(time.monotonic() - started)}", highlight=False)
     _say_pending_evaluations(app, run_id)
     return 0 if run["state"] == RunState.COMPLETED.value else 1

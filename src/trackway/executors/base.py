@@ -111,6 +111,27 @@ class JobStatus:
     placement: dict | None = None
 
 
+# Below this much room, a shim that left no exit status most likely could not write one.
+FULL_DISK_BYTES = 1 << 20
+
+
+def full_disk_evidence(state_dir: Path) -> tuple[str, ...]:
+    """`disk full: STATE_DIR, N bytes free` when the attempt's directory sits on a (nearly) full disk, else nothing.
+
+    Said beside a vanished job: the classifier reads it as a full disk, and the policy stops
+    instead of resuming into the same disk.
+    """
+    import shutil
+
+    try:
+        free = shutil.disk_usage(state_dir).free
+    except OSError:
+        return ()
+    if free >= FULL_DISK_BYTES:
+        return ()
+    return (f"disk full: {state_dir}, {free} bytes free (so the exit status could not be written there)",)
+
+
 def status_to_json(status: JobStatus) -> dict:
     """A terminal status as an executor keeps it on disk, so that later polls need not ask again."""
     return {

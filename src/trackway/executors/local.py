@@ -20,7 +20,15 @@ from datetime import datetime
 from pathlib import Path
 
 from trackway.errors import ExecutorError, InputError, NotFound
-from trackway.executors.base import Executor, JobHandle, JobPhase, JobStatus, LaunchRequest, Submission
+from trackway.executors.base import (
+    Executor,
+    JobHandle,
+    JobPhase,
+    JobStatus,
+    LaunchRequest,
+    Submission,
+    full_disk_evidence,
+)
 from trackway.executors.local_shim import (
     LeaseFiles,
     StartFailed,
@@ -175,7 +183,7 @@ class LocalExecutor(Executor):
             phase=JobPhase.VANISHED,
             started_at=started_at,
             cancelled=cancelled,
-            evidence=(f"{shim_gone} and left no exit status",),
+            evidence=(f"{shim_gone} and left no exit status", *full_disk_evidence(state_dir)),
         )
 
     def cancel(self, handle: JobHandle) -> None:

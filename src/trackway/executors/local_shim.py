@@ -5,7 +5,13 @@ shim forks once more (so that it is nobody's zombie), reads `STATE_DIR/launch.js
 
     job.json     as soon as the command runs (or failed to start): shim and child pids, create times, pgid
     exit.json    once it ended: exit_code or signal, ended_at, timed_out, cancelled, evidence
+    exit.reserve room for exit.json taken before the command starts (EXIT_RESERVE_BYTES): on a disk
+                 the command filled up, the exit status is written into it and renamed to exit.json
     shim.err     the shim's own stderr, empty unless the shim itself broke
+
+A full disk never hides how the command ended: output lines the log cannot take are counted and
+the count, the path and the bytes free go into exit.json's evidence; exit.json itself goes into
+the room reserved at the start when no new file can be written.
 
 The command runs in its own session and process group; every signal the shim sends goes to the
 whole group, and whatever is left of the group when the command exits is killed with it.
@@ -34,10 +40,12 @@ Stdlib only, on purpose: this starts for every attempt and submit() waits for it
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -50,6 +58,9 @@ from pathlib import Path
 
 PUMP_DRAIN_S = 2.0
 CANNOT_START_EXIT_CODE = 127
+EXIT_RESERVE = "exit.reserve"
+# exit.json is about 1 KiB; its evidence is cut to fit when it must go into the reserve.
+EXIT_RESERVE_BYTES = 16 << 10
 # What a batch job's shim keeps from its environment in job.json: where the scheduler placed it.
 BATCH_ENV = ("SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_JOB_PARTITION", "SLURM_JOB_QOS", "SLURM_JOB_ACCOUNT",
              "SLURM_JOB_GPUS", "SLURM_GPUS_ON_NODE", "CUDA_VISIBLE_DEVICES", "SLURM_RESTART_COUNT")
@@ -77,6 +88,52 @@ def write_json_atomic(path: Path, data: dict) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def reserve_room(path: Path, size: int) -> bool:
+    """Write `size` bytes to `path` and fsync: blocks that later writes reuse without asking the disk for more."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, b" " * size)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return True
+    except OSError:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        return False
+
+
+def write_json_into_reserve(reserve: Path, path: Path, data: dict) -> None:
+    """Write `data` over the reserved room at `reserve` (padded with spaces, which JSON ignores), then rename it to `path`.
+
+    Evidence lines are dropped from the end until the text fits.
+    """
+    size = reserve.stat().st_size
+    data = dict(data)
+    while True:
+        text = json.dumps(data, indent=1).encode()
+        if len(text) <= size or not data.get("evidence"):
+            break
+        data["evidence"] = data["evidence"][:-1]
+    fd = os.open(reserve, os.O_WRONLY)
+    try:
+        os.pwrite(fd, text[:size].ljust(size), 0)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(reserve, path)
+
+
+def free_bytes(path: Path) -> int | None:
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return None
 
 
 def read_json(path: Path) -> dict | None:
@@ -273,20 +330,48 @@ class _Log:
 
     def __init__(self, path: Path):
         path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
         # 0600: what a script prints can include its tokens, and the log outlives the attempt.
-        self.file = os.fdopen(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab")
+        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         self.lock = threading.Lock()
         self.muted = False
+        self.dropped_lines = 0  # lines the log could not take (a full disk): counted, never a stuck pipe
+        self.dropped_bytes = 0
+        self.write_error: OSError | None = None
 
     def line(self, tag: bytes, text: bytes) -> None:
         if not text.endswith(b"\n"):
             text += b"\n"
         stamp = utc_now().strftime("%Y-%m-%dT%H:%M:%S.%fZ").encode()
+        record = stamp + b" " + tag + b" " + text
         with self.lock:
             if self.muted:
                 return
-            self.file.write(stamp + b" " + tag + b" " + text)
-            self.file.flush()
+            try:
+                written = os.write(self.fd, record)
+            except OSError as exc:
+                written = 0
+                self.write_error = self.write_error or exc
+            if written < len(record):
+                # A torn line is finished, so the next one starts on its own (if even a newline fits).
+                if written:
+                    try:
+                        os.write(self.fd, b"\n")
+                    except OSError:
+                        pass
+                self.dropped_lines += 1
+                self.dropped_bytes += len(record) - written
+
+    def losses(self) -> str | None:
+        """One evidence line about what the log could not take, or None if it took everything."""
+        if not self.dropped_lines:
+            return None
+        exc = self.write_error
+        why = f"{exc.strerror or exc}" if exc is not None else "short writes"
+        if exc is not None and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            free = free_bytes(self.path.parent)
+            why = f"disk full: {self.path}" + (f", {free} bytes free" if free is not None else "")
+        return f"output.log could not take {self.dropped_lines} lines ({self.dropped_bytes} bytes): {why}"
 
     def note(self, text: str) -> None:
         self.line(b"err", f"trackway: {text}".encode())
@@ -316,6 +401,8 @@ class Shim:
         self.term_at: float | None = None
         self.kill_sent = False
         self.create_time = process_create_time(os.getpid())
+        self.reserved = False
+        self.log: _Log | None = None
 
     def run(self) -> int:
         wake_r, wake_w = os.pipe()
@@ -330,7 +417,10 @@ class Shim:
                      "attempt_id": self.launch.get("attempt_id")}
             self.evidence.extend(self.leases.hand_over(self.gpu_ids, self.state_dir, owner))
 
+        # Before the command can fill the disk: the exit status must find room whatever it does.
+        self.reserved = reserve_room(self.state_dir / EXIT_RESERVE, EXIT_RESERVE_BYTES)
         log = _Log(Path(self.launch["log_path"]))
+        self.log = log
         # A complete environment is the run's own, as submitted: the shim's (whichever process
         # launched this attempt) must not leak in, or a retry would train with other settings.
         env = {} if self.launch.get("env_is_complete") else dict(os.environ)
@@ -488,7 +578,10 @@ class Shim:
         # Leases go first: whoever sees exit.json may submit again at once and expect the GPUs free.
         if self.leases is not None and self.gpu_ids:
             self.leases.release(self.gpu_ids, os.getpid())
-        write_json_atomic(self.state_dir / "exit.json", {
+        lost = self.log.losses() if self.log is not None else None
+        if lost is not None:
+            self.evidence.append(lost)
+        status = {
             "exit_code": exit_code,
             "signal": signum,
             "ended_at": utc_now().isoformat(),
@@ -496,7 +589,22 @@ class Shim:
             "cancelled": (self.state_dir / "cancel.json").exists(),
             "evidence": self.evidence,
             "notices": self.notices,
-        })
+        }
+        reserve = self.state_dir / EXIT_RESERVE
+        try:
+            write_json_atomic(self.state_dir / "exit.json", status)
+        except OSError as exc:
+            if not self.reserved:
+                raise
+            free = free_bytes(self.state_dir)
+            said = f"disk full: {self.state_dir}, {free} bytes free" if exc.errno in (errno.ENOSPC, errno.EDQUOT) \
+                else f"{exc.strerror or exc}: {self.state_dir}"
+            status["evidence"] = [f"exit.json written into the room reserved at the start ({said})", *self.evidence]
+            for tmp in self.state_dir.glob(".exit.json.*.tmp"):
+                tmp.unlink(missing_ok=True)
+            write_json_into_reserve(reserve, self.state_dir / "exit.json", status)
+            return
+        reserve.unlink(missing_ok=True)
 
 
 def _visible_gpus() -> list[int]:

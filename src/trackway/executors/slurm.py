@@ -33,7 +33,10 @@ How Slurm's ends map (reason: a TerminationReason value, only when certain):
     OUT_OF_MEMORY; FAILED by SIGKILL with slurmstepd's  reason "oom"
       "exceeded memory limit" line (OverMemoryKill)
     CANCELLED after our own cancel()                    cancelled=True (the supervisor knows why)
-    CANCELLED by anyone else                            no reason; evidence says who, when known
+    CANCELLED by anyone else                            reason "user_cancelled" (never resumed), or
+                                                        "preempted" / "timeout" when slurmstepd says
+                                                        DUE TO PREEMPTION / DUE TO TIME LIMIT;
+                                                        evidence says who, when known
     COMPLETED / FAILED                                  no reason: exit code, SDK note and log decide
 
 Every Slurm command runs with a timeout; a missing client or an unreachable controller is an
@@ -341,6 +344,8 @@ class SlurmExecutor(Executor):
             if ours:
                 cancelled = True
             else:
+                reason = _cancelled_because(evidence, record)
+                timed_out = reason == "timeout"
                 who = _who(record.cancelled_by)
                 evidence.append(f"cancelled outside trackway by {who} (trackway did not ask to)" if who else
                                 "cancelled outside trackway (trackway did not ask to); who did it only slurmdbd's "
@@ -638,6 +643,20 @@ def _limit_seconds(text: str) -> float | None:
 
 def _iso(text: str | None) -> datetime | None:
     return datetime.fromisoformat(text) if text else None
+
+
+def _cancelled_because(evidence: list[str], record: SlurmRecord) -> str:
+    """Why a job trackway did not cancel was: Slurm's own preemption or time limit, else a person or a tool.
+
+    An operator's `scancel` is a decision about this job, not an accident of the cluster: the
+    attempt ends `user_cancelled` and the run is not resumed behind the operator's back.
+    """
+    said = " ".join(line for line in evidence if "slurmstepd" in line).upper()
+    if "DUE TO PREEMPTION" in said or record.preempt_time is not None:
+        return "preempted"
+    if "DUE TO TIME LIMIT" in said:
+        return "timeout"
+    return "user_cancelled"
 
 
 def _who(uid_text: str | None) -> str | None:

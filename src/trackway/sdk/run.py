@@ -240,11 +240,13 @@ class Run:
         self._note_non_finite(key, value, step)
         raise NonFiniteLoss(key, float(value), step)
 
-    def _note_non_finite(self, key: str, value: Any, step: int) -> None:
+    def _note_non_finite(self, key: str, value: Any, step: int, then: str | None = None) -> None:
         self._writer.non_finite = None
         last = self._last_committed_name()
         hint = f"; last good checkpoint: {last}" if last else "; no checkpoint committed yet"
-        self.note(TerminationReason.NAN_LOSS, f"non-finite {key} = {value} at step {step}{hint}", step=step, key=key)
+        after = f"; then the script raised {then}" if then else ""
+        self.note(TerminationReason.NAN_LOSS, f"non-finite {key} = {value} at step {step}{hint}{after}", step=step,
+                  key=key)
 
     # -- checkpoints -----------------------------------------------------------------------
 
@@ -473,7 +475,12 @@ class Run:
     def _on_uncaught(self, exc: BaseException) -> None:
         if self._closed:
             return
-        if not isinstance(exc, NonFiniteLoss):
+        found = self._logged_non_finite() if not isinstance(exc, NonFiniteLoss) else None
+        if found is not None:
+            # The loss went non-finite first; what the script raised after it (its own FloatingPointError,
+            # a check that tripped on the NaN) is a consequence: the ending is the divergence's.
+            self._note_non_finite(*found, then=describe_exception(exc))
+        elif not isinstance(exc, NonFiniteLoss):
             reason = reason_for_exception(exc, made_progress=self._step is not None)
             if reason is TerminationReason.CODE_ERROR and self._notice is not None and not self._finished:
                 # An unexplained error after a notice is most often its doing (a DataLoader worker it killed).

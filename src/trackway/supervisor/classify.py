@@ -2,13 +2,21 @@
 
 Evidence is weighed most trusted first:
 
-    1. the attempt's own note from the SDK     ("oom: CUDA out of memory at step 11")
-    2. what trackway itself did                 (time limit hit, a watcher's stop, cancelled)
-    3. the executor's state                     (Slurm PREEMPTED / TIMEOUT / NODE_FAIL, pod evicted)
-    4. a clean exit                             (exit 0)
-    5. patterns in the log tail                 (CUDA out of memory, NCCL timeout, Traceback ...)
-    6. signal and exit code alone               (SIGTERM from outside, exit 127, SIGKILL)
-    7. nothing matched                          -> unknown, with the evidence kept
+    1. what the executor knows for certain     (Slurm NODE_FAIL / PREEMPTED / TIMEOUT, a job cancelled
+                                                by someone else, a host lost): the scheduler ended the
+                                                job, and what the script said while it was being ended
+                                                (the SDK's "preempted" note on the SIGTERM) follows from that
+    2. the attempt's own note from the SDK     ("oom: CUDA out of memory at step 11")
+    3. what trackway itself did                 (time limit hit, a watcher's stop, cancelled)
+    4. the executor's state                     (as Kubernetes spells it: pod evicted, OOMKilled)
+    5. a clean exit                             (exit 0)
+    6. patterns in the log tail                 (CUDA out of memory, NCCL timeout, Traceback ...)
+    7. signal and exit code alone               (SIGTERM from outside, exit 127, SIGKILL)
+    8. nothing matched                          -> unknown, with the evidence kept
+
+A collective or network error (NCCL, gloo, a reset socket) reads the same with and without the
+SDK: its exception is a RuntimeError the SDK would note as a code error, so a note whose message
+names one is `infra_transient`, as the same line in the log of a plain script is.
 
 Under torchrun, a rank's note speaks for that rank only: when torchrun's summary names a rank
 killed by a signal as the first failure, the survivors' notes and collective errors (a gloo
@@ -263,6 +271,15 @@ def _classify(evidence: Evidence) -> Classification:
     note_reason = e.sdk_note.get("reason") if e.sdk_note else None
     # A "preempted" note only says a SIGTERM arrived; when trackway sent it, trackway knows why.
     sent_by_trackway = bool(e.stopped_by or e.cancelled or e.timed_out)
+    if e.executor_reason in R._value2member_map_ and not (e.stopped_by or e.cancelled):
+        # The scheduler's own final state: the node failed, someone else cancelled the job, it was
+        # preempted. The SIGTERM that came with it is what the SDK's note saw, not the cause.
+        said: tuple[str, ...] = ()
+        if note_reason and note_reason != e.executor_reason:
+            message = str(e.sdk_note.get("message") or "")[:200]
+            said = (f"the SDK's note said {note_reason} ({message}); the executor's final state outranks it",)
+        lines = (*e.executor_lines[-(MAX_EVIDENCE_LINES - len(said)):], *said)
+        return Classification(R(e.executor_reason), f"executor:{e.executor_reason}", lines)
     rank = torchrun_root_cause(e.log_tail)
     # A rank's note speaks for that rank only: torchrun's summary names the one that failed first.
     if _survivor_note(note_reason, rank) and not sent_by_trackway and not e.executor_state:
@@ -279,6 +296,9 @@ def _classify(evidence: Evidence) -> Classification:
                 said = (message,) if named else (full.line(), message)
                 lines = (*said, *hits[-(MAX_EVIDENCE_LINES - len(said)):])
                 return Classification(R.INFRA_TRANSIENT, "sdk:note", tuple(line for line in lines if line), full)
+        if note_reason in (R.CODE_ERROR.value, R.UNKNOWN.value) and _NETWORK.search(message):
+            # The exception the SDK saw is a collective's or a socket's: the same ending a plain script's log tells.
+            return Classification(R.INFRA_TRANSIENT, "sdk:note:network-or-io", (message,))
         return Classification(R(note_reason), "sdk:note", (message,) if message else ())
     if e.timed_out:  # the executor's own record: the limit was hit, whatever else was under way
         return Classification(R.TIMEOUT, "trackway:time-limit", tuple(e.executor_lines[-MAX_EVIDENCE_LINES:]))
@@ -288,9 +308,6 @@ def _classify(evidence: Evidence) -> Classification:
         return Classification(reason, f"watcher:{kind}", (why,) + tuple(e.executor_lines[-MAX_EVIDENCE_LINES:]))
     if e.cancelled:
         return Classification(R.USER_CANCELLED, "trackway:cancel", tuple(e.executor_lines[-MAX_EVIDENCE_LINES:]))
-    if e.executor_reason in R._value2member_map_:
-        return Classification(R(e.executor_reason), f"executor:{e.executor_reason}",
-                              tuple(e.executor_lines[-MAX_EVIDENCE_LINES:]))
     if e.executor_state and e.executor_state.upper() in EXECUTOR_STATES:
         state = e.executor_state.upper()
         return Classification(EXECUTOR_STATES[state], f"executor:{state}", tuple(e.executor_lines[-MAX_EVIDENCE_LINES:]))
@@ -300,6 +317,13 @@ def _classify(evidence: Evidence) -> Classification:
             return Classification(R.PREEMPTED, "sdk:notice-without-finish", (
                 "exit 0, but the SDK recorded a preemption notice and the script never called run.finish()",))
         return Classification(R.COMPLETED, "exit:0")
+    full = find_disk_full(e.executor_lines)
+    if full is not None:
+        # The executor met a full disk (no room for the exit status, or for the log): whatever the log
+        # tail says, a retry there would meet it again at once.
+        rule = "executor:vanished:disk-full" if e.vanished else "executor:disk-full"
+        return Classification(R.INFRA_TRANSIENT, rule, (full.line(), *e.executor_lines[-(MAX_EVIDENCE_LINES - 1):]),
+                              full)
     # A rank that failed first by itself: its own lines decide, not the survivors' lost connections.
     matched = _match_log(e, skip=SURVIVOR_RULES if rank is not None else frozenset())
     if matched is not None:
@@ -327,6 +351,7 @@ def _match_log(e: Evidence, skip: frozenset[str] = frozenset()) -> Classificatio
 
 _DISK_FULL = re.compile(DISK_FULL_PATTERN, re.IGNORECASE)
 _HOST_OOM = next(rule.pattern for rule in LOG_RULES if rule.name == "log:host-oom")
+_NETWORK = next(rule.pattern for rule in LOG_RULES if rule.name == "log:network-or-io")
 # Where the full disk was met, most specific spelling first: the SDK's own line, Python's OSError
 # (`-> 'dest'` for a copy or rename: the destination ran out of room), a quoted path, a bare one.
 _DISK_FULL_PATHS = (

@@ -34,7 +34,7 @@ from trackway.ledger.records import (
     name_taken,
     new_run_id,
     resolve_run,
-    update_attempt,
+    record_attempt_end,
     update_run,
 )
 from trackway.receipts import submitted_env
@@ -518,11 +518,11 @@ def start_attempt(
         )
         submission = executor.submit(request)
     except TrackwayError as exc:
-        _record_launch_failure(ledger, attempt_id, run_id, exc)
+        _record_launch_failure(ledger, settings, attempt_id, run_id, exc)
         raise
     except OSError as exc:
         failure = ExecutorError(f"attempt {attempt_id}: the launch failed: {_os_error_text(exc)}")
-        _record_launch_failure(ledger, attempt_id, run_id, failure)
+        _record_launch_failure(ledger, settings, attempt_id, run_id, failure, _disk_full(exc, state_dir))
         raise failure from exc
     with ledger.write() as conn:
         # Only a still-starting attempt: one whose launch a supervisor declared interrupted stays ended.
@@ -613,6 +613,28 @@ def _submitted_environment(settings: Settings, run, description: dict | None):
         raise InputError(str(exc)) from None
 
 
+def _disk_full(exc: OSError, writing_under: Path):
+    """Where a launch met a full disk and the room left there, or None for any other OSError.
+
+    A write names no file (`f.write` raises without one): the launch was writing the attempt's
+    files under `writing_under`, so that is where the disk is full.
+    """
+    import errno
+
+    from trackway.supervisor.classify import DiskFull
+
+    if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+        return None
+    where = exc.filename2 or exc.filename or writing_under
+    probe = Path(where)
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        return DiskFull(str(where), shutil.disk_usage(probe).free)
+    except OSError:
+        return DiskFull(str(where))
+
+
 def _os_error_text(exc: OSError) -> str:
     """An OSError in plain words; a full disk says so, with the path and what is left on it."""
     import errno
@@ -643,23 +665,33 @@ def _previous_config_sha(conn, run) -> str | None:
     return latest["config_sha256"] if latest is not None else run["config_sha256"]
 
 
-def _record_launch_failure(ledger: Ledger, attempt_id: str, run_id: str, exc: TrackwayError) -> None:
-    """An attempt the executor refused still ends with a reason and the executor's words."""
+def _record_launch_failure(ledger: Ledger, settings: Settings, attempt_id: str, run_id: str, exc: TrackwayError,
+                           disk_full=None) -> None:
+    """An attempt the executor refused still ends with a reason, the executor's words and the policy's decision.
+
+    A launch that failed is an attempt like any other: an ExecutorError (hosts not answering, a
+    queue refusing) is `infra_transient` and the policy decides, with its budget and backoff, whether
+    to try again; a full disk stops, naming the path and the room left; bad input (a secrets file
+    gone) is `config_error`.
+    """
+    from trackway.supervisor.retry import decide_after_end
+
     reason = TerminationReason.INFRA_TRANSIENT if isinstance(exc, ExecutorError) else TerminationReason.CONFIG_ERROR
     now = datetime.now(timezone.utc)
-    evidence = {"rule": "executor:submit-refused", "lines": [str(exc)]}
+    evidence: dict = {"rule": "executor:submit-refused", "lines": [str(exc)], "exit_code": None, "signal": None,
+                      "executor_state": None, "executor": []}
+    if disk_full is not None:
+        evidence["disk_full"] = disk_full.as_record()
     with ledger.write() as conn:
-        if get_attempt(conn, attempt_id)["state"] == AttemptState.ENDED.value:
+        attempt = get_attempt(conn, attempt_id)
+        if attempt["state"] == AttemptState.ENDED.value:
             return
-        update_attempt(
-            conn,
-            attempt_id,
-            state=AttemptState.ENDED.value,
-            started_at=now,
-            ended_at=now,
-            gpu_seconds=0.0,
-            cost_usd=0.0,
-            termination_reason=reason.value,
-            termination_evidence=json.dumps(evidence),
-        )
-        update_run(conn, run_id, state=RunState.FAILED.value, termination_reason=reason.value, ended_at=now)
+        run = resolve_run(conn, run_id)
+        # Nothing ran: the attempt's time is none, whenever it was recorded.
+        record_attempt_end(conn, {**attempt, "started_at": now}, ended_at=now, reason=reason,
+                           evidence_json=json.dumps(evidence), exit_code=None, signal=None, cost_per_gpu_hour=0.0)
+        decision = decide_after_end(conn, settings, run, attempt_id)
+        if run["kind"] == RunKind.EVAL.value:
+            from trackway.evals.progress import after_eval_attempt
+
+            after_eval_attempt(conn, settings, run_id, reason, decision.action == "resume", None)

@@ -46,15 +46,20 @@ def test_every_commit_is_evaluated_and_a_crashed_evaluator_is_retried_without_to
     assert rows[0]["progress"] == 0.25 or rows[0]["progress"] is None
 
 
-def test_an_evaluator_that_always_crashes_stops_after_its_budget_while_training_completes(cli, write_spec):
+def test_an_evaluator_that_always_crashes_the_same_way_stops_at_the_repeat_while_training_completes(cli, write_spec):
     spec = write_spec("doomed", ["--crash-attempts", "99"], body='seeds = [0]\n[decoding]\nsamples = 2\n')
     assert cli("submit", "--name", "train2", "--eval", str(spec), "--", PY, NEUTRAL, "20").code == 0
     rows = settle(cli, "train2")
     assert [r["state"] for r in rows] == ["failed"]
     detail = cli("eval", "show", rows[0]["eval_id"], "--json").json()
     (seed,) = detail["seeds"]
-    assert [a["termination_reason"] for a in seed["attempts"]] == ["evaluator_crash"] * 3
-    assert seed["attempts"][-1]["retry_decision"]["rule"] == "evaluator_crash: budget 2 spent"
+    # The same traceback twice is no accident: the budget of 2 retries is not spent on a third (issue 30).
+    assert [a["termination_reason"] for a in seed["attempts"]] == ["evaluator_crash"] * 2
+    decision = seed["attempts"][-1]["retry_decision"]
+    assert decision["rule"] == "evaluator_crash: the same failure again"
+    assert decision["message"].startswith("the same failure in 2 attempts (RuntimeError: NCCL all_gather failed in the "
+                                          "evaluator (simulated) (evaluator.py:")
+    assert "fix the evaluator" in decision["message"]
     assert seed["state"] == "failed" and seed["termination_reason"] == "evaluator_crash"
     assert [a["termination_reason"] for a in cli("attempts", "train2", "--json").json()] == ["completed"]
     assert cli("runs", "--json").json()[0]["state"] == "completed"

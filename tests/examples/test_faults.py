@@ -48,6 +48,8 @@ def cli(home, capsys, sqlite_url, monkeypatch):
         ("collective_error.py", [], ["infra_transient", "completed"], "resume", 0),
         # A NaN, then the script's own exception about it: the divergence is the ending, not the exception.
         ("nan_then_raise.py", [], ["nan_loss"], "stop", 1),
+        # The same error at the same step again: stopped at the repeat, not after the whole budget.
+        ("same_failure_every_attempt.py", [], ["infra_transient", "infra_transient"], "resume", 1),
     ],
 )
 def test_fault_scenario(cli, script, extra, reasons, first_action, outcome):
@@ -59,3 +61,18 @@ def test_fault_scenario(cli, script, extra, reasons, first_action, outcome):
     first = attempts[0]
     assert json.loads(first["retry_decision"])["action"] == first_action
     assert first["termination_evidence"]["rule"] and (first["termination_evidence"]["lines"] or first["termination_evidence"]["executor"])
+
+
+def test_the_same_failure_at_the_same_step_is_not_retried_twice(cli):
+    code, out = cli("submit", "--name", "again", "--", sys.executable, str(FAULTS / "same_failure_every_attempt.py"))
+    assert code == 1, out.err
+    code, out = cli("attempts", "again", "--json")
+    first, second = json.loads(out.out)
+    assert first["termination_evidence"]["signature"] == second["termination_evidence"]["signature"]
+    assert first["termination_evidence"]["signature"]["where"].startswith("same_failure_every_attempt.py:")
+    decision = json.loads(second["retry_decision"])
+    assert (decision["action"], decision["rule"]) == ("stop", "infra_transient: the same failure again")
+    assert decision["message"].startswith("the same failure at step 5 in 2 attempts (RuntimeError: NCCL error in: ")
+    assert "it does not look transient" in decision["message"] and "`trackway resume again`" in decision["message"]
+    code, out = cli("explain", "again")
+    assert "the same failure at step 5 in 2 attempts" in out.out

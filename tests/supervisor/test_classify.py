@@ -271,3 +271,32 @@ def test_a_collective_error_reads_the_same_with_and_without_the_sdk():
     # An exception of the code's own stays a code error.
     other = classify(Evidence(exit_code=1, sdk_note={"reason": "code_error", "message": "KeyError: 'lr'"}))
     assert other.reason is R.CODE_ERROR
+
+
+def _failed_at(line_no: int, message: str, step: int | None = 54) -> Evidence:
+    tail = [TS + "Traceback (most recent call last):", TS + f'  File "/work/a/train.py", line {line_no}, in step',
+            TS + "    y = model(x)", TS + message]
+    return Evidence(exit_code=1, log_tail=tail, made_progress=True, last_step=step)
+
+
+def test_a_failure_signature_ignores_numbers_and_paths_but_not_the_line_or_the_step():
+    first = classify(_failed_at(54, "RuntimeError: size mismatch: 128 vs 0x7f3a in 'layer3'")).signature
+    again = classify(_failed_at(54, "RuntimeError: size mismatch: 256 vs 0x7f00 in 'layer4'")).signature
+    assert first.key == again.key and first.where == "train.py:54 in step" and first.step == 54
+    assert first.shape == "size mismatch: <n> vs <hex> in <str>" and first.message.startswith("size mismatch: 128")
+    assert classify(_failed_at(55, "RuntimeError: size mismatch: 128 vs 1")).signature.key != first.key
+    assert classify(_failed_at(54, "RuntimeError: size mismatch: 128 vs 1", step=60)).signature.key != first.key
+    assert classify(_failed_at(54, "ValueError: size mismatch: 128 vs 1")).signature.key != first.key
+
+
+def test_the_sdks_note_and_a_plain_log_give_the_same_signature():
+    plain = _failed_at(54, "KeyError: 'lr'")
+    noted = Evidence(**{**plain.__dict__, "sdk_note": {"reason": "code_error", "message": "KeyError: 'lr'",
+                                                       "exception": "KeyError", "step": 54}})
+    assert classify(plain).signature == classify(noted).signature
+
+
+def test_endings_from_outside_the_attempt_have_no_signature():
+    assert classify(Evidence(exit_code=0)).signature is None
+    assert classify(Evidence(signal=signal.SIGTERM, log_tail=[TS + "step 9"])).signature is None
+    assert classify(Evidence(exit_code=1, executor_reason="preempted")).signature is None

@@ -122,3 +122,27 @@ def test_memory_fingerprint_sees_batch_precision_and_placement():
     assert fp != memory_fingerprint({**base, "train": {"batch_size": 16, "lr": 1e-3}}, "local", 1)
     assert fp != memory_fingerprint({**base, "model": {"precision": "fp32"}}, "local", 1)
     assert fp != memory_fingerprint(base, "h100-80gb", 1)
+
+
+def test_the_same_failure_again_is_not_retried_whatever_the_budget():
+    from trackway.supervisor.policy import AttemptOutcome, decide, load_policy
+    from trackway.taxonomy import TerminationReason as R
+
+    policy = load_policy(None)
+    nccl = dict(failure="RuntimeError: NCCL error: Connection reset by peer (train.py:54 in step)", step=5)
+    first = AttemptOutcome(R.INFRA_TRANSIENT, signature="a" * 16, **nccl)
+    assert decide(policy, [first]).action == "resume"
+    repeat = decide(policy, [first, first], run_ref="big")
+    assert (repeat.action, repeat.rule) == ("stop", "infra_transient: the same failure again")
+    assert repeat.message == ("the same failure at step 5 in 2 attempts (RuntimeError: NCCL error: Connection reset by "
+                              "peer (train.py:54 in step)); it does not look transient, so no retry is made: fix the "
+                              "cause, then `trackway resume big`")
+    # A preemption between the two does not make the failure any less the same.
+    preempted = AttemptOutcome(R.PREEMPTED)
+    assert decide(policy, [first, preempted, first]).action == "stop"
+    # Another failure (another line, step or message) is retried by the budget as before.
+    other = AttemptOutcome(R.INFRA_TRANSIENT, signature="b" * 16, **nccl)
+    assert decide(policy, [first, other]).action == "resume"
+    crash = AttemptOutcome(R.EVALUATOR_CRASH, signature="c" * 16, failure="RuntimeError: boom (eval.py:9)")
+    stopped = decide(policy, [crash, crash])
+    assert stopped.action == "stop" and "fix the evaluator" in stopped.message

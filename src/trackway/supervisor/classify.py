@@ -36,7 +36,7 @@ import json
 import re
 import signal as signals
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from trackway.taxonomy import CONFIG_EXCEPTIONS, CONFIG_MESSAGE_PATTERN
@@ -210,6 +210,7 @@ class Evidence:
     evaluation: bool = False  # the attempt ran an evaluator (a run of kind eval)
     output_problem: str | None = None  # how an evaluator's output broke the contract, if it did
     unfinished_notice: bool = False  # the SDK recorded a preemption notice and no run.finish() after it
+    last_step: int | None = None  # the last step the attempt logged: where a failure happened
 
 
 @dataclass(frozen=True)
@@ -229,11 +230,39 @@ class DiskFull:
 
 
 @dataclass(frozen=True)
+class Signature:
+    """What makes one failure the same as another: the exception, its message's shape, where it was raised, the step.
+
+    Numbers, addresses and quoted values in the message are blanked to `<n>`, `<hex>` and `<str>`
+    (`shape`), so the same error about another tensor size or pid still matches; the file is named
+    without its directory, so the same line in two workspaces of the same code matches too.
+    """
+
+    exception: str | None
+    shape: str
+    where: str | None
+    step: int | None
+    message: str = field(default="", compare=False)  # one failure's message as it was (not part of the match)
+
+    @property
+    def key(self) -> str:
+        import hashlib
+
+        text = json.dumps([self.exception, self.shape, self.where, self.step])
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def as_record(self) -> dict[str, Any]:
+        return {"key": self.key, "exception": self.exception, "shape": self.shape, "where": self.where,
+                "step": self.step, "message": self.message}
+
+
+@dataclass(frozen=True)
 class Classification:
     reason: R
     rule: str
     lines: tuple[str, ...] = field(default_factory=tuple)
     disk_full: DiskFull | None = None
+    signature: Signature | None = None
 
     def evidence_json(self, evidence: Evidence) -> str:
         """The evidence column: the deciding rule and lines, plus the raw facts behind them."""
@@ -247,6 +276,8 @@ class Classification:
         }
         if self.disk_full is not None:  # the retry policy reads it: a full disk is never retried blindly
             record["disk_full"] = self.disk_full.as_record()
+        if self.signature is not None:  # the retry policy reads it: the same failure again is not retried
+            record["signature"] = self.signature.as_record()
         return json.dumps(record, ensure_ascii=False)
 
 
@@ -255,15 +286,71 @@ EVALUATION_KEEPS = frozenset({R.COMPLETED, R.PREEMPTED, R.TIMEOUT, R.USER_CANCEL
 
 
 def classify(evidence: Evidence) -> Classification:
-    """The termination reason for one ended attempt, and the rule and lines that decided it."""
-    verdict = _classify(evidence)
-    if not evidence.evaluation:
+    """The termination reason for one ended attempt, the rule and lines that decided it, and its failure's signature."""
+    verdict = _for_evaluation(evidence, _classify(evidence)) if evidence.evaluation else _classify(evidence)
+    if verdict.reason in UNSIGNED or verdict.disk_full is not None:
         return verdict
+    return replace(verdict, signature=failure_signature(evidence))
+
+
+def _for_evaluation(evidence: Evidence, verdict: Classification) -> Classification:
     if verdict.reason is R.COMPLETED and evidence.output_problem:
         return Classification(R.EVALUATOR_CRASH, "evaluator:bad-output", (evidence.output_problem,))
     if verdict.reason in EVALUATION_KEEPS or verdict.reason is R.EVALUATOR_CRASH:
         return verdict
     return Classification(R.EVALUATOR_CRASH, f"evaluator:{verdict.rule}", verdict.lines, verdict.disk_full)
+
+
+# Endings that come from outside the attempt's own code (or are no failure): nothing of theirs repeats.
+UNSIGNED = frozenset({R.COMPLETED, R.PREEMPTED, R.TIMEOUT, R.USER_CANCELLED, R.STALLED})
+_LOG_PREFIX = re.compile(r"^\S+Z (?:out|err) ")
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+)(?:, in (?P<func>\S+))?')
+_EXCEPTION_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Fault|Failure|Lost))"
+                             r"(?::\s?(?P<message>.*))?$")
+_BLANKS = (
+    (re.compile(r"\b0x[0-9a-fA-F]+\b"), "<hex>"),
+    (re.compile(r"'[^']*'|\"[^\"]*\""), "<str>"),
+    (re.compile(r"(?<![\w.])[-+]?\d+(?:\.\d+)*(?:e[-+]?\d+)?\b"), "<n>"),
+)
+
+
+def failure_signature(e: Evidence) -> Signature | None:
+    """The failure's signature from the SDK's note and the log's last traceback; None when neither says anything."""
+    lines = [_LOG_PREFIX.sub("", line) for line in e.log_tail]
+    exception = message = where = None
+    start = max((i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")), default=None)
+    if start is not None:
+        block = lines[start + 1:]
+        frames = [m for m in map(_FRAME.match, block) if m]
+        if frames:
+            last = frames[-1]
+            where = f"{last['file'].replace(chr(92), '/').rsplit('/', 1)[-1]}:{last['line']}"
+            where += f" in {last['func']}" if last["func"] else ""
+        found = [m for m in map(_EXCEPTION_LINE.match, block) if m]
+        if found:
+            exception, message = found[-1]["type"].rsplit(".", 1)[-1], found[-1]["message"] or ""
+    note = e.sdk_note or {}
+    if note.get("message") and note.get("reason") not in (R.PREEMPTED.value, R.COMPLETED.value):
+        text = str(note["message"])
+        noted = str(note.get("exception") or "") or None
+        if noted and text.startswith(f"{noted}: "):
+            text = text[len(noted) + 2:]
+        exception, message = noted or exception, text
+    if message is None:
+        shown = [line for line in lines if line.strip()]
+        if not shown and not e.executor_lines:
+            return None
+        message = (shown or list(e.executor_lines))[-1]
+    step = e.last_step
+    if step is None and isinstance(note.get("step"), int):
+        step = note["step"]
+    return Signature(exception=exception, shape=_shape(message), where=where, step=step, message=message[:300])
+
+
+def _shape(message: str) -> str:
+    for pattern, blank in _BLANKS:
+        message = pattern.sub(blank, message)
+    return " ".join(message.split())[:200]
 
 
 def _classify(evidence: Evidence) -> Classification:

@@ -8,6 +8,7 @@ each end exactly once.
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -530,6 +531,7 @@ class Supervisor:
             executor_lines=status.evidence,
             log_tail=read_log_tail(Path(attempt["log_path"])),
             made_progress=attempt["last_step"] is not None,
+            last_step=_reached_step(attempt),
             sdk_note=note,
             stopped_by=_stop_marker(Path(attempt["state_dir"])),
             evaluation=is_eval,
@@ -592,6 +594,18 @@ def orphaned_runs(conn, recorded_before: datetime) -> list[tuple[str, str]]:
         .order_by(runs.c.created_at)
     )
     return [(row.run_id, row.executor) for row in conn.execute(query)]
+
+
+def _reached_step(attempt) -> int | None:
+    """The run's step when the attempt ended: its last logged step, else the step it resumed from.
+
+    A resumed attempt that fails before logging anything failed right after its checkpoint's step:
+    that is the step an earlier attempt failed at too, when the failure repeats.
+    """
+    if attempt["last_step"] is not None:
+        return attempt["last_step"]
+    match = re.fullmatch(r"step-(\d+)", attempt["resumed_from_checkpoint"] or "")
+    return int(match[1]) if match else None
 
 
 def _stop_marker(state_dir: Path) -> tuple[str, str] | None:

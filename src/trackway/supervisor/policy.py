@@ -16,7 +16,10 @@ attempt as `retry_decision`. The defaults are DESIGN.md's table:
     nan_loss, bad_data, config_error, code_error, unknown   stop
     completed, user_cancelled                                 none
 
-A run-level GPU-hour budget, when set, stops everything once spent.
+Whatever a reason's budget, a failure whose signature (exception, message shape, file and line,
+step: supervisor/classify.py's Signature) is the same as an earlier attempt's of the run is not
+retried again: "the same failure at step S in N attempts". A run-level GPU-hour budget, when
+set, stops everything once spent.
 """
 
 from __future__ import annotations
@@ -106,6 +109,9 @@ class AttemptOutcome:
     memory_fingerprint: str | None = None
     disk_full: DiskFull | None = None  # the attempt met a full disk (from its termination evidence)
     rule: str | None = None  # the classification rule that decided its reason (`evaluator:bad-output`)
+    signature: str | None = None  # its failure's signature key (supervisor/classify.py's Signature)
+    failure: str | None = None  # that failure in words: `RuntimeError: ... (train.py:54 in step)`
+    step: int | None = None  # the step it failed at, when known
 
 
 @dataclass(frozen=True)
@@ -142,6 +148,11 @@ def decide(
     if last.rule in DETERMINISTIC_RULES:
         # Whatever the budget: the same evaluator on the same checkpoint writes the same bad line again.
         return Decision("stop", f"{name}: {last.rule}", DETERMINISTIC_RULES[last.rule])
+    if last.signature is not None:
+        seen = sum(1 for outcome in history[:-1] if outcome.signature == last.signature)
+        if seen:
+            # Whatever the budget: the same exception at the same line and step again is no accident.
+            return Decision("stop", f"{name}: the same failure again", _same_failure_advice(last, seen + 1, run_ref))
     used = sum(1 for outcome in history[:-1] if outcome.reason is reason)
     if used >= rule.budget:
         return Decision(
@@ -168,6 +179,18 @@ def decide(
         _resume_from(history) + (f" after {delay:.0f} s" if delay else ""),
         delay_s=delay,
     )
+
+
+def _same_failure_advice(last: AttemptOutcome, count: int, run_ref: str) -> str:
+    """`the same failure at step 54 in 3 attempts (RuntimeError: ...); it does not look transient: ...`."""
+    at = f" at step {last.step}" if last.step is not None else ""
+    what = f" ({last.failure})" if last.failure else ""
+    if last.reason is R.EVALUATOR_CRASH:
+        fix = ("a retry would crash the same way: fix the evaluator, then ask for the evaluation again "
+               "(`trackway eval RUN@STEP --spec FILE`)")
+    else:
+        fix = f"it does not look transient, so no retry is made: fix the cause, then `trackway resume {run_ref}`"
+    return f"the same failure{at} in {count} attempts{what}; {fix}"
 
 
 def _resume_from(history: Sequence[AttemptOutcome]) -> str:

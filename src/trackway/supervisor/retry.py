@@ -79,17 +79,7 @@ def decide_after_end(
             select(attempts).where(attempts.c.run_id == run["run_id"]).order_by(attempts.c.attempt_number)
         ).mappings()
     )
-    history = [
-        AttemptOutcome(
-            reason=TerminationReason(row["termination_reason"]),
-            committed_checkpoint=bool(row["checkpoints_committed"]),
-            memory_fingerprint=row["memory_fingerprint"],
-            disk_full=disk_full_of(row["termination_evidence"]),
-            rule=rule_of(row["termination_evidence"]),
-        )
-        for row in rows
-        if row["termination_reason"]
-    ]
+    history = [outcome_of(row) for row in rows if row["termination_reason"]]
     spent = conn.execute(
         select(func.coalesce(func.sum(attempts.c.gpu_seconds), 0.0)).where(attempts.c.run_id == run["run_id"])
     ).scalar_one()
@@ -149,6 +139,31 @@ def _evidence(evidence_json: str | None) -> dict | None:
     except ValueError:
         return None
     return evidence if isinstance(evidence, dict) else None
+
+
+def outcome_of(row: RowMapping) -> AttemptOutcome:
+    """What the policy needs of one ended attempt, from its row."""
+    evidence = _evidence(row["termination_evidence"]) or {}
+    signature = evidence.get("signature") if isinstance(evidence.get("signature"), dict) else {}
+    return AttemptOutcome(
+        reason=TerminationReason(row["termination_reason"]),
+        committed_checkpoint=bool(row["checkpoints_committed"]),
+        memory_fingerprint=row["memory_fingerprint"],
+        disk_full=disk_full_of(row["termination_evidence"]),
+        rule=rule_of(row["termination_evidence"]),
+        signature=signature.get("key") if isinstance(signature.get("key"), str) else None,
+        failure=_failure_text(signature),
+        step=signature.get("step") if isinstance(signature.get("step"), int) else None,
+    )
+
+
+def _failure_text(signature: dict) -> str | None:
+    """`RuntimeError: shape mismatch 128 vs 64 (train.py:54 in step)`: the last such failure, as it was said."""
+    message = signature.get("message") or signature.get("shape")
+    if not isinstance(message, str):
+        return None
+    said = f"{signature['exception']}: {message}" if signature.get("exception") else message
+    return said + (f" ({signature['where']})" if signature.get("where") else "")
 
 
 def rule_of(evidence_json: str | None) -> str | None:

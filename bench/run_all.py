@@ -25,6 +25,7 @@ import trackway  # noqa: E402
 BENCHES = [
     "bench_cli.py",
     "bench_submit.py",
+    "bench_data_manifest.py",
     "bench_ledger.py",
     "bench_metrics_read.py",
     "bench_sdk.py",

@@ -96,9 +96,13 @@ def test_explain_shows_config_changes_between_attempts(cli, tmp_path):
         'new: "<absent>" → 1',
         "train.lr: 0.1 → 0.2",
     ]
-    before = {"files": [{"path": "d/a", "sha256": "1" * 64}, {"path": "d/b", "sha256": "2" * 64}]}
-    after = {"files": [{"path": "d/a", "sha256": "3" * 64}, {"path": "d/c", "sha256": "4" * 64}]}
-    assert data_diff(before, after) == ["added d/c", "removed d/b", "changed d/a (111111111111 → 333333333333)"]
+    before = {"files": [{"path": "d/a", "size": 8709, "sha256": "1" * 64}, {"path": "d/b", "size": 3, "sha256": "2" * 64}]}
+    after = {"files": [{"path": "d/a", "size": 9141, "sha256": "3" * 64}, {"path": "d/c", "size": 4, "sha256": "4" * 64}]}
+    # Each changed file with its old and new size and hash: what a reader needs to see it was the data.
+    assert data_diff(before, after) == [
+        "added d/c (4 bytes, 444444444444)", "removed d/b (was 3 bytes, 222222222222)",
+        "changed d/a (8,709 bytes, 111111111111 → 9,141 bytes, 333333333333)",
+    ]
 
 
 def test_oom_is_retried_only_with_a_smaller_footprint(cli):

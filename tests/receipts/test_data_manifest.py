@@ -136,3 +136,49 @@ def test_large_file_streams_with_progress_and_matches_hashlib(tmp_path: Path) ->
     quiet = io.StringIO()
     assert build_data_manifest([big.parent], console=Console(file=quiet)).sha256 == manifest.sha256
     assert quiet.getvalue() == ""  # below the default threshold nothing is drawn
+
+
+def _age(root: Path, seconds: float = 60) -> None:
+    """Make a file, or every file under a directory, older than the cache's racy window, as data written before a run is."""
+    past = __import__("time").time() - seconds
+    for path in [root] if root.is_file() else root.rglob("*"):
+        if path.is_file():
+            os.utime(path, (past, past))
+
+
+def test_a_cached_resolution_hashes_only_what_changed(dataset: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    _age(dataset)
+    first = build_data_manifest([dataset], cache_dir=cache)
+    assert first.hashed == 4
+    again = build_data_manifest([dataset], cache_dir=cache)
+    assert (again.hashed, again.sha256, again.canonical) == (0, first.sha256, first.canonical)
+    assert again.files == first.files
+    # Same size, new content: the modification time tells the cache it must read the file again.
+    target = dataset / "train" / "part-0.bin"
+    target.write_bytes(b"\x09\x01\x02" * 100)
+    _age(target, 30)
+    edited = build_data_manifest([dataset], cache_dir=cache)
+    assert edited.hashed == 1 and edited.sha256 != first.sha256
+    assert edited.sha256 == build_data_manifest([dataset]).sha256  # what hashing everything gives
+    (dataset / "new.txt").write_bytes(b"new")
+    _age(dataset / "new.txt", 20)
+    added = build_data_manifest([dataset], cache_dir=cache)
+    assert added.hashed == 1 and "shards/new.txt" in [f["path"] for f in added.files]
+
+
+def test_a_file_written_just_now_is_never_trusted_to_the_cache(dataset: Path, tmp_path: Path) -> None:
+    # A write within the same clock tick keeps size and time: only a file older than RACY_S is cached.
+    cache = tmp_path / "cache"
+    build_data_manifest([dataset], cache_dir=cache)
+    assert build_data_manifest([dataset], cache_dir=cache).hashed == 4
+
+
+def test_a_broken_cache_costs_a_hashing_not_a_wrong_manifest(dataset: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    _age(dataset)
+    first = build_data_manifest([dataset], cache_dir=cache)
+    for path in (cache / "data").iterdir():
+        path.write_bytes(b"\x00garbage")
+    again = build_data_manifest([dataset], cache_dir=cache)
+    assert again.hashed == 4 and again.sha256 == first.sha256

@@ -26,7 +26,7 @@ ATTEMPT_COLUMNS = [
     "exit_code", "signal", "termination_reason", "termination_evidence", "config_sha256", "data_manifest_sha256",
     "environment_sha256", "code_commit", "code_dirty_sha256", "resumed_from_checkpoint", "first_step", "last_step",
     "checkpoints_committed", "useful_gpu_seconds", "wasted_gpu_seconds", "retry_decision", "log_path", "environ_sha256", "started_by",
-    "resource", "qos", "selection",
+    "resource", "qos", "selection", "workdir", "code_branch", "code_capture",
 ]
 
 
@@ -45,6 +45,8 @@ def _attempt_json(row) -> dict:
     out = rows_to_dicts([row], [c for c in ATTEMPT_COLUMNS if c in row])[0]
     if row["termination_evidence"]:
         out["termination_evidence"] = json.loads(row["termination_evidence"])
+    if out.get("code_capture"):
+        out["code_capture"] = json.loads(out["code_capture"])
     return out
 
 
@@ -318,6 +320,7 @@ def _print_attempt(a) -> None:
                  f"{signal_name(a['signal']) or 'no signal'}"),
         ("steps", "none logged" if a["first_step"] is None else f"{a['first_step']}..{a['last_step']}"),
         ("resumed from", a["resumed_from_checkpoint"] or "the start (no checkpoint)"),
+        ("code", _attempt_code_line(a)),
         ("environment", f"{short_sha(a['environment_sha256'])}   config {short_sha(a['config_sha256'])}"
                         f"   data {short_sha(a['data_manifest_sha256'])}"),
         ("log", a["log_path"]),
@@ -328,6 +331,18 @@ def _print_attempt(a) -> None:
         say(console, "  evidence:")
         for line in evidence["lines"]:
             fact(console, "", line, 0, indent=4)
+
+
+def _attempt_code_line(a) -> str:
+    """`1a2b3c... + uncommitted diff 9f8e...; the run's recorded commit and diff, rebuilt into ...`."""
+    from trackway.cli.render import short_sha
+
+    if not a.get("code_capture"):
+        return "as its run's receipt (taken at submit)"
+    capture = json.loads(a["code_capture"])
+    commit = f"{short_sha(a['code_commit'])}" if a["code_commit"] else "no commit"
+    diff = f" + uncommitted diff {short_sha(a['code_dirty_sha256'])}" if a["code_dirty_sha256"] else ""
+    return f"{commit}{diff}; {capture['said']}"
 
 
 def cancel(ctx: typer.Context, run: str = typer.Argument(..., help="A run id or name.")) -> None:

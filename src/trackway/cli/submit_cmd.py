@@ -172,9 +172,17 @@ def resume(
     ctx: typer.Context,
     run: str = typer.Argument(..., help="A run id or name that ended without completing."),
     overrides: list[str] = typer.Option([], "--set", help="Change the config from this attempt on, e.g. --set train.batch_size=16."),
+    same_code: bool = typer.Option(
+        False, "--same-code",
+        help="Run the code the run was submitted with (its recorded commit and diff, rebuilt in the attempt's own "
+             "workspace) instead of the work tree as it is now.",
+    ),
     detach: bool = typer.Option(False, "--detach", help="Print the attempt id and return; do not follow it."),
 ) -> None:
-    """Start a new attempt of RUN, from its latest committed checkpoint (exit 0 iff it completes)."""
+    """Start a new attempt of RUN, from its latest committed checkpoint (exit 0 iff it completes).
+
+    The attempt runs the work tree as it is now, with a new code receipt; --same-code keeps the submitted code.
+    """
     from trackway.errors import InputError
     from trackway.supervisor.launch import command_by
     from trackway.supervisor.loop import Supervisor
@@ -186,9 +194,13 @@ def resume(
         record = resolve_run(conn, run)
     if record["state"] in (RunState.RUNNING.value, RunState.QUEUED.value, RunState.COMPLETED.value):
         raise InputError(f"run {run!r}: is {record['state']}; only a run that ended without completing can be resumed")
+    if same_code and not record["code_commit"]:
+        raise InputError(f"--same-code: run {run!r} has no code receipt to rebuild (it was not submitted from a git "
+                         "work tree with a commit); resume without --same-code to run the work tree as it is")
+    words = ["trackway", "resume", *(a for o in overrides for a in ("--set", o)), *(["--same-code"] if same_code else [])]
     attempt_id = _start(
         app, record["run_id"], supervisor.executor, overrides=list(overrides),
-        started_by=command_by(shlex.join(["trackway", "resume", *(a for o in overrides for a in ("--set", o))])),
+        started_by=command_by(shlex.join(words)), code_from="receipt" if same_code else "work_tree",
     )
     with app.ledger.read() as conn:
         resumed_from = get_attempt(conn, attempt_id)["resumed_from_checkpoint"]

@@ -83,7 +83,7 @@ runs = Table(
     Column("time_limit_s", Float),
     Column("config_sha256", String(64), ForeignKey("blobs.sha256")),
     Column("data_manifest_sha256", String(64), ForeignKey("blobs.sha256")),
-    Column("data_paths", Text),  # JSON list of the absolute roots that were hashed
+    Column("data_paths", Text),  # JSON list of the --data paths made absolute as given (resolved again per attempt)
     Column("code_repo", Text),
     Column("code_branch", String(400)),
     Column("code_commit", String(64)),
@@ -152,6 +152,10 @@ attempts = Table(
     Column("resource", String(200)),
     Column("qos", String(200)),
     Column("selection", Text),  # JSON: {"chosen", "qos", "reasons": [...], "skipped": [{"resource", "reason"}]}
+    # The code each attempt was given when it launched (0014; NULL before: the run's, from its submit).
+    Column("workdir", Text),  # where the command ran: the run's work tree, or the attempt's rebuilt workspace
+    Column("code_branch", String(400)),
+    Column("code_capture", Text),  # JSON: how the code was taken (supervisor/launch.py's code capture)
     UniqueConstraint("run_id", "attempt_number", name="uq_attempts_run_number"),
 )
 

@@ -40,17 +40,33 @@ def config_diff(before: Any, after: Any) -> list[str]:
 
 
 def data_diff(before: Any, after: Any) -> list[str]:
-    """Files added, removed or changed (by content) between two data manifests."""
+    """Files added, removed or changed (by content) between two data manifests, with their sizes and hashes."""
     a = {f["path"]: f for f in (before or {}).get("files", [])}
     b = {f["path"]: f for f in (after or {}).get("files", [])}
-    lines = [f"added {p}" for p in sorted(b.keys() - a.keys())]
-    lines += [f"removed {p}" for p in sorted(a.keys() - b.keys())]
+    lines = [f"added {p} ({_sized(b[p])})" for p in sorted(b.keys() - a.keys())]
+    lines += [f"removed {p} (was {_sized(a[p])})" for p in sorted(a.keys() - b.keys())]
     lines += [
-        f"changed {p} ({d.short_hash(a[p]['sha256'])} → {d.short_hash(b[p]['sha256'])})"
+        f"changed {p} ({_sized(a[p])} → {_sized(b[p])})"
         for p in sorted(a.keys() & b.keys())
         if a[p]["sha256"] != b[p]["sha256"]
     ]
     return lines
+
+
+def _sized(entry: dict) -> str:
+    size = entry.get("size")
+    return f"{size:,} bytes, {d.short_hash(entry.get('sha256'))}" if isinstance(size, int) else d.short_hash(entry.get("sha256"))
+
+
+def _code_facts(run: RowMapping, attempt: RowMapping) -> dict[str, Any]:
+    """The code the attempt ran: repo, branch, commit and diff as captured when it launched, and how it was taken.
+
+    An attempt recorded before trackway captured code per attempt carries its run's code, taken at submit.
+    """
+    capture = json.loads(attempt["code_capture"]) if attempt["code_capture"] else None
+    return {"repo": run["code_repo"], "branch": attempt["code_branch"] or run["code_branch"],
+            "commit": attempt["code_commit"], "dirty_sha256": attempt["code_dirty_sha256"],
+            "workdir": attempt["workdir"] or run["workdir"], "capture": capture}
 
 
 def environment_diff(before: Any, after: Any) -> list[str]:
@@ -109,8 +125,7 @@ def explain(conn: Connection, ref: str, now: datetime | None = None) -> dict[str
             "environment_sha256": attempt["environment_sha256"],
             "environment": _environment_summary(_blob_json(conn, attempt["environment_sha256"])),
             "environ": _environ_summary(conn, attempt["environ_sha256"]),
-            "code": {"repo": run["code_repo"], "branch": run["code_branch"], "commit": attempt["code_commit"],
-                     "dirty_sha256": attempt["code_dirty_sha256"]},
+            "code": _code_facts(run, attempt),
         },
         "config": _config_facts(conn, attempt, config, previous, first),
         "data": _data_facts(conn, attempt, previous),
@@ -470,8 +485,8 @@ def _advice(ref: str, reason: R | None, decision: dict[str, Any] | None, start: 
                 f"or a resource with more GPU memory, then `trackway resume {ref} --set {keys[0][0] if keys else 'KEY'}=...`; "
                 f"it resumes {start}")
     if reason is R.BAD_DATA:
-        return ("fix or exclude the input the evidence names, then submit the run again: `trackway submit` hashes the "
-                "data anew, while a resume would record this run's data manifest")
+        return (f"fix or exclude the input the evidence names, then {resume}: the data is hashed again when the "
+                f"attempt launches, and its receipt names the files it read; it resumes {start}")
     if reason is R.CODE_ERROR:
         return f"fix the exception the evidence shows, then {resume}; it resumes {start}"
     if reason is R.CONFIG_ERROR:

@@ -170,6 +170,7 @@ def _config_blocks(facts: dict[str, Any]) -> list[Block]:
     blocks += _differs(config["differs_from_previous"], config["differs_from_first"])
     blocks += [
         ("item", 0, None, f"code: {d.code_text(code['repo'], code['branch'], code['commit'], code['dirty_sha256'])}"),
+        *_code_capture_blocks(code),
         ("item", 0, None, f"environment `{d.short_hash(receipt['environment_sha256'])}`: {receipt['environment']}"),
         ("item", 0, None, _environ_line(receipt["environ"])),
     ]
@@ -179,6 +180,23 @@ def _config_blocks(facts: dict[str, Any]) -> list[Block]:
             lines = facts["changes"][kind]
             blocks.append(("item", 1, None, f"{kind}:" + ("" if lines else " none")))
             blocks += [("item", 2, None, line) for line in lines]
+    return blocks
+
+
+def _code_capture_blocks(code: dict[str, Any]) -> list[Block]:
+    """How the attempt's code was taken when it launched, and where it ran when that was not the work tree."""
+    capture = code.get("capture")
+    if capture is None:
+        return [("item", 1, None, "taken when the run was submitted (this attempt predates per-attempt capture)")]
+    blocks: list[Block] = [("item", 1, None, f"ran: {capture['said']}")]
+    workspace = capture.get("workspace")
+    if workspace:
+        blocks.append(("item", 1, None, f"in `{workspace['cwd']}`"))
+        if workspace.get("changed_since"):
+            blocks.append(("item", 1, None, "changed since the submit, taken as they are now (the receipt lists them "
+                                            "by hash): " + ", ".join(workspace["changed_since"])))
+        if workspace.get("submodules"):
+            blocks.append(("item", 1, None, "submodules, taken as they are now: " + ", ".join(workspace["submodules"])))
     return blocks
 
 

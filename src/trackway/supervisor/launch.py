@@ -311,15 +311,11 @@ def remote_resume_target(url: str) -> str | None:
     return latest.name if latest else None
 
 
-def _code_snapshot(ledger: Ledger, run):
-    """The run's code as its receipt records it (commit + diff), for an executor on another machine."""
+def _code_snapshot(run, code):
+    """The attempt's code (its commit and diff), for an executor on another machine."""
     from trackway.executors.code_snapshot import build_snapshot
 
-    diff = None
-    if run["code_dirty_sha256"]:
-        with ledger.read() as conn:
-            diff = get_blob(conn, run["code_dirty_sha256"])
-    return build_snapshot(Path(run["workdir"]), run["code_commit"], diff)
+    return build_snapshot(Path(run["workdir"]), code.commit, code.dirty_diff)
 
 
 def resume_target(checkpoint_dir: Path, verify_files: bool = False) -> str | None:
@@ -386,6 +382,7 @@ def start_attempt(
     from_queue: bool = False,
     first: bool = False,
     started_by: str | None = None,
+    code_from: str | None = None,
 ) -> str | None:
     """Record a new attempt of `run_id` and hand it to its executor; return the attempt id.
 
@@ -405,12 +402,21 @@ def start_attempt(
     Every attempt gets the environment the run was submitted with (receipts/submitted_env.py),
     whichever process launches it. `started_by` says who launched it (a command and its user, or
     the supervisor); a retry taken off the queue is credited to the rule that queued it.
+
+    Its code and data are captured now (supervisor/launch_inputs.py): `code_from` is `submit`,
+    `receipt` or `work_tree` (default: `receipt` for a retry off the queue, `submit` for a first
+    attempt, else `work_tree`). A policy retry whose data changed since the previous attempt goes
+    ahead, saying so, or is not launched at all with `[retry] on_data_change = "stop"` (None).
     """
+    from trackway.supervisor.launch_inputs import CODE_FROM, code_for_attempt, data_for_attempt
     from trackway.supervisor.policy import memory_fingerprint
     from trackway.supervisor.retry import effective_config_path
 
     from trackway.supervisor.outside_checkpoints import paths_of, restore_declared, substitute_command
 
+    code_from = code_from or ("receipt" if from_queue else "submit" if first else "work_tree")
+    if code_from not in CODE_FROM:
+        raise ValueError(f"code_from {code_from!r}: expected one of {', '.join(CODE_FROM)}")
     environment = capture_environment()
     with ledger.read() as conn:
         found = resolve_run(conn, run_id)
@@ -436,6 +442,12 @@ def start_attempt(
         resume_from = resume_target(checkpoint_root, verify_files=bool(declared))
     config_path = effective_config_path(settings, run_id)
     config = load_config(config_path, overrides) if overrides else None
+    evaluation = found["kind"] == RunKind.EVAL.value
+    with ledger.read() as conn:
+        # An evaluation's code is its evaluator's, versioned by the evaluation itself (evals/launch.py).
+        code = code_for_attempt(conn, settings, found, "submit" if evaluation else code_from, executor.remote)
+        data = (data_for_attempt(conn, settings, found, previous["data_manifest_sha256"] if previous else None)
+                if code_from != "submit" else None)
     with ledger.write() as conn:
         run = _locked_run(conn, run_id)
         if from_queue and (run["state"] != RunState.QUEUED.value or _has_unfinished_attempt(conn, run_id)):
@@ -443,6 +455,9 @@ def start_attempt(
         number = attempt_count(conn, run_id) + 1
         if first and number != 1:
             return None
+        if from_queue and previous is not None and data is not None and (data.changes or data.problem):
+            if _data_change_stops(conn, settings, run, previous, data):
+                return None
         if from_queue and started_by is None:
             started_by = _queued_by(conn, run)
         state_dir = settings.runs_dir / run_id / "attempts" / str(number)
@@ -465,11 +480,14 @@ def start_attempt(
                 log_path=str(state_dir / "output.log"),
                 gpu_count=run["gpus"],
                 config_sha256=config_sha or _previous_config_sha(conn, run),
-                data_manifest_sha256=run["data_manifest_sha256"],
+                data_manifest_sha256=_data_sha(conn, run, data),
                 environment_sha256=env_sha,
                 environ_sha256=environ_sha,
-                code_commit=run["code_commit"],
-                code_dirty_sha256=run["code_dirty_sha256"],
+                code_commit=code.commit,
+                code_dirty_sha256=put_blob(conn, code.dirty_diff, "git_diff") if code.dirty_diff else None,
+                code_branch=code.branch,
+                code_capture=None if evaluation else json.dumps(code.record),
+                workdir=str(code.cwd),
                 resumed_from_checkpoint=resume_from,
                 memory_fingerprint=memory_fingerprint(values, resource.name, run["gpus"]),
                 started_at=datetime.now(timezone.utc),  # the launch; replaced by when the command started
@@ -480,6 +498,12 @@ def start_attempt(
             ),
         )
         update_run(conn, run_id, state=RunState.RUNNING.value, not_before=None, ended_at=None)
+        if previous is not None and data is not None and (data.changes or data.problem):
+            from trackway.ledger.ingest import add_supervisor_event
+
+            add_supervisor_event(conn, attempt_id, "data_changed", {
+                "message": data.message(previous["attempt_id"]), "changes": data.changes, "problem": data.problem,
+                "since": previous["attempt_id"]})
     try:
         # Files after the transaction: a full disk here ends this attempt with a reason instead of
         # leaving it `starting` until a supervisor declares the launch interrupted.
@@ -488,7 +512,7 @@ def start_attempt(
             config_path.write_bytes(config.canonical)
         submitted = _submitted_environment(settings, run, environ_description)
         # A script without the SDK finds its own checkpoint file where it left it (or none, if none was committed).
-        restored = restore_declared(checkpoint_root, Path(run["workdir"]), declared, resume_from, number) if declared else None
+        restored = restore_declared(checkpoint_root, code.cwd, declared, resume_from, number) if declared else None
         command = substitute_command(
             json.loads(run["command"]), restored, checkpoint_root / resume_from if resume_from else None
         )
@@ -503,7 +527,7 @@ def start_attempt(
         request = LaunchRequest(
             attempt_id=attempt_id,
             command=command,
-            cwd=Path(run["workdir"]),
+            cwd=code.cwd,
             env={**(submitted.variables if submitted is not None else {}), **own_env},
             state_dir=state_dir,
             log_path=state_dir / "output.log",
@@ -514,7 +538,7 @@ def start_attempt(
             resource=resource if resource.declared else None,
             qos=placement.qos,
             run_env=own_env if executor.remote else None,
-            code=_code_snapshot(ledger, run) if executor.remote else None,
+            code=_code_snapshot(run, code) if executor.remote else None,
         )
         submission = executor.submit(request)
     except TrackwayError as exc:
@@ -650,6 +674,39 @@ def _os_error_text(exc: OSError) -> str:
         except OSError:
             text += " (disk full)"
     return text
+
+
+def _data_sha(conn, run, data) -> str | None:
+    """The attempt's data manifest: resolved at this launch, else (the first attempt) the run's, taken at submit."""
+    if data is None:
+        return run["data_manifest_sha256"]
+    return put_blob(conn, data.canonical, "data_manifest") if data.canonical is not None else None
+
+
+def _data_change_stops(conn, settings: Settings, run, previous, data) -> bool:
+    """With `[retry] on_data_change = "stop"`, a policy retry whose data changed is not launched: the decision
+    on the attempt it follows becomes a stop that lists the changes, and the run ends failed."""
+    from trackway.ledger.ingest import add_supervisor_event
+    from trackway.supervisor.retry import run_policy
+
+    try:
+        on_change = run_policy(settings, run).on_data_change
+    except InputError:
+        on_change = "stop"  # a policy that no longer reads: stopping costs no GPU time
+    if on_change != "stop":
+        return False
+    run_ref = run["name"] or run["run_id"]
+    said = data.message(previous["attempt_id"])
+    decision = {"action": "stop", "rule": "data changed: stop", "delay_s": 0.0,
+                "message": f"{said}; [retry] on_data_change = \"stop\", so the retry was not launched: check the "
+                           f"data, then `trackway resume {run_ref}`"}
+    conn.execute(update(attempts).where(attempts.c.attempt_id == previous["attempt_id"])
+                 .values(retry_decision=json.dumps(decision)))
+    add_supervisor_event(conn, previous["attempt_id"], "data_changed", {
+        "message": said, "changes": data.changes, "problem": data.problem, "since": previous["attempt_id"]})
+    update_run(conn, run["run_id"], state=RunState.FAILED.value, not_before=None,
+               ended_at=datetime.now(timezone.utc))
+    return True
 
 
 def _has_unfinished_attempt(conn, run_id: str) -> bool:

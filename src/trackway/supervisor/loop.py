@@ -365,6 +365,7 @@ class Supervisor:
                 attempt_id = start_attempt(
                     self.ledger, self.settings, run_id, self.executor(executor), first=True,
                     started_by="supervisor: its submitter died before launching attempt 1",
+                    code_from="receipt",  # the work tree may have changed since the submit
                 )
             except TrackwayError:
                 continue  # recorded on the attempt by start_attempt

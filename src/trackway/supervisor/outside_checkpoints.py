@@ -140,7 +140,8 @@ class OutsideCheckpoints:
         globs = paths_of(run)
         if not globs:
             return None
-        workdir = Path(run["workdir"])
+        # Where this attempt ran: a retry runs in its own workspace (supervisor/workspace.py).
+        workdir = Path(attempt.get("workdir") or run["workdir"])
         rels = matches(workdir, globs)
         sig = signature(workdir, rels) if rels else None
         attempt_id = attempt["attempt_id"]

@@ -95,6 +95,9 @@ DETERMINISTIC_RULES: dict[str, str] = {
 class RetryPolicy:
     rules: Mapping[R, ReasonRule] = field(default_factory=lambda: dict(DEFAULT_RULES))
     gpu_hours_budget: float | None = None
+    # What a retry the policy decided does when the run's data changed since the attempt before it:
+    # "warn" launches it and says which files changed; "stop" launches nothing (supervisor/launch.py).
+    on_data_change: str = "warn"
 
     def rule(self, reason: R) -> ReasonRule:
         return self.rules.get(reason, ReasonRule("stop"))
@@ -227,6 +230,7 @@ class _PolicyTop(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=True)
 
     gpu_hours_budget: Annotated[float, Field(gt=0, le=MAX_GPU_HOURS)] | None = None
+    on_data_change: Literal["warn", "stop"] | None = None
     reasons: dict[str, Any] | None = None
 
 
@@ -239,6 +243,7 @@ EXPECTED: dict[str, str] = {
     "backoff_max_seconds": f"a finite number of seconds from 0 to {MAX_BACKOFF_S:g}",
     "requires": f"one of {', '.join(CONDITIONS)}",
     "gpu_hours_budget": f"a positive finite number of GPU-hours, at most {MAX_GPU_HOURS:g}",
+    "on_data_change": "one of warn, stop",
     "reasons": "a table of [reasons.NAME] tables",
 }
 
@@ -250,6 +255,7 @@ class _Layer:
     overrides: Mapping[R, Mapping[str, Any]]
     gpu_hours_budget: float | None
     sets_gpu_hours_budget: bool
+    on_data_change: str | None = None
 
 
 def _validate(doc: Any, source: str) -> _Layer:
@@ -267,7 +273,7 @@ def _validate(doc: Any, source: str) -> _Layer:
             raise InputError(f"{source}: [reasons.{name}]: expected a table, got {_shown(body)}")
         rule = _checked(_RuleOverride, body, source, f"[reasons.{name}] ")
         overrides[reason] = rule.model_dump(exclude_unset=True)
-    return _Layer(overrides, top.gpu_hours_budget, "gpu_hours_budget" in doc)
+    return _Layer(overrides, top.gpu_hours_budget, "gpu_hours_budget" in doc, top.on_data_change)
 
 
 def _checked(model: type[BaseModel], doc: Mapping[str, Any], source: str, where: str) -> Any:
@@ -309,13 +315,15 @@ def policy_from_layers(layers: Sequence[tuple[Mapping[str, Any], str]]) -> Retry
     """The defaults, then each (document, source) in turn: later tables override fields of earlier ones."""
     rules = dict(DEFAULT_RULES)
     gpu_hours_budget: float | None = None
+    on_data_change = "warn"
     for doc, source in layers:
         layer = _validate(doc, source)
         for reason, fields in layer.overrides.items():
             rules[reason] = replace(rules[reason], **fields)
         if layer.sets_gpu_hours_budget:
             gpu_hours_budget = layer.gpu_hours_budget
-    return RetryPolicy(rules=rules, gpu_hours_budget=gpu_hours_budget)
+        on_data_change = layer.on_data_change or on_data_change
+    return RetryPolicy(rules=rules, gpu_hours_budget=gpu_hours_budget, on_data_change=on_data_change)
 
 
 def policy_from_mapping(doc: Mapping[str, Any], source: str) -> RetryPolicy:

@@ -162,7 +162,7 @@ def test_an_oom_retried_by_hand_with_a_smaller_batch(stories):
     assert "train.batch_size = 32" in first and "Ended: oom (rule `sdk:note`)" in first
 
 
-def test_bad_data_names_the_files_and_says_to_submit_again(stories):
+def test_bad_data_names_the_files_and_says_to_fix_them_and_resume(stories):
     text = _read(stories.explain("baddata"))
     _placement(stories, "baddata", text)
     assert "2 files, 55 bytes" in text
@@ -171,9 +171,9 @@ def test_bad_data_names_the_files_and_says_to_submit_again(stories):
     assert "bad_data → stop (retry policy: `bad_data: stop`)" in text
     assert "no config declared" in text and "code: not a git repository" in text
     assert "no evaluation configured for this run" in text
-    # A resume would keep this run's data manifest: the advice is to submit again, given once.
-    _once(text, "fix or exclude the input the evidence names, then submit the run again")
-    assert "trackway resume baddata" not in text
+    # A resume hashes the data again at its launch (issue 30): fixing the files and resuming is honest now.
+    _once(text, "fix or exclude the input the evidence names, then `trackway resume baddata`: the data is hashed "
+                "again when the attempt launches")
 
 
 def test_a_nan_shows_the_learning_rate_and_resumes_from_the_checkpoint_before_it(stories):

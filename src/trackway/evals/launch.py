@@ -1,9 +1,16 @@
 """Requesting evaluations: pin a committed checkpoint, compute the versions, queue one run of kind eval per seed.
 
 An evaluation is identified by what decides its result: the checkpoint (run, step and manifest
-hash), the evaluator's version, the task set's version, the command and the decoding parameters.
-Asking again for the same identity and the same seeds is a repeat: nothing runs, and the existing
-evaluation is returned. More seeds for the same identity extend the existing evaluation.
+hash), the evaluator's version, the task set's version, the command, the decoding parameters and
+the output mapping (`[output]`). Asking again for the same identity and the same seeds is a
+repeat: nothing runs, and the existing evaluation is returned. More seeds for the same identity
+extend the existing evaluation.
+
+The versions are computed again when each seed attempt launches (supervisor/launch.py): a seed
+whose evaluator or task set changed since its evaluation was requested is never run under it.
+A retry the policy decided continues as the evaluation of the new versions (found or made:
+`continue_as_new_evaluation`); a person's `trackway resume` of the seed is refused, pointing at
+`trackway eval RUN@STEP --spec FILE`. What ran under the old versions stays filed under them.
 
 Each seed is its own run (kind `eval`) with its own attempts, retried by the supervisor's policy
 (`evaluator_crash`: budget 2) and never touching the training run.
@@ -122,7 +129,106 @@ def eval_key(checkpoint: PinnedCheckpoint, spec: EvalSpec, evaluator_version: st
         "decoding": spec.decoding,
         "gpus": spec.gpus,
     }
+    if spec.output_fields:
+        # How the output lines are read decides the result as much as the evaluator does. Only when
+        # given, so that evaluations of specs without a mapping keep the identities they had.
+        identity["output"] = spec.output_fields
     return sha256_hex(canonical_json(identity))
+
+
+@dataclass(frozen=True)
+class VersionChange:
+    """A seed's evaluation was requested with (evaluator, task set) `before`; the files say `after` now."""
+
+    eval_id: str
+    before: tuple[str, str]
+    after: tuple[str, str]
+
+    def text(self) -> str:
+        parts = []
+        if self.before[0] != self.after[0]:
+            parts.append(f"evaluator {_short(self.before[0])} → {_short(self.after[0])}")
+        if self.before[1] != self.after[1]:
+            parts.append(f"task set {_short(self.before[1])} → {_short(self.after[1])}")
+        return ", ".join(parts)
+
+
+def _short(version: str) -> str:
+    kind, _, digest = version.rpartition(":")
+    return f"{kind}:{digest[:12]}" if kind else version[:12]
+
+
+def seed_version_change(conn: Connection, eval_run_id: str) -> VersionChange | None:
+    """Whether the evaluator or task set of the seed run's evaluation changed since it was requested, read now.
+
+    None for a run that is no evaluation's seed, for unchanged versions, and when the files cannot
+    be read (the launch then fails on its own, saying so).
+    """
+    row = conn.execute(
+        select(evaluations.c.eval_id, evaluations.c.spec_sha256, evaluations.c.evaluator_version,
+               evaluations.c.task_set_sha256)
+        .join(evaluation_seeds, evaluation_seeds.c.eval_id == evaluations.c.eval_id)
+        .where(evaluation_seeds.c.eval_run_id == eval_run_id)
+    ).first()
+    if row is None:
+        return None
+    spec = spec_from_record(json.loads(get_blob(conn, row.spec_sha256)))
+    try:
+        after = (spec.evaluator_version(), spec.task_set_version())
+    except InputError:
+        return None
+    before = (row.evaluator_version, row.task_set_sha256)
+    return VersionChange(row.eval_id, before, after) if after != before else None
+
+
+def continue_as_new_evaluation(conn: Connection, settings: Settings, eval_run_id: str, change: VersionChange) -> str:
+    """Move a seed whose evaluator changed to the evaluation of the new versions (found or made); its id.
+
+    The new evaluation gets a seed run of its own (queued for the supervisor); the old seed run
+    ends failed, its last attempt saying where the seed went, and the old evaluation finishes with
+    what its own versions produced.
+    """
+    from trackway.evals.progress import advance
+    from trackway.ledger.ingest import add_supervisor_event
+
+    now = datetime.now(timezone.utc)
+    seed_row = conn.execute(select(evaluation_seeds).where(evaluation_seeds.c.eval_run_id == eval_run_id)).mappings().one()
+    old = conn.execute(select(evaluations).where(evaluations.c.eval_id == seed_row["eval_id"])).mappings().one()
+    run = resolve_run(conn, old["run_id"])
+    spec = spec_from_record(json.loads(get_blob(conn, old["spec_sha256"])))
+    pinned = PinnedCheckpoint(old["run_id"], int(old["checkpoint_step"]), old["checkpoint_name"],
+                              old["checkpoint_path"], old["checkpoint_manifest_sha256"])
+    key = eval_key(pinned, spec, *change.after)
+    seed = int(seed_row["seed"])
+    target = conn.execute(select(evaluations).where(evaluations.c.eval_key == key)).mappings().first()
+    if target is None:
+        values = {k: old[k] for k in ("run_id", "checkpoint_step", "checkpoint_name", "checkpoint_path",
+                                      "checkpoint_manifest_sha256", "spec_name", "spec_sha256", "decoding",
+                                      "primary_metric", "trigger")}
+        values.update(eval_id=new_eval_id(), evaluator_version=change.after[0], task_set_sha256=change.after[1],
+                      eval_key=key, state=IN_FLIGHT, escalation=None, created_at=now)
+        conn.execute(insert(evaluations).values(**values))
+        target = values
+    have = set(conn.execute(select(evaluation_seeds.c.seed).where(
+        evaluation_seeds.c.eval_id == target["eval_id"])).scalars())
+    if seed not in have:
+        queue_seeds(conn, settings, target, run, [seed], now)
+        conn.execute(update(evaluations).where(evaluations.c.eval_id == target["eval_id"])
+                     .values(state=IN_FLIGHT, ended_at=None))
+    last = latest_attempt(conn, eval_run_id)
+    message = (f"the {change.text()} since evaluation {old['eval_id']} was requested: this seed is not run again "
+               f"under it; it continues as evaluation {target['eval_id']}")
+    if last is not None:
+        add_supervisor_event(conn, last["attempt_id"], "evaluator_changed", {
+            "message": message, "from": old["eval_id"], "to": target["eval_id"],
+            "before": list(change.before), "after": list(change.after)})
+    conn.execute(update(runs).where(runs.c.run_id == eval_run_id)
+                 .values(state=RunState.FAILED.value, not_before=None, ended_at=now))
+    conn.execute(update(evaluation_seeds).where(evaluation_seeds.c.eval_run_id == eval_run_id)
+                 .values(state=SEED_FAILED, ended_at=now,
+                         termination_reason=seed_row["termination_reason"] or (last or {}).get("termination_reason")))
+    advance(conn, settings, old["eval_id"], now)
+    return str(target["eval_id"])
 
 
 def seeds_for(spec: EvalSpec, count: int | None) -> list[int]:

@@ -68,7 +68,7 @@ def after_eval_attempt(
     else:
         conn.execute(update(evaluation_seeds).where(key).values(
             state=SEED_FAILED, termination_reason=reason.value, ended_at=now))
-    _advance(conn, settings, seed_row["eval_id"], now)
+    advance(conn, settings, seed_row["eval_id"], now)
 
 
 def _store_seed_results(conn: Connection, seed_row: RowMapping, output: EvaluatorOutput) -> None:
@@ -102,7 +102,8 @@ def _aggregate(conn: Connection, eval_id: str) -> None:
         conn.execute(insert(eval_metrics), rows)
 
 
-def _advance(conn: Connection, settings: Settings, eval_id: str, now: datetime) -> None:
+def advance(conn: Connection, settings: Settings, eval_id: str, now: datetime) -> None:
+    """Once every queued seed of an evaluation ended: escalate, or finish it completed or failed."""
     evaluation = conn.execute(select(evaluations).where(evaluations.c.eval_id == eval_id)).mappings().one()
     seeds = list(conn.execute(select(evaluation_seeds).where(evaluation_seeds.c.eval_id == eval_id)).mappings())
     if any(s["state"] not in (SEED_COMPLETED, SEED_FAILED) for s in seeds):

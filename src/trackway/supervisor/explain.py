@@ -145,6 +145,9 @@ def explain(conn: Connection, ref: str, now: datetime | None = None) -> dict[str
     # Advice is about the run's latest attempt, whichever attempt is explained.
     latest_config = _config_of(conn, history[-1]) if history else None
     facts["next_steps"] = _next(run, history, run_checkpoints, latest_config)
+    evaluated = facts["evaluations"].get("of")
+    if run["kind"] == "eval" and evaluated and facts["next_steps"]["person"]:
+        facts["next_steps"]["person"] = _evaluation_advice(conn, evaluated)
     facts["next"] = "; ".join(part for part in facts["next_steps"].values() if part)
     return facts
 
@@ -498,6 +501,26 @@ def _advice(ref: str, reason: R | None, decision: dict[str, Any] | None, start: 
     if decision:
         return f"{decision['message']}; to go on anyway: {resume}, {start}"
     return f"{resume} starts a new attempt, {start}"
+
+
+def _evaluation_advice(conn: Connection, evaluation: dict[str, Any]) -> str:
+    """What a person does after an evaluation seed failed: fix the evaluator and ask again, which evaluates the
+    fixed version as an evaluation of its own (resuming the seed would file its result under the old version)."""
+    from trackway.evals.records import evaluations_of_run
+
+    training = resolve_run(conn, evaluation["run_id"])
+    checkpoint = f"{training['name'] or training['run_id']}@{evaluation['checkpoint_step']}"
+    spec_path = json.loads(get_blob(conn, evaluation["spec_sha256"])).get("path") or "SPEC"
+    advice = (f"fix the evaluator (the evidence shows where it failed), then ask for the evaluation again: "
+              f"`trackway eval {checkpoint} --spec {spec_path}`; the fixed evaluator is a new version, evaluated as "
+              "an evaluation of its own")
+    done = [e for e in evaluations_of_run(conn, evaluation["run_id"], evaluation["spec_name"])
+            if e["checkpoint_step"] == evaluation["checkpoint_step"] and e["state"] == "completed"
+            and e["evaluator_version"] != evaluation["evaluator_version"]]
+    if done:
+        advice += (f"; {checkpoint} already has a completed evaluation by another version of the evaluator: "
+                   + ", ".join(f"{e['eval_id']} ({d.short_hash(e['evaluator_version'].rpartition(':')[2])})" for e in done))
+    return advice
 
 
 def _keys_like(config: Any, names: tuple[str, ...]) -> list[tuple[str, Any]]:

@@ -443,6 +443,12 @@ def start_attempt(
     config_path = effective_config_path(settings, run_id)
     config = load_config(config_path, overrides) if overrides else None
     evaluation = found["kind"] == RunKind.EVAL.value
+    moved = None
+    if evaluation:
+        from trackway.evals.launch import seed_version_change
+
+        with ledger.read() as conn:
+            moved = seed_version_change(conn, run_id)  # hashes the evaluator's files: before the write lock
     with ledger.read() as conn:
         # An evaluation's code is its evaluator's, versioned by the evaluation itself (evals/launch.py).
         code = code_for_attempt(conn, settings, found, "submit" if evaluation else code_from, executor.remote)
@@ -458,6 +464,8 @@ def start_attempt(
         if from_queue and previous is not None and data is not None and (data.changes or data.problem):
             if _data_change_stops(conn, settings, run, previous, data):
                 return None
+        if moved is not None:
+            return _evaluator_moved(conn, settings, run, moved, from_queue)
         if from_queue and started_by is None:
             started_by = _queued_by(conn, run)
         state_dir = settings.runs_dir / run_id / "attempts" / str(number)
@@ -606,9 +614,23 @@ def _queued_by(conn, run) -> str:
     """Who queued a run the supervisor now launches: the rule on its last attempt, or the evaluation trigger."""
     latest = latest_attempt(conn, run["run_id"])
     if latest is None:
-        return "supervisor: evaluation of a committed checkpoint" if run["kind"] == RunKind.EVAL.value else "supervisor"
+        return _evaluation_queued_by(conn, run) if run["kind"] == RunKind.EVAL.value else "supervisor"
     decision = json.loads(latest["retry_decision"]) if latest["retry_decision"] else {}
     return f"supervisor: {decision.get('rule') or 'retry'}"
+
+
+def _evaluation_queued_by(conn, run) -> str:
+    """Who asked for the evaluation a seed belongs to: a person's `trackway eval`, or the spec's trigger."""
+    from trackway.ledger.schema import evaluation_seeds, evaluations
+
+    trigger = conn.execute(
+        select(evaluations.c.trigger).join(evaluation_seeds, evaluation_seeds.c.eval_id == evaluations.c.eval_id)
+        .where(evaluation_seeds.c.eval_run_id == run["run_id"])).scalar()
+    if trigger == "on_demand":
+        return "supervisor: an evaluation a person asked for (`trackway eval`)"
+    if trigger is None:
+        return "supervisor: a run of kind eval"
+    return f"supervisor: evaluation of a committed checkpoint (trigger {trigger})"
 
 
 def _locked_run(conn, run_id: str):
@@ -707,6 +729,20 @@ def _data_change_stops(conn, settings: Settings, run, previous, data) -> bool:
     update_run(conn, run["run_id"], state=RunState.FAILED.value, not_before=None,
                ended_at=datetime.now(timezone.utc))
     return True
+
+
+def _evaluator_moved(conn, settings: Settings, run, moved, from_queue: bool) -> None:
+    """A seed whose evaluator changed is never run under its evaluation: a queued one continues as the
+    evaluation of the new versions; a person asking to resume it is told how to ask for that evaluation."""
+    from trackway.evals.launch import continue_as_new_evaluation
+
+    if not from_queue:
+        raise InputError(
+            f"run {run['name'] or run['run_id']!r}: is a seed of evaluation {moved.eval_id}, and its {moved.text()} since "
+            "that evaluation was requested; a new attempt would file the new evaluator's results under the old "
+            "version: ask for the evaluation again, `trackway eval RUN@STEP --spec FILE`")
+    continue_as_new_evaluation(conn, settings, run["run_id"], moved)
+    return None
 
 
 def _has_unfinished_attempt(conn, run_id: str) -> bool:

@@ -196,6 +196,9 @@ def test_a_resume_past_a_damaged_checkpoint_is_what_the_receipt_explain_and_list
 
     resumed = cli("resume", "fb")
     assert resumed.code == 0, resumed.err
+    # trackway offered the newest committed checkpoint; what the script's restore took instead is said too.
+    assert "resuming from step-00000020" in resumed.err
+    assert "restored step-00000010, not step-00000020: see `trackway explain" in " ".join(resumed.err.split())
     first, second = cli("attempts", "fb", "--json").json()
     assert second["termination_reason"] == "completed"
     assert second["resumed_from_checkpoint"] == "step-00000010"  # what was restored, not what was expected

@@ -310,3 +310,40 @@ def test_retention_never_touches_writing_or_corrupt_and_refuses_bad_policies(tmp
         apply_retention(store, RetentionPlan(keep={1: ["x"]}, supersede=[1]))
     apply_retention(store, RetentionPlan(keep={}, supersede=[4], delete=[4]))  # the newest is never removed
     assert store.get(4).state is CheckpointState.COMMITTED
+
+
+def test_a_checkpoint_with_no_file_in_it_is_never_committed(tmp_path: Path) -> None:
+    # Lightning under DDP once committed an empty directory: it became the resume target, and the resume
+    # found nothing to load (issue 30). An empty commit is refused, and the newer one never shadows the older.
+    store = CheckpointStore(tmp_path / "ckpts")
+    good = store.begin(5)
+    (good.path / "model.bin").write_bytes(b"weights")
+    good.commit()
+    empty = store.begin(10)
+    (empty.path / "nested").mkdir()
+    with pytest.raises(CheckpointError, match=r"^cannot commit step 10: no file was written into .*cannot be resumed from"):
+        empty.commit()
+    empty.abort()
+    assert store.latest_committed().step == 5
+    assert [c.step for c in store.list() if c.state is CheckpointState.COMMITTED] == [5]
+
+
+def test_an_empty_checkpoint_committed_before_the_refusal_is_set_aside_not_resumed_from(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path / "ckpts")
+    good = store.begin(5)
+    (good.path / "model.bin").write_bytes(b"weights")
+    good.commit()
+    # What an older trackway left: a marker over a manifest that lists no file.
+    empty = store.begin(10)
+    (empty.path / "keep").write_bytes(b"x")
+    info = empty.commit()
+    manifest = json.loads((info.path / MANIFEST).read_text())
+    (info.path / "keep").unlink()
+    manifest["files"] = {}
+    (info.path / MANIFEST).write_text(json.dumps(manifest))
+    marker = json.loads((info.path / MARKER).read_text())
+    marker["manifest_sha256"] = sha((info.path / MANIFEST).read_bytes())
+    (info.path / MARKER).write_text(json.dumps(marker))
+    target, skipped = store.pick_latest()
+    assert target.step == 5
+    assert [s.name for s in skipped] == ["step-00000010"] and "lists no file" in skipped[0].reason

@@ -188,3 +188,30 @@ def test_loss_nan_then_exit_0_is_not_completed(cli, home):
     assert attempt["termination_reason"] == "nan_loss"
     assert json.loads(attempt["retry_decision"])["action"] == "stop"
     _finish(cli, "nan-exit0")
+
+
+def test_a_declared_checkpoint_written_after_the_loss_went_nan_is_never_committed(cli):
+    # nanoGPT-style: `iter N: loss nan` is printed, then ckpt.pt is saved in place. Before issue 30 that save
+    # was committed and explain offered to resume from it (every weight NaN).
+    submitted = cli(
+        "submit", "--detach", "--name", "nanckpt", "--metric-pattern", PATTERN, "--checkpoint-path", "out/ckpt.pt",
+        "--", sys.executable, str(EXAMPLE), "--max-iters", "100000", "--delay", "0.05", "--nan-from", "30",
+        "--ckpt-every", "10",
+    )
+    assert submitted.code == 0, submitted.err
+    attempt = _supervise_until(cli, _ended(cli, "nanckpt"))[0]
+    assert attempt["termination_reason"] == "nan_loss"
+    marker = _stop_marker(attempt)
+    assert marker["kind"] == "nan_in_log" and marker["at"] <= marker["t"]
+    import torch
+
+    committed = [c for c in cli("checkpoints", "nanckpt", "--json").json() if c["state"] == "committed"]
+    for checkpoint in committed:
+        saved = torch.load(Path(checkpoint["path"]) / "payload" / "out" / "ckpt.pt", weights_only=True)
+        assert saved["iter_num"] < 30, checkpoint  # written before the NaN line, or not at all
+    # The file on disk was written after the NaN (iteration 30's save): it is what was refused.
+    assert torch.load(Path.cwd() / "out" / "ckpt.pt", weights_only=True)["iter_num"] >= 30
+    advice = cli("explain", "nanckpt", "--json").json()["next"]
+    if committed:
+        assert f"resumes from {committed[-1]['name']}" in advice
+    _finish(cli, "nanckpt")

@@ -212,3 +212,67 @@ def test_checkpoint_path_from_trackway_toml_is_stored_with_the_run(cli):
         ledger.dispose()
     _supervise_until(cli, lambda: all(a["state"] == "ended" for a in _attempts(cli, "tomlpath")))
     assert cli("gc", "--dry-run").code == 0  # `path` is not a retention setting
+
+
+STEP_FILES = Path(__file__).resolve().parent / "scripts" / "step_files.py"
+
+
+def test_a_glob_over_step_numbered_files_commits_each_file_once_and_resumes_from_the_newest(cli):
+    # Before issue 30: every commit copied every matching file (storage grew quadratically), `{resume_from}`
+    # named the oldest file while the receipt said the newest, and the labels came from the log, not the script.
+    submitted = cli(
+        "submit", "--name", "steps", "--metric-pattern", PATTERN, "--checkpoint-path", "ckpts/*.pt", "--",
+        sys.executable, str(STEP_FILES), "{resume_from}",
+    )
+    assert submitted.code == 0, submitted.err
+    first, second = _attempts(cli, "steps")
+    assert (first["termination_reason"], second["termination_reason"]) == ("preempted", "completed")
+    committed = [c for c in cli("checkpoints", "steps", "--json").json() if c["state"] == "committed"]
+    # The script's own steps, each checkpoint holding only its own file; the torn step_35 never committed.
+    assert [c["step"] for c in committed] == [10, 20, 30, 40, 50]
+    for checkpoint in committed:
+        payload = sorted(p.name for p in (Path(checkpoint["path"]) / "payload" / "ckpts").iterdir())
+        assert payload == [f"step_{checkpoint['step']}.pt"]
+    assert second["resumed_from_checkpoint"] == "step-00000030"
+    work = Path.cwd()
+    assert f"resuming from {work / 'ckpts' / 'step_30.pt'} at 31" in Path(second["log_path"]).read_text()
+    # The file attempt 1 started and never finished was moved aside before the retry, not restored or committed.
+    assert (work / "ckpts" / "step_35.pt.trackway-aside-2").exists() and not (work / "ckpts" / "step_35.pt").exists()
+    explained = " ".join(cli("explain", "steps/2").out.split())
+    assert "restored step-00000030 from the declared checkpoint path to" in explained
+    assert "moved aside, never committed" in explained and "step_35.pt.trackway-aside-2" in explained
+
+
+def test_a_retry_whose_script_starts_over_says_the_resume_was_not_taken_up(cli):
+    # nanoGPT resumes only with init_from=resume: trackway restores out/ckpt.pt, the script starts from
+    # scratch anyway. Before issue 30 the receipt said "resumed from step-N" and nothing more.
+    Path("trackway.toml").write_text("[resources.local]\ngrace_seconds = 2\n")
+    submitted = cli(
+        "submit", "--detach", "--name", "scratch", "--metric-pattern", PATTERN, "--checkpoint-path", "out/ckpt.pt",
+        "--", sys.executable, str(EXAMPLE), "--max-iters", "120", "--ckpt-every", "20", "--delay", "0.05",
+        "--init-from", "scratch",
+    )
+    assert submitted.code == 0, submitted.err
+
+    def first_commit():
+        committed = [c for c in cli("checkpoints", "scratch", "--json").json() if c["state"] == "committed"]
+        (attempt, *rest) = _attempts(cli, "scratch")
+        return attempt if committed and attempt["state"] == "running" and not rest else None
+
+    running = _supervise_until(cli, first_commit)
+    os.kill(int(running["executor_job_id"]), signal.SIGTERM)
+
+    def second_ended():
+        attempts = _attempts(cli, "scratch")
+        return attempts if len(attempts) == 2 and attempts[1]["state"] == "ended" else None
+
+    first, second = _supervise_until(cli, second_ended)
+    assert second["resumed_from_checkpoint"] and _iters(second["log_path"])[0] == 0
+    facts = cli("explain", "scratch/2", "--json").json()
+    said = facts["checkpoints"]["not_taken_up"]
+    assert said.startswith(f"resume not taken up: trackway gave this attempt {second['resumed_from_checkpoint']}, "
+                           "but the script's first logged step was 0")
+    assert "init_from=resume" in said
+    assert said in " ".join(cli("explain", "scratch/2").out.split())
+    # An attempt that did resume says nothing of the kind.
+    assert cli("explain", "scratch/1", "--json").json()["checkpoints"]["not_taken_up"] is None

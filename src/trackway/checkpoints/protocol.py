@@ -321,6 +321,10 @@ class PendingCheckpoint:
         missing = sorted(set(recorded) - set(found))
         if missing:
             raise CheckpointError(f"cannot commit step {self.step}: recorded but missing: {', '.join(missing)}")
+        if not files:
+            # A marker over nothing would be the resume target, and a resume from it restores nothing.
+            raise CheckpointError(f"cannot commit step {self.step}: no file was written into {self.path}; a checkpoint "
+                                  "with nothing in it cannot be resumed from")
         if given is not None:
             manifest_bytes = self._copied_manifest(given, files)
         else:
@@ -440,6 +444,9 @@ class CheckpointStore:
             problems, unreadable = self._check_files(info.path, info.step) if verify_files else (info.problems, ())
             if unreadable:
                 raise CheckpointError(f"cannot verify {info.path}: {'; '.join(unreadable)}")
+            if not problems and not (info.manifest or {}).get("files"):
+                # Committed before empty commits were refused: it verifies, and holds nothing to resume.
+                problems = ["the manifest lists no file: a checkpoint with nothing in it cannot be resumed from"]
             if not problems:
                 return info, skipped
             skipped.append(self._set_aside(info.path, inode, _one_line(problems)))

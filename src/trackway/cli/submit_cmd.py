@@ -224,8 +224,11 @@ def follow(app: AppContext, supervisor, run_id: str, attempt_id: str) -> int:
     started = time.monotonic()
     reported: set[str] = set()
     with app.ledger.read() as conn:
-        if get_attempt(conn, attempt_id)["state"] == "ended":
+        first = get_attempt(conn, attempt_id)
+        if first["state"] == "ended":
             reported.add(attempt_id)  # a launch refused: its end was said already
+    # What each attempt was given to resume from: the script's own restore may fall back to an older one.
+    offered = {attempt_id: first["resumed_from_checkpoint"]}
     try:
         with err_console.status("", spinner="dots") as status:
             while True:
@@ -249,9 +252,17 @@ def follow(app: AppContext, supervisor, run_id: str, attempt_id: str) -> int:
                     break
                 if attempt is not None and attempt["attempt_id"] != attempt_id:
                     attempt_id = attempt["attempt_id"]
+                    offered[attempt_id] = attempt["resumed_from_checkpoint"]
                     resumed_from = attempt["resumed_from_checkpoint"] or "the start"
                     say(err_console, f"{attempt_id} started, resuming from {resumed_from}")
                     _say_declared_paths(app, attempt_id)
+                if attempt is not None and offered.get(attempt["attempt_id"], attempt["resumed_from_checkpoint"]) \
+                        != attempt["resumed_from_checkpoint"]:
+                    # The script's restore set the offered checkpoint aside (it did not verify) and took an older one.
+                    said = attempt["resumed_from_checkpoint"] or "nothing (it started from the start)"
+                    say(err_console, f"{attempt['attempt_id']} restored {said}, not {offered[attempt['attempt_id']]}: "
+                                     f"see `trackway explain {attempt['attempt_id']}`")
+                    offered[attempt["attempt_id"]] = attempt["resumed_from_checkpoint"]
                 line = Text(f"{attempt_id} {attempt['state'] if attempt else run['state']} {duration(time.monotonic() - started)}  ")
                 if attempt is not None:
                     tail = read_log_tail(Path(attempt["log_path"]), max_bytes=4096, max_lines=1)

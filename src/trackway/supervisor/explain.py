@@ -133,7 +133,8 @@ def explain(conn: Connection, ref: str, now: datetime | None = None) -> dict[str
         | _chosen(attempt, run) | {"scheduler": _placed(conn, attempt["attempt_id"])},
         "compared_with": previous["attempt_id"] if previous is not None else None,
         "changes": _changes(conn, previous, attempt) if previous is not None else {},
-        "checkpoints": _checkpoint_facts(attempt, run_checkpoints) | {"read_from": _read_from(conn, attempt)},
+        "checkpoints": _checkpoint_facts(attempt, run_checkpoints) | {"read_from": _read_from(conn, attempt),
+                                                                      "not_taken_up": _not_taken_up(conn, attempt)},
         "watchers": _watched(conn, attempt["attempt_id"]),
         "memory": memory_facts(conn, run, attempt, evidence.get("lines", []) + evidence.get("executor", [])),
         "incidents": incidents(conn, attempt["attempt_id"]),
@@ -240,6 +241,13 @@ def _checkpoint_facts(attempt: RowMapping, run_checkpoints: list[dict[str, Any]]
     }
 
 
+def _not_taken_up(conn: Connection, attempt: RowMapping) -> str | None:
+    """Why the logs say the attempt did not resume from the checkpoint it was given, when they do."""
+    payload = conn.execute(select(attempt_events.c.payload).where(
+        attempt_events.c.attempt_id == attempt["attempt_id"], attempt_events.c.kind == "resume_not_taken_up")).scalar()
+    return json.loads(payload)["message"] if payload else None
+
+
 def _read_from(conn: Connection, attempt: RowMapping) -> str | None:
     """Where the resumed checkpoint was read (an object store's URL on a new host), as the SDK's restore said."""
     payload = conn.execute(
@@ -257,8 +265,8 @@ def _watched(conn: Connection, attempt_id: str) -> list[str]:
         .where(
             attempt_events.c.attempt_id == attempt_id,
             attempt_events.c.rank == SUPERVISOR_RANK,
-            # Shown with what they are about: the config, and where the job was placed.
-            attempt_events.c.kind.not_in((CONFLICTS_EVENT, PLACED_EVENT)),
+            # Shown with what they are about: the config, where the job was placed, its data and checkpoint.
+            attempt_events.c.kind.not_in((CONFLICTS_EVENT, PLACED_EVENT, "data_changed", "resume_not_taken_up")),
         )
         .order_by(attempt_events.c.seq)
     )

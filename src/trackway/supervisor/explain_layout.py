@@ -285,6 +285,7 @@ def _checkpoint_blocks(facts: dict[str, Any]) -> list[Block]:
         ("heading", "Checkpoints"),
         ("item", 0, "resumed from", ckpt["resumed_from"] or "the start (no checkpoint)"),
         *([("item", 1, "read from", ckpt["read_from"])] if ckpt.get("read_from") and ckpt["resumed_from"] else []),
+        *([("item", 1, None, ckpt["not_taken_up"])] if ckpt.get("not_taken_up") else []),
         ("item", 0, "committed during this attempt", committed or "none"),
         ("item", 0, "newest committed of the run", newest_text),
     ]

@@ -27,11 +27,12 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from sqlalchemy import RowMapping
+from sqlalchemy import RowMapping, func, select
 
 from trackway.errors import InputError
 from trackway.ledger import Ledger
 from trackway.ledger.ingest import _ingest_metric_lines, _lock_attempt, _offsets, _save_offset
+from trackway.ledger.schema import metric_points, metric_series
 from trackway.redaction import redact
 from trackway.spool import read_complete_lines_at
 
@@ -128,6 +129,10 @@ class NonFiniteLoss:
     key: str
     value: float
     line: str
+    # When the last step before it was printed (unix seconds; the NaN's own line if none): a line is
+    # stamped when the shim reads it, possibly after a save the script made right after printing it,
+    # so what was written after the last good step is what may hold the diverged state.
+    at: float | None = None
 
     def why(self) -> str:
         return f"{self.key} is {self.value} at step {self.step} in the log: {self.line[:300]}"
@@ -163,6 +168,7 @@ def ingest_log_metrics(ledger: Ledger, attempt: RowMapping, patterns: Sequence[s
             return report
         batches = []
         fallback_time = now if now is not None else datetime.now(timezone.utc).timestamp()
+        good_until = None  # the stamp of the last line this batch read before a non-finite loss
         for _, line in located:
             report.lines += 1
             stamp, text = split_log_line(line)
@@ -176,10 +182,23 @@ def ingest_log_metrics(ledger: Ledger, attempt: RowMapping, patterns: Sequence[s
                 if report.nan is None:
                     bad = next((k for k in keys if is_loss_name(k) and not math.isfinite(values[k])), None)
                     if bad is not None:
-                        report.nan = NonFiniteLoss(step, bad, values[bad], redact(text.strip()))
+                        before = good_until if good_until is not None else _last_logged_at(conn, attempt)
+                        report.nan = NonFiniteLoss(step, bad, values[bad], redact(text.strip()),
+                                                   before if before is not None else stamp or fallback_time)
+                    else:
+                        good_until = stamp or fallback_time
         report.points = _ingest_metric_lines(conn, attempt, batches)
         _save_offset(conn, attempt["attempt_id"], LOG_CURSOR, end)
     return report
+
+
+def _last_logged_at(conn, attempt: RowMapping) -> float | None:
+    """When this attempt's latest point already in the ledger was logged."""
+    return conn.execute(
+        select(func.max(metric_points.c.logged_at))
+        .join(metric_series, metric_series.c.series_id == metric_points.c.series_id)
+        .where(metric_series.c.run_id == attempt["run_id"], metric_points.c.attempt_number == attempt["attempt_number"])
+    ).scalar()
 
 
 def _read_lines(path: Path, offset: int) -> tuple[list[tuple[int, bytes]], int]:

@@ -118,6 +118,7 @@ class Supervisor:
         self.outside_checkpoints = OutsideCheckpoints()
         self._executor_for = executor_for or (lambda name: get_executor(name, settings.home))
         self.notifier = Notifier(ledger, settings)  # [notify]: what needs a person, told once
+        self._resume_checked: set[str] = set()  # attempts whose first logged step was compared with their resume
 
     def executor(self, name: str) -> Executor:
         if name not in self._executors:
@@ -170,6 +171,7 @@ class Supervisor:
             run = self._run_outside_sdk(attempt["run_id"])
             logged = self._ingest_log(attempt, run)
             self._watch(attempt, new_points=report.points > 0 or logged.points > 0, nan=logged.nan)
+            self._note_resume_not_taken_up(attempt)
             self._look_at_checkpoint_paths(run, attempt)
         self.launch_due_retries(deadline)
         self.start_evaluations(deadline)
@@ -251,9 +253,11 @@ class Supervisor:
         logged = self._ingest_log(attempt, run)
         if logged.nan is not None:
             # It ended before a tick saw the NaN (exit 0 included): the end is the NaN's, not `completed`.
-            self._mark_stop(attempt, "nan_in_log", logged.nan.why())
+            self._mark_stop(attempt, "nan_in_log", logged.nan.why(), at=logged.nan.at)
+        self._note_resume_not_taken_up(attempt)
         self._look_at_checkpoint_paths(run, attempt, final=True, exit_code=status.exit_code)
         self.outside_checkpoints.forget(attempt["attempt_id"])
+        self._resume_checked.discard(attempt["attempt_id"])
         with self.ledger.read() as conn:
             attempt = get_attempt(conn, attempt["attempt_id"])
         return self._record_end(attempt, status, report.note)
@@ -451,17 +455,42 @@ class Supervisor:
         if info is not None:
             self.findings.append((attempt["attempt_id"], f"committed {info.name} from the declared checkpoint path"))
 
+    def _note_resume_not_taken_up(self, attempt: RowMapping) -> None:
+        """An attempt given a checkpoint whose script then logged a step before it started from scratch: said once.
+
+        trackway can restore a checkpoint; whether the script reads it is the script's (nanoGPT resumes
+        only with init_from=resume). The receipt's `resumed_from_checkpoint` is what was offered; this
+        says when the logs show it was not taken up.
+        """
+        offered = attempt["resumed_from_checkpoint"]
+        if not offered or attempt["attempt_id"] in self._resume_checked:
+            return
+        match = re.fullmatch(r"step-(\d+)", offered)
+        with self.ledger.read() as conn:
+            first = conn.execute(select(attempts.c.first_step).where(
+                attempts.c.attempt_id == attempt["attempt_id"])).scalar()
+        if first is None or match is None:
+            return
+        self._resume_checked.add(attempt["attempt_id"])
+        step = int(match[1])
+        if first >= step:
+            return
+        self._note_once(attempt, "resume_not_taken_up", (
+            f"resume not taken up: trackway gave this attempt {offered}, but the script's first logged step was "
+            f"{first}, before the checkpoint's step {step}: it started over rather than from the checkpoint "
+            "(does it need a resume flag, such as nanoGPT's init_from=resume, or `{resume_from}` in its command?)"))
+
     def _note_once(self, attempt: RowMapping, kind: str, message: str) -> None:
         with self.ledger.write() as conn:
             if add_supervisor_event(conn, attempt["attempt_id"], kind, {"message": message}):
                 self.findings.append((attempt["attempt_id"], message))
 
-    def _mark_stop(self, attempt: RowMapping, kind: str, why: str) -> bool:
-        """Write the stop marker (unless one is there); True if this call wrote it."""
+    def _mark_stop(self, attempt: RowMapping, kind: str, why: str, at: float | None = None) -> bool:
+        """Write the stop marker (unless one is there); True if this call wrote it. `at`: when what it saw happened."""
         marker = Path(attempt["state_dir"]) / STOP_MARKER
         if marker.exists():
             return False
-        write_json_atomic(marker, {"t": time.time(), "kind": kind, "why": why})
+        write_json_atomic(marker, {"t": time.time(), "kind": kind, "why": why, "at": at})
         with self.ledger.write() as conn:
             add_supervisor_event(conn, attempt["attempt_id"], kind, {"message": why})
         return True
@@ -473,8 +502,15 @@ class Supervisor:
         a cancel)."""
         heartbeat = read_json(spool_dir_of(attempt) / HEARTBEAT_FILE)
         findings = self._trend_findings(attempt, heartbeat, new_points)
+        marker = Path(attempt["state_dir"]) / STOP_MARKER
+        nan_marked = False
         if nan is not None:
             findings.insert(0, ("nan_in_log", nan.why()))
+            if not marker.exists():
+                # With the line's time, before the checkpoint look: a declared checkpoint written after the
+                # loss went non-finite is never committed (supervisor/outside_checkpoints.py).
+                write_json_atomic(marker, {"t": time.time(), "kind": "nan_in_log", "why": nan.why(), "at": nan.at})
+                nan_marked = True
         if attempt["started_at"] is not None:
             why = stall_evidence(heartbeat, attempt["started_at"].timestamp(), time.time(), self.settings.stall_seconds)
             if why is not None:
@@ -487,9 +523,9 @@ class Supervisor:
                         self.findings.append((attempt["attempt_id"], message))
                     if stop is None and (kind in ALWAYS_STOP or kind in self.settings.stop_on):
                         stop = (kind, message)
-        marker = Path(attempt["state_dir"]) / STOP_MARKER
-        if stop is not None and not marker.exists():
-            write_json_atomic(marker, {"t": time.time(), "kind": stop[0], "why": stop[1]})
+        if stop is not None and (not marker.exists() or (nan_marked and stop[0] == "nan_in_log")):
+            if not marker.exists():
+                write_json_atomic(marker, {"t": time.time(), "kind": stop[0], "why": stop[1]})
             self.findings.append((attempt["attempt_id"], f"ending it ({stop[0]}): {stop[1]}"))
             self.executor(attempt["executor"]).cancel(handle_of(attempt))
 

@@ -7,6 +7,9 @@ run's checkpoint store and committed with the checkpoint protocol (checkpoints/p
 `step-N/payload/<relative path>`, then mirrored into the ledger. A copy, because such scripts
 overwrite their checkpoint file in place.
 
+Nothing written after the log showed a non-finite loss is committed (the time of that line is in
+the supervisor's stop marker): a resume from it would only diverge again.
+
 Complete means: size and mtime unchanged over two looks (kept in the attempt's state directory,
 so any supervisor process may take the second), and the script has moved on: it printed a line
 (not the shim's `trackway:` notes) after the file was last written, or the file has been untouched
@@ -14,23 +17,28 @@ for `SETTLE_S`. When the attempt has ended, one last look commits what it left o
 or a log pattern matched a line printed after the file was written (a new step after the save); a
 file left by a process killed mid-write is never trusted.
 
-The step is the last step the log patterns showed before the file was written (the points'
-`logged_at` is the log line's timestamp); without one (or when it is not above the newest
-committed step, e.g. a script that restarted from scratch), the newest committed step plus one.
-The manifest's `extra` says where the files came from (`source: checkpoint_path`, each path's
-size and mtime), so an unchanged file is never committed twice.
+A commit holds only the declared files that are new or changed since the previous commit (a glob
+over step-numbered files, `ckpts/*.pt`, would otherwise copy every file into every commit). Its
+step is the script's own when the new files' names carry one number (`ckpt_500.pt`), else the last
+step the log patterns showed before the file was written (the points' `logged_at` is the log
+line's timestamp); without one (or when it is not above the newest committed step, e.g. a script
+that restarted from scratch), the newest committed step plus one. The manifest's `extra` says
+where the files came from (`source: checkpoint_path`), the files it holds (`paths`: size and mtime
+each) and every declared file there was (`seen`), so an unchanged file is never committed twice.
 
 Before a retry starts (supervisor/launch.py), the newest committed checkpoint's files are copied
-back to the declared paths (mtime kept, so they are recognised as already committed), and
-`TRACKWAY_RESUME_FROM` names the checkpoint. With nothing committed, files already at the declared
-paths (left by a killed attempt, never verified) are moved aside as `NAME.trackway-aside-N`, so
-that the attempt really starts from the start, as its receipt says.
+back to the declared paths (mtime kept, so they are recognised as already committed), `{resume_from}`
+names its newest file, and `TRACKWAY_RESUME_FROM` names the checkpoint. Declared files that
+checkpoint never saw (written after it by an attempt that did not commit them) and, with nothing
+committed, every file at the declared paths (never verified) are moved aside as
+`NAME.trackway-aside-N`, so that the attempt really starts where its receipt says.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import time
 from collections.abc import Sequence
@@ -117,8 +125,33 @@ def newest_mtime(sig: Signature) -> float:
 
 
 def committed_signature(info: CheckpointInfo | None) -> Signature | None:
+    """The declared files a checkpoint committed from outside holds (None for one the SDK wrote)."""
     extra = ((info.manifest or {}).get("extra") or {}) if info is not None else {}
     return extra.get("paths") if extra.get("source") == SOURCE else None
+
+
+def seen_signature(info: CheckpointInfo | None) -> Signature | None:
+    """Every declared file there was when that checkpoint was committed (it holds only the new ones among them)."""
+    extra = ((info.manifest or {}).get("extra") or {}) if info is not None else {}
+    if extra.get("source") != SOURCE:
+        return None
+    return extra.get("seen") or extra.get("paths")
+
+
+_NUMBER = re.compile(r"\d+")
+
+
+def step_in_names(sig: Signature) -> int | None:
+    """The script's own step when its checkpoint files are numbered by it (`ckpt_500.pt`, `checkpoint-500/`).
+
+    Only a name holding exactly one number counts; with several files, their largest such number.
+    """
+    found = []
+    for rel in sig:
+        numbers = _NUMBER.findall(PurePosixPath(rel).name)
+        if len(numbers) == 1:
+            found.append(int(numbers[0]))
+    return max(found) if found else None
 
 
 LOOK_FILE = "checkpoint-path-look.json"  # in the attempt's state dir: the last look, for whichever process looks next
@@ -156,21 +189,33 @@ class OutsideCheckpoints:
             if previous != sig:
                 write_json_atomic(look_file, {"t": now, "paths": sig})
                 return None  # changed since the last look (or the first look): look again
-        written = newest_mtime(sig)
+        store = CheckpointStore(runs_dir / run["run_id"] / "checkpoints")
+        latest = store.latest_committed(verify_files=False) if store.root.is_dir() else None
+        before = seen_signature(latest) or {}
+        # Only what is new or changed since the last commit: a glob over step-numbered files would
+        # otherwise copy every file into every commit.
+        new = {rel: value for rel, value in sig.items() if before.get(rel) != value}
+        if not new:
+            self._done[attempt_id] = sig
+            return None
+        diverged = _diverged_at(Path(attempt["state_dir"]))
+        if diverged is not None:
+            # Written after the loss went non-finite: a resume from it would only diverge again.
+            new = {rel: value for rel, value in new.items() if value[1] / 1e9 < diverged}
         if final:
             # The writer is gone: trust what it left only if it exited 0 or printed a new step after writing
             # it (a process killed mid-save leaves a torn file; the shim's own notes prove nothing).
-            if not (exit_code == 0 or _step_logged_after(ledger, attempt, written)):
-                return None
-        elif not (now - written >= self.settle_s or _script_wrote_after(Path(attempt["log_path"]), written)):
+            new = {rel: value for rel, value in new.items()
+                   if exit_code == 0 or _step_logged_after(ledger, attempt, value[1] / 1e9)}
+        if not new:
             return None
-        store = CheckpointStore(runs_dir / run["run_id"] / "checkpoints")
-        latest = store.latest_committed(verify_files=False) if store.root.is_dir() else None
-        if committed_signature(latest) == sig:
-            self._done[attempt_id] = sig
+        written = newest_mtime(new)
+        if not final and not (now - written >= self.settle_s or _moved_on(ledger, run, attempt, written)):
             return None
-        step = _step_for(ledger, attempt, written, latest.step if latest is not None else None)
-        info = _commit(store, workdir, sig, step, run["run_id"], attempt_id, latest)
+        step = _step_for(ledger, attempt, newest_mtime(new), latest.step if latest is not None else None, new)
+        # What a retry restoring this checkpoint keeps in place: what it or an earlier one holds, nothing torn.
+        seen = {rel: value for rel, value in sig.items() if rel in new or before.get(rel) == value}
+        info = _commit(store, workdir, new, step, run["run_id"], attempt_id, latest, seen)
         if info is None:
             return None  # changed while being copied: the next look tries again
         self._done[attempt_id] = sig
@@ -179,6 +224,29 @@ class OutsideCheckpoints:
 
     def forget(self, attempt_id: str) -> None:
         self._done.pop(attempt_id, None)
+
+
+def _diverged_at(state_dir: Path) -> float | None:
+    """When the attempt's log first showed a non-finite loss (the supervisor's stop marker says), if it did."""
+    from trackway.supervisor.watchers import STOP_MARKER
+
+    marker = read_json(state_dir / STOP_MARKER) or {}
+    if marker.get("kind") != "nan_in_log":
+        return None
+    at = marker.get("at") if marker.get("at") is not None else marker.get("t")
+    return float(at) if isinstance(at, int | float) else None
+
+
+def _moved_on(ledger: Ledger, run: RowMapping, attempt: RowMapping, written: float) -> bool:
+    """Whether the script has moved on since it wrote its checkpoint at `written`.
+
+    With log patterns, only what was already ingested counts (a step logged after the write): the
+    log read afresh here could show a line after the save while the non-finite loss printed just
+    before it is not ingested yet, and that checkpoint would be committed. Without, any new line.
+    """
+    if run.get("log_patterns"):
+        return _step_logged_after(ledger, attempt, written)
+    return _script_wrote_after(Path(attempt["log_path"]), written)
 
 
 def _script_wrote_after(log_path: Path, written: float) -> bool:
@@ -214,8 +282,13 @@ def _step_logged_after(ledger: Ledger, attempt: RowMapping, written: float) -> b
     return latest is not None and latest > written
 
 
-def _step_for(ledger: Ledger, attempt: RowMapping, written: float, latest_step: int | None) -> int:
-    """The last step this attempt's log showed at or before `written`, if above the newest committed step."""
+def _step_for(ledger: Ledger, attempt: RowMapping, written: float, latest_step: int | None,
+              new: Signature | None = None) -> int:
+    """The checkpoint's step: the script's own when its file names carry one, else the last step this
+    attempt's log showed at or before `written`; either only if above the newest committed step."""
+    named = step_in_names(new or {})
+    if named is not None and (latest_step is None or named > latest_step):
+        return named
     with ledger.read() as conn:
         seen = conn.execute(
             select(func.max(metric_points.c.step))
@@ -233,8 +306,9 @@ def _step_for(ledger: Ledger, attempt: RowMapping, written: float, latest_step: 
 
 def _commit(
     store: CheckpointStore, workdir: Path, sig: Signature, step: int, run_id: str, attempt_id: str,
-    parent: CheckpointInfo | None,
+    parent: CheckpointInfo | None, seen: Signature | None = None,
 ) -> CheckpointInfo | None:
+    """Copy `sig`'s files into a new checkpoint and commit it; `seen`: every declared file there is now."""
     pending = store.begin(step, run_id=run_id, attempt_id=attempt_id, parent=parent.name if parent else None)
     try:
         for rel in sig:
@@ -247,7 +321,7 @@ def _commit(
         if signature(workdir, list(sig)) != sig:
             pending.abort()
             return None
-        return pending.commit(extra={"source": SOURCE, "paths": sig})
+        return pending.commit(extra={"source": SOURCE, "paths": sig, "seen": seen or sig})
     except FileNotFoundError:
         pending.abort()
         return None
@@ -273,15 +347,17 @@ def _mirror(ledger: Ledger, run_id: str, attempt_id: str, info: CheckpointInfo) 
 
 @dataclass
 class Restored:
-    """What a launch did to the declared paths: restored from a checkpoint, or moved aside (nothing committed)."""
+    """What a launch did to the declared paths: restored from a checkpoint, or moved aside (nothing committed,
+    or written after the restored checkpoint and never committed)."""
 
     checkpoint: str | None = None
-    restored: list[str] = field(default_factory=list)  # absolute paths written
+    restored: list[str] = field(default_factory=list)  # absolute paths written, the newest first
     moved_aside: list[str] = field(default_factory=list)
 
     def message(self) -> str:
         if self.restored:
-            return f"restored {self.checkpoint} from the declared checkpoint path to {', '.join(self.restored)}"
+            aside = f"; moved aside, never committed: {', '.join(self.moved_aside)}" if self.moved_aside else ""
+            return f"restored {self.checkpoint} from the declared checkpoint path to {', '.join(self.restored)}{aside}"
         return ("nothing committed from the declared checkpoint path, so this attempt starts from the start; moved aside: "
                 + ", ".join(self.moved_aside))
 
@@ -305,7 +381,10 @@ def restore_declared(store_root: Path, workdir: Path, globs: Sequence[str], chec
         sig = committed_signature(info)
         if sig is None:
             return Restored()
-        for rel in sig:
+        seen = seen_signature(info) or sig
+        # What the checkpoint holds is put back, its newest file first (what `{resume_from}` names);
+        # a declared file it never saw was written after it by an attempt that did not commit it.
+        for rel in sorted(sig, key=lambda r: sig[r][1], reverse=True):
             source, target = info.path / PAYLOAD / rel, workdir / rel
             target.parent.mkdir(parents=True, exist_ok=True)
             temporary = target.with_name(f".{target.name}{RESTORING}")
@@ -324,15 +403,22 @@ def restore_declared(store_root: Path, workdir: Path, globs: Sequence[str], chec
                     shutil.rmtree(target)
                 os.replace(temporary, target)
             done.restored.append(str(target))
+        for rel in matches(workdir, globs):
+            if rel not in seen:
+                done.moved_aside.append(_move_aside(workdir / rel, number))
         return done
     for rel in matches(workdir, globs):
-        source = workdir / rel
-        aside = source.with_name(f"{source.name}{ASIDE}{number}")
-        if aside.exists():
-            aside = source.with_name(f"{source.name}{ASIDE}{number}-{int(time.time())}")
-        source.rename(aside)
-        done.moved_aside.append(str(aside))
+        done.moved_aside.append(_move_aside(workdir / rel, number))
     return done
+
+
+def _move_aside(source: Path, number: int) -> str:
+    """Rename a declared file no checkpoint holds to `NAME.trackway-aside-N`: kept, never restored or committed."""
+    aside = source.with_name(f"{source.name}{ASIDE}{number}")
+    if aside.exists():
+        aside = source.with_name(f"{source.name}{ASIDE}{number}-{int(time.time())}")
+    source.rename(aside)
+    return str(aside)
 
 
 def resume_from_word(word: str, restored: Restored | None, checkpoint_dir: Path | None) -> str | None:

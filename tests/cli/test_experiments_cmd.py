@@ -126,8 +126,14 @@ def test_a_test_run_that_diverges_or_never_checkpoints_stops_before_the_full_run
     if mode == "nan":
         assert "nan_loss" in report
     # The test run explains itself as part of the experiment, and why the experiment stopped.
-    explained = sq("explain", shown["test_run"]["run_id"]).out
-    assert f"the test run of {experiment} ({mode}): stopped (the test run failed" in " ".join(explained.split())
+    explained = " ".join(sq("explain", shown["test_run"]["run_id"]).out.split())
+    assert f"the test run of {experiment} ({mode}): stopped (the test run failed" in explained
+    # With the gate's numbers, that the full run never started, and what to do next (not "Next: nothing").
+    for check in shown["test_checks"]:
+        assert f"gate: {check['check']} {'passed' if check['passed'] else 'FAILED'}: {check['detail']}" in explained
+    assert "the full run was never started" in explained
+    assert "stopped at this test run's gate, and its full run was never started" in explained
+    assert f"`trackway experiment new --from {experiment} ...`" in explained
     assert len(sq("runs", "--json").json()) == 2  # the baseline and the test run: no full run was submitted
 
 

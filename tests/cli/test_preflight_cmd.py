@@ -220,3 +220,20 @@ def test_warn_still_runs_a_job_that_fits_nowhere_and_says_why_it_went_where_it_d
     assert run["resource"] == "h100box"
     explained = _flat(cli_sqlite("explain", run["run_id"]).out)
     assert "the memory preflight predicts OOM on every resource (89.0 GiB per GPU): warned at submit" in explained
+
+
+def test_resume_set_runs_the_preflight_again_for_the_config_it_changed(cli_sqlite, tmp_path):
+    # Before issue 30, the attempt after `resume --set` showed the verdict computed for the old config.
+    Path("trackway.toml").write_text(RESOURCES)
+    result = cli_sqlite("submit", "--name", "shrink", "--config", str(_config(tmp_path)), "--", PY, "-c",
+                        "raise SystemExit(3)")
+    assert result.code == 1, result.err
+    resumed = cli_sqlite("resume", "shrink", "--set", "preflight.batch_size=2")
+    assert resumed.code == 1, resumed.err
+    first = _flat(cli_sqlite("explain", "shrink/1").out)
+    second = _flat(cli_sqlite("explain", "shrink/2").out)
+    assert "preflight at submit (warn): 89.0 GiB per GPU at the longest batch" in first
+    assert "preflight at this attempt's launch, for its config (warn): " in second
+    assert "89.0 GiB per GPU" not in second.split("Memory")[-1]
+    data = cli_sqlite("explain", "shrink/2", "--json").json()["memory"]["preflight"]
+    assert data["peak_gib"] < 89.0 and data["when"] == "at this attempt's launch, for its config"

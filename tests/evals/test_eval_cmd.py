@@ -156,7 +156,9 @@ def test_explain_connects_a_run_to_its_evaluations_and_a_seed_to_its_checkpoint(
     result = cli("eval", "train@30", "--spec", str(write_spec()))
     eval_id = result.out.split()[0]
     text = cli("explain", "train", "--markdown").out
-    assert "## Evaluations" in text and "step-00000030 by toy: completed, pass@1" in text and eval_id in text
+    version = cli("eval", "show", eval_id, "--json").json()["evaluator_version"].rpartition(":")[2][:12]
+    assert "## Evaluations" in text and f"step-00000030 by toy (evaluator {version}): completed, pass@1" in text
+    assert eval_id in text
     seed_run = eval_runs(cli)[0]["run_id"]
     seed_text = cli("explain", seed_run, "--markdown").out
     assert f"of evaluation {eval_id} (toy, completed): checkpoint step-00000030" in seed_text

@@ -38,9 +38,15 @@ def test_resuming_a_seed_after_its_evaluator_changed_is_refused_and_a_new_evalua
     assert first.code == 1
     old = cli("eval", "show", first.out.split()[0], "--json").json()
     (seed,) = old["seeds"]
-    # explain points at a new evaluation, not at resuming the seed.
+    # explain points at a new evaluation, not at resuming the seed, and states only what is so of it.
     advice = cli("explain", seed["eval_run_id"], "--json").json()["next"]
     assert "`trackway eval train@10 --spec " in advice and f"trackway resume {seed['eval_run_id']}" not in advice
+    text = " ".join(cli("explain", seed["eval_run_id"]).out.split())
+    assert f"code: the evaluator, version {old['evaluator_version']}" in text and "not a git repository" not in text
+    assert "asked for by name" not in text and "the resource its training run was placed on" in text
+    assert "started by the supervisor (an evaluation a person asked for (`trackway eval`))" in text
+    training = " ".join(cli("explain", "train").out.split())
+    assert f"step-00000010 by fragile (evaluator {old['evaluator_version'][7:19]}): failed (evaluator_crash)" in training
     fix(eval_dir / "evaluator.py")
     resumed = cli("resume", seed["eval_run_id"])
     assert resumed.code == 2

@@ -221,7 +221,8 @@ def test_a_run_preempted_twice_shows_every_attempts_checkpoints_and_its_evaluati
     evaluations = json.loads(stories.trackway("evals", "spot", "--json").stdout)["evaluations"]
     assert [e["checkpoint"] for e in evaluations] == [f"step-{s:08d}" for s in (10, 12, 20, 25)]
     for e in evaluations:
-        assert f"{e['checkpoint']} by toy: {e['state']}" in text
+        version = e["evaluator_version"].rpartition(":")[2][:12]
+        assert f"{e['checkpoint']} by toy (evaluator {version}): {e['state']}" in text
     assert "completed, pass@1 " in text
     assert "Next: nothing: the run is completed" in text
 

@@ -30,6 +30,10 @@ if TYPE_CHECKING:
 MODES = ("warn", "strict", "off")
 
 
+# The attempt event holding the preflight for a config `resume --set` changed (supervisor/launch.py writes it,
+# supervisor/memory_facts.py reads it): the run's own `preflight` judged the submitted config.
+PREFLIGHT_AT_LAUNCH_EVENT = "preflight_at_launch"
+
 def preflight_values(
     config: Mapping[str, Any] | None, keys: Mapping[str, str],
 ) -> tuple[dict[str, Any], Callable[[str], str]] | None:

@@ -58,6 +58,21 @@ def _sized(entry: dict) -> str:
     return f"{size:,} bytes, {d.short_hash(entry.get('sha256'))}" if isinstance(size, int) else d.short_hash(entry.get("sha256"))
 
 
+def _evaluator_facts(conn: Connection, run: RowMapping) -> dict[str, Any] | None:
+    """For an evaluation seed's attempt: the evaluator and task-set versions it ran (checked when it launched)."""
+    from trackway.errors import NotFound
+    from trackway.evals.records import resolve_evaluation
+
+    try:
+        evaluation = resolve_evaluation(conn, run["run_id"])
+    except NotFound:
+        return None
+    spec = json.loads(get_blob(conn, evaluation["spec_sha256"]))
+    return {"evaluator_version": evaluation["evaluator_version"], "task_set_sha256": evaluation["task_set_sha256"],
+            "code": spec.get("code") or [], "image": spec.get("image"), "spec": spec.get("path"),
+            "resource": spec.get("resource")}
+
+
 def _code_facts(run: RowMapping, attempt: RowMapping) -> dict[str, Any]:
     """The code the attempt ran: repo, branch, commit and diff as captured when it launched, and how it was taken.
 
@@ -126,11 +141,13 @@ def explain(conn: Connection, ref: str, now: datetime | None = None) -> dict[str
             "environment": _environment_summary(_blob_json(conn, attempt["environment_sha256"])),
             "environ": _environ_summary(conn, attempt["environ_sha256"]),
             "code": _code_facts(run, attempt),
+            "evaluator": _evaluator_facts(conn, run) if run["kind"] == "eval" else None,
         },
         "config": _config_facts(conn, attempt, config, previous, first),
         "data": _data_facts(conn, attempt, previous),
         "placement": {k: attempt[k] for k in ("host", "executor", "executor_job_id", "gpu_count", "gpu_model", "gpu_ids")}
-        | _chosen(attempt, run) | {"scheduler": _placed(conn, attempt["attempt_id"])},
+        | _chosen(attempt, run) | {"scheduler": _placed(conn, attempt["attempt_id"])}
+        | {"kind": run["kind"]},
         "compared_with": previous["attempt_id"] if previous is not None else None,
         "changes": _changes(conn, previous, attempt) if previous is not None else {},
         "checkpoints": _checkpoint_facts(attempt, run_checkpoints) | {"read_from": _read_from(conn, attempt),
@@ -149,6 +166,10 @@ def explain(conn: Connection, ref: str, now: datetime | None = None) -> dict[str
     evaluated = facts["evaluations"].get("of")
     if run["kind"] == "eval" and evaluated and facts["next_steps"]["person"]:
         facts["next_steps"]["person"] = _evaluation_advice(conn, evaluated)
+    experiment = facts["run"]["experiment"]
+    if experiment and experiment["role"] == "test" and experiment["status"] == "stopped" and not experiment["full_run_id"]:
+        # The run itself may have completed; what stopped is the experiment, at this run's gate.
+        facts["next_steps"] = _stopped_at_the_gate(experiment)
     facts["next"] = "; ".join(part for part in facts["next_steps"].values() if part)
     return facts
 
@@ -161,8 +182,10 @@ def _experiment(conn: Connection, run: RowMapping) -> dict[str, Any] | None:
     if found is None:
         return None
     role = "test" if found["test_run_id"] == run["run_id"] else "full"
+    checks = json.loads(found["test_checks"]) if found["test_checks"] else []
     return {"experiment_id": found["experiment_id"], "title": found["title"], "role": role,
-            "status": found["status"], "verdict": found["verdict"], "stop_reason": found["stop_reason"]}
+            "status": found["status"], "verdict": found["verdict"], "stop_reason": found["stop_reason"],
+            "gate": checks if role == "test" else [], "full_run_id": found["full_run_id"]}
 
 
 def _run_checkpoints(conn: Connection, run_id: str) -> list[dict[str, Any]]:
@@ -394,7 +417,7 @@ def _evaluations(conn: Connection, run: RowMapping, run_checkpoints: list[dict[s
     """For a training run: the specs attached, each evaluation's state and headline metric, checkpoints not
     evaluated; for an evaluation seed: what it evaluates. `lines` says it for people."""
     from trackway.errors import NotFound
-    from trackway.evals.records import evaluations_of_run, metrics_of, resolve_evaluation
+    from trackway.evals.records import evaluations_of_run, metrics_of, resolve_evaluation, seeds_of
 
     if run["kind"] == "eval":
         try:
@@ -414,8 +437,11 @@ def _evaluations(conn: Connection, run: RowMapping, run_checkpoints: list[dict[s
     results = []
     for evaluation in evaluations_of_run(conn, run["run_id"]):
         metrics = metrics_of(conn, evaluation["eval_id"])
+        reasons = sorted({s["termination_reason"] for s in seeds_of(conn, evaluation["eval_id"])
+                          if s["state"] == "failed" and s["termination_reason"]})
         results.append({k: evaluation[k] for k in ("eval_id", "checkpoint_name", "checkpoint_step", "spec_name", "state",
-                                                    "primary_metric", "created_at", "ended_at")} | {"metrics": metrics})
+                                                    "primary_metric", "created_at", "ended_at", "evaluator_version")}
+                       | {"metrics": metrics, "failed_because": reasons})
     evaluated = {r["checkpoint_name"] for r in results}
     waiting = [c["name"] for c in run_checkpoints if c["state"] == "committed" and c["name"] not in evaluated]
     facts = {"specs": specs, "results": results, "not_evaluated": waiting if specs else []}
@@ -435,7 +461,10 @@ def _evaluation_lines(facts: dict[str, Any]) -> list[str]:
         headline = r["metrics"].get(r["primary_metric"])
         # The mean as stored, not rounded: 0.925 and 0.9249 are different results.
         metric = f", {r['primary_metric']} {headline['mean']!r} over {d.plural(headline['seeds'], 'seed')}" if headline else ""
-        lines.append(f"{r['checkpoint_name']} by {r['spec_name']}: {r['state']}{metric} ({r['eval_id']})")
+        why = f" ({', '.join(r['failed_because'])})" if r["state"] == "failed" and r["failed_because"] else ""
+        version = d.short_hash(str(r["evaluator_version"]).rpartition(":")[2])
+        lines.append(f"{r['checkpoint_name']} by {r['spec_name']} (evaluator {version}): {r['state']}{why}{metric} "
+                     f"({r['eval_id']})")
     if facts["not_evaluated"]:
         lines.append("not evaluated (yet): " + ", ".join(facts["not_evaluated"]))
     if specs and not results and not facts["not_evaluated"]:
@@ -509,6 +538,18 @@ def _advice(ref: str, reason: R | None, decision: dict[str, Any] | None, start: 
     if decision:
         return f"{decision['message']}; to go on anyway: {resume}, {start}"
     return f"{resume} starts a new attempt, {start}"
+
+
+def _stopped_at_the_gate(experiment: dict[str, Any]) -> dict[str, str | None]:
+    """What follows a test run whose experiment stopped at its gate: no full run, and what to change."""
+    failed = [c for c in experiment["gate"] if not c.get("passed")]
+    said = "; ".join(f"{c['check']}: {c['detail']}" for c in failed) or experiment["stop_reason"] or "stopped"
+    return {
+        "trackway": f"nothing: experiment {experiment['experiment_id']} stopped at this test run's gate, and its full "
+                    "run was never started",
+        "person": f"change what the failed check names ({said}), then try the next iteration: `trackway experiment "
+                  f"new --from {experiment['experiment_id']} ...`",
+    }
 
 
 def _evaluation_advice(conn: Connection, evaluation: dict[str, Any]) -> str:

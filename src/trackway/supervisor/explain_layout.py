@@ -74,6 +74,11 @@ def document(facts: dict[str, Any]) -> list[Block]:
         outcome = e["verdict"] or e["status"] + (f" ({e['stop_reason']})" if e["stop_reason"] else "")
         blocks.append(("item", 0, "Experiment", f"the {e['role']} run of {e['experiment_id']} ({e['title']}): {outcome}; "
                                                f"`trackway experiment show {e['experiment_id']}`"))
+        for check in e.get("gate") or []:
+            verdict = "passed" if check.get("passed") else "FAILED"
+            blocks.append(("item", 1, None, f"gate: {check['check']} {verdict}: {check['detail']}"))
+        if e["role"] == "test" and e["status"] == "stopped" and not e.get("full_run_id"):
+            blocks.append(("item", 1, None, "the full run was never started"))
     blocks += [
         ("heading", "Attempts and decisions"),
         ("timeline", facts["history"]),
@@ -151,7 +156,7 @@ def _more(count: int, shown: int, ref: str) -> list[Block]:
 
 def _config_blocks(facts: dict[str, Any]) -> list[Block]:
     """Question 1, which config: every value when it fits, the keys that differ; with the code and environment."""
-    config, receipt, code = facts["config"], facts["receipt"], facts["receipt"]["code"]
+    config, receipt = facts["config"], facts["receipt"]
     blocks: list[Block] = [("heading", "Config")]
     values = config["values"]
     if values is None:
@@ -169,8 +174,7 @@ def _config_blocks(facts: dict[str, Any]) -> list[Block]:
                    for c in script["conflicts"]]
     blocks += _differs(config["differs_from_previous"], config["differs_from_first"])
     blocks += [
-        ("item", 0, None, f"code: {d.code_text(code['repo'], code['branch'], code['commit'], code['dirty_sha256'])}"),
-        *_code_capture_blocks(code),
+        *_code_lines(receipt),
         ("item", 0, None, f"environment `{d.short_hash(receipt['environment_sha256'])}`: {receipt['environment']}"),
         ("item", 0, None, _environ_line(receipt["environ"])),
     ]
@@ -181,6 +185,18 @@ def _config_blocks(facts: dict[str, Any]) -> list[Block]:
             blocks.append(("item", 1, None, f"{kind}:" + ("" if lines else " none")))
             blocks += [("item", 2, None, line) for line in lines]
     return blocks
+
+
+def _code_lines(receipt: dict[str, Any]) -> list[Block]:
+    """The code the attempt ran: an evaluation's evaluator version, else the repository, commit and diff."""
+    evaluator = receipt.get("evaluator")
+    if evaluator is not None:
+        files = ", ".join(evaluator["code"]) if evaluator["code"] else f"image {evaluator['image']}"
+        return [("item", 0, None, f"code: the evaluator, version {evaluator['evaluator_version']} ({files}), checked "
+                                  f"when this attempt launched; task set {d.short_hash(evaluator['task_set_sha256'].rpartition(':')[2])}")]
+    code = receipt["code"]
+    return [("item", 0, None, f"code: {d.code_text(code['repo'], code['branch'], code['commit'], code['dirty_sha256'])}"),
+            *_code_capture_blocks(code)]
 
 
 def _code_capture_blocks(code: dict[str, Any]) -> list[Block]:
@@ -249,6 +265,12 @@ def _placement_blocks(facts: dict[str, Any]) -> list[Block]:
     resource = f"{p['resource']}" + (f", QoS {p['qos']}" if p["qos"] else "")
     if chosen is None:
         why = "chosen before trackway recorded its reasons"
+    elif p.get("kind") == "eval":
+        # Nobody typed --resource: an evaluation seed goes where its spec says, else where its training ran.
+        evaluator = facts["receipt"].get("evaluator") or {}
+        source = (f"the eval spec's resource = {evaluator['resource']!r}" if evaluator.get("resource")
+                  else "the resource its training run was placed on")
+        why = f"{source}: {chosen['reason']}"
     elif chosen["requested"] != "auto":
         why = f"asked for by name (--resource {chosen['requested']}): {chosen['reason']}"
     else:

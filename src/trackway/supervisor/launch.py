@@ -423,6 +423,11 @@ def start_attempt(
         declared = paths_of(found)
         previous = latest_attempt(conn, found["run_id"])
     project = project_settings(settings, found)
+    config_path = effective_config_path(settings, run_id)
+    config = load_config(config_path, overrides) if overrides else None
+    preflight = _preflight_of(ledger, project, found, config) if config is not None else None
+    if preflight is not None:
+        found = {**found, "preflight": preflight}  # placement judges the config this attempt runs, not the submitted
     try:
         placement = place(project, found, previous)
     except NoResourceFits as exc:
@@ -440,8 +445,6 @@ def start_attempt(
         resume_from = remote_resume_target(checkpoint_url)
     else:
         resume_from = resume_target(checkpoint_root, verify_files=bool(declared))
-    config_path = effective_config_path(settings, run_id)
-    config = load_config(config_path, overrides) if overrides else None
     evaluation = found["kind"] == RunKind.EVAL.value
     moved = None
     if evaluation:
@@ -506,6 +509,14 @@ def start_attempt(
             ),
         )
         update_run(conn, run_id, state=RunState.RUNNING.value, not_before=None, ended_at=None)
+        if preflight is not None:
+            from trackway.ledger.ingest import add_supervisor_event
+
+            from trackway.resources.run_preflight import PREFLIGHT_AT_LAUNCH_EVENT
+
+            add_supervisor_event(conn, attempt_id, PREFLIGHT_AT_LAUNCH_EVENT, {
+                "message": "memory preflight run again for this attempt's config (--set changed it)",
+                "preflight": preflight})
         if previous is not None and data is not None and (data.changes or data.problem):
             from trackway.ledger.ingest import add_supervisor_event
 
@@ -696,6 +707,14 @@ def _os_error_text(exc: OSError) -> str:
         except OSError:
             text += " (disk full)"
     return text
+
+
+def _preflight_of(ledger: Ledger, settings: Settings, run, config) -> str | None:
+    """The memory preflight for a config `resume --set` changed, as submit runs it (None: nothing to estimate)."""
+    from trackway.supervisor.submit_preflight import submit_preflight
+
+    return submit_preflight(ledger, settings, config.values, strict=False, resource=run["resource_request"],
+                            cwd=Path(run["workdir"]), gpus=run["gpus"], model_family=run["model_family"])
 
 
 def _data_sha(conn, run, data) -> str | None:

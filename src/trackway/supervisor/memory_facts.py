@@ -18,8 +18,10 @@ from trackway.taxonomy import TerminationReason
 def memory_facts(conn: Connection, run: Mapping[str, Any], attempt: Mapping[str, Any], evidence: list[str]) -> dict | None:
     """The memory facts of `attempt`, or None when there are none (no preflight, no GPU peak, no OOM numbers)."""
     facts: dict[str, Any] = {}
-    if run.get("preflight"):
-        recorded = json.loads(run["preflight"])
+    again = _preflight_at_launch(conn, attempt)
+    if again is not None or run.get("preflight"):
+        # The attempt's own when `resume --set` changed its config: the submitted one would judge another config.
+        recorded = json.loads(again or run["preflight"])
         report = recorded["report"]
         where = attempt.get("resource") or run["resource"]
         target = next((t for t in report["targets"] if t["name"] == where), None)
@@ -30,6 +32,7 @@ def memory_facts(conn: Connection, run: Mapping[str, Any], attempt: Mapping[str,
             "setup": report["setup"], "calibrated": (report.get("correction") or {}).get("source"),
             "resource": where, "verdict": target["verdict"] if target else None,
             "ratio": target["at"]["max"]["ratio"] if target else None,
+            "when": "at this attempt's launch, for its config" if again is not None else "at submit",
         }
     peak = measured_peak(conn, run["run_id"], attempt["attempt_id"])
     if peak is not None:
@@ -42,6 +45,23 @@ def memory_facts(conn: Connection, run: Mapping[str, Any], attempt: Mapping[str,
     return facts or None
 
 
+def _preflight_at_launch(conn: Connection, attempt: Mapping[str, Any]) -> str | None:
+    """The preflight of the config this attempt ran, when `resume --set` changed it (on this attempt or an earlier one)."""
+    from sqlalchemy import select
+
+    from trackway.ledger.schema import attempt_events, attempts
+    from trackway.resources.run_preflight import PREFLIGHT_AT_LAUNCH_EVENT
+
+    payload = conn.execute(
+        select(attempt_events.c.payload)
+        .join(attempts, attempts.c.attempt_id == attempt_events.c.attempt_id)
+        .where(attempts.c.run_id == attempt["run_id"], attempts.c.attempt_number <= attempt["attempt_number"],
+               attempt_events.c.kind == PREFLIGHT_AT_LAUNCH_EVENT)
+        .order_by(attempts.c.attempt_number.desc())
+    ).scalars().first()
+    return json.loads(payload).get("preflight") if payload else None
+
+
 def memory_lines(facts: dict | None) -> list[str]:
     """The facts as lines, the estimate beside what was measured."""
     if not facts:
@@ -51,7 +71,7 @@ def memory_lines(facts: dict | None) -> list[str]:
     if estimate:
         judged = (f"; on {estimate['resource']}: {estimate['verdict']} {estimate['ratio']:.2f}"
                   if estimate["verdict"] else f"; {estimate['resource']} declares no GPU memory, so it was not judged")
-        lines.append(f"preflight at submit ({estimate['mode']}): {estimate['peak_gib']:.1f} GiB per GPU at the longest "
+        lines.append(f"preflight {estimate.get('when', 'at submit')} ({estimate['mode']}): {estimate['peak_gib']:.1f} GiB per GPU at the longest "
                      f"batch ({estimate['tokens']:,.0f} tokens in rows of {estimate['row_length']:,.0f}), "
                      f"{estimate['median_gib']:.1f} at the median{judged}"
                      + (f" ({estimate['calibrated']})" if estimate["calibrated"] else ""))

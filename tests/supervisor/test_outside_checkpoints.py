@@ -159,6 +159,9 @@ def test_sigterm_resumes_from_the_last_complete_ckpt(cli):
     payload = Path(checkpoints[resumed]["path"]) / "payload" / "out" / "ckpt.pt"
     saved_iter = torch.load(payload, weights_only=True)["iter_num"]
     assert saved_iter > 0 and checkpoints[resumed]["step"] <= saved_iter
+    # A fixed file name says nothing of the step: the label is the log's, and the manifest says so.
+    manifest = json.loads((Path(checkpoints[resumed]["path"]) / "MANIFEST.json").read_text())
+    assert manifest["extra"]["step_from"].startswith("the log: the last step printed before the save")
 
     first_log, second_log = Path(first["log_path"]).read_text(), Path(second["log_path"]).read_text()
     # Attempt 1 had nothing to resume from: the `{resume_from}` word was dropped.
@@ -233,6 +236,8 @@ def test_a_glob_over_step_numbered_files_commits_each_file_once_and_resumes_from
     for checkpoint in committed:
         payload = sorted(p.name for p in (Path(checkpoint["path"]) / "payload" / "ckpts").iterdir())
         assert payload == [f"step_{checkpoint['step']}.pt"]
+        manifest = json.loads((Path(checkpoint["path"]) / "MANIFEST.json").read_text())
+        assert manifest["extra"]["step_from"] == "the file name: the script's own step"
     assert second["resumed_from_checkpoint"] == "step-00000030"
     work = Path.cwd()
     assert f"resuming from {work / 'ckpts' / 'step_30.pt'} at 31" in Path(second["log_path"]).read_text()

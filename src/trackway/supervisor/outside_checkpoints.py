@@ -141,6 +141,17 @@ def seen_signature(info: CheckpointInfo | None) -> Signature | None:
 _NUMBER = re.compile(r"\d+")
 
 
+def _by_named_step(new: Signature) -> list[Signature]:
+    """New files grouped by the step in their names, ascending; one group for all when any name has none."""
+    named: dict[int, Signature] = {}
+    for rel, value in new.items():
+        step = step_in_names({rel: value})
+        if step is None:
+            return [new]
+        named.setdefault(step, {})[rel] = value
+    return [named[step] for step in sorted(named)]
+
+
 def step_in_names(sig: Signature) -> int | None:
     """The script's own step when its checkpoint files are numbered by it (`ckpt_500.pt`, `checkpoint-500/`).
 
@@ -212,14 +223,19 @@ class OutsideCheckpoints:
         written = newest_mtime(new)
         if not final and not (now - written >= self.settle_s or _moved_on(ledger, run, attempt, written)):
             return None
-        step = _step_for(ledger, attempt, newest_mtime(new), latest.step if latest is not None else None, new)
-        # What a retry restoring this checkpoint keeps in place: what it or an earlier one holds, nothing torn.
-        seen = {rel: value for rel, value in sig.items() if rel in new or before.get(rel) == value}
-        info = _commit(store, workdir, new, step, run["run_id"], attempt_id, latest, seen)
-        if info is None:
-            return None  # changed while being copied: the next look tries again
+        info = None
+        # Files numbered by the script's own steps are its checkpoints, one each, in step order (several may be
+        # new at one look on a busy machine); anything else new is committed together.
+        for group in _by_named_step(new):
+            kept = {**{rel: v for rel, v in sig.items() if before.get(rel) == v}, **group}
+            step, step_from = _step_for(ledger, attempt, newest_mtime(group), latest.step if latest else None, group)
+            # What a retry restoring this checkpoint keeps in place: what it or an earlier one holds, nothing torn.
+            committed = _commit(store, workdir, group, step, run["run_id"], attempt_id, latest, kept, step_from)
+            if committed is None:
+                return info  # changed while being copied: the next look tries the rest again
+            _mirror(ledger, run["run_id"], attempt_id, committed)
+            info, latest, before = committed, committed, kept
         self._done[attempt_id] = sig
-        _mirror(ledger, run["run_id"], attempt_id, info)
         return info
 
     def forget(self, attempt_id: str) -> None:
@@ -282,13 +298,19 @@ def _step_logged_after(ledger: Ledger, attempt: RowMapping, written: float) -> b
     return latest is not None and latest > written
 
 
+# Where a checkpoint's step came from, kept in its manifest (`extra.step_from`): only a name is the script's word.
+STEP_FROM_NAME = "the file name: the script's own step"
+STEP_FROM_LOG = "the log: the last step printed before the save (the script's own step is not known)"
+STEP_FROM_NOTHING = "none: the newest committed step plus one (no step was printed before the save)"
+
+
 def _step_for(ledger: Ledger, attempt: RowMapping, written: float, latest_step: int | None,
-              new: Signature | None = None) -> int:
-    """The checkpoint's step: the script's own when its file names carry one, else the last step this
-    attempt's log showed at or before `written`; either only if above the newest committed step."""
+              new: Signature | None = None) -> tuple[int, str]:
+    """The checkpoint's step and where it came from: the script's own when its file names carry one, else the
+    last step this attempt's log showed at or before `written`; either only if above the newest committed step."""
     named = step_in_names(new or {})
     if named is not None and (latest_step is None or named > latest_step):
-        return named
+        return named, STEP_FROM_NAME
     with ledger.read() as conn:
         seen = conn.execute(
             select(func.max(metric_points.c.step))
@@ -300,13 +322,13 @@ def _step_for(ledger: Ledger, attempt: RowMapping, written: float, latest_step: 
             )
         ).scalar()
     if seen is not None and seen >= 0 and (latest_step is None or seen > latest_step):
-        return int(seen)
-    return (latest_step if latest_step is not None else 0) + 1
+        return int(seen), STEP_FROM_LOG
+    return (latest_step if latest_step is not None else 0) + 1, STEP_FROM_NOTHING
 
 
 def _commit(
     store: CheckpointStore, workdir: Path, sig: Signature, step: int, run_id: str, attempt_id: str,
-    parent: CheckpointInfo | None, seen: Signature | None = None,
+    parent: CheckpointInfo | None, seen: Signature | None = None, step_from: str | None = None,
 ) -> CheckpointInfo | None:
     """Copy `sig`'s files into a new checkpoint and commit it; `seen`: every declared file there is now."""
     pending = store.begin(step, run_id=run_id, attempt_id=attempt_id, parent=parent.name if parent else None)
@@ -321,7 +343,7 @@ def _commit(
         if signature(workdir, list(sig)) != sig:
             pending.abort()
             return None
-        return pending.commit(extra={"source": SOURCE, "paths": sig, "seen": seen or sig})
+        return pending.commit(extra={"source": SOURCE, "paths": sig, "seen": seen or sig, "step_from": step_from})
     except FileNotFoundError:
         pending.abort()
         return None

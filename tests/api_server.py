@@ -12,13 +12,23 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-CHATTY = str(Path(__file__).parent / "server" / "scripts" / "chatty_preempted.py")
+CHATTY_SOURCE = Path(__file__).parent / "server" / "scripts" / "chatty_preempted.py"
+CHATTY = "chatty_preempted.py"  # posted relative: the API runs scripts inside the server's working directory
+# The server's own token in tests (as $TRACKWAY_SERVER_TOKEN): what `Api` sends unless told otherwise.
+TEST_TOKEN = "test-server-token-0123456789abcdef"
+
+
+def put_script(source: Path, where: Path | None = None) -> str:
+    """Copy a test script into the server's working directory (the test's cwd); its name, as a job posts it."""
+    target = (where or Path.cwd()) / source.name
+    target.write_text(source.read_text())
+    return source.name
 
 
 class Api:
     """`call(method, path, body)` → (status, JSON or text, headers): error answers are read, not raised."""
 
-    def __init__(self, base: str, token: str | None = None) -> None:
+    def __init__(self, base: str, token: str | None = TEST_TOKEN) -> None:
         self.base = base
         self.token = token
 
@@ -28,8 +38,9 @@ class Api:
         request = urllib.request.Request(self.base + path, data=data, method=method)
         if data is not None:
             request.add_header("Content-Type", "application/json")
-        if token or self.token:
-            request.add_header("Authorization", f"Bearer {token or self.token}")
+        sent = self.token if token is None else token
+        if sent:
+            request.add_header("Authorization", f"Bearer {sent}")
         try:
             with urllib.request.urlopen(request, timeout=timeout) as response:
                 raw, status, headers = response.read(), response.status, dict(response.headers)
@@ -47,7 +58,11 @@ class Api:
 
 @contextmanager
 def serving(home: Path, db: str, *args: str, env: dict[str, str] | None = None) -> Iterator[tuple[str, subprocess.Popen]]:
-    environ = {**os.environ, "TRACKWAY_HOME": str(home), "TRACKWAY_DB": db, **(env or {})}
+    """`trackway serve` on a free port, with TEST_TOKEN as its own token unless `env` says otherwise; the
+    scripts jobs post are put in the test's working directory (the server's)."""
+    put_script(CHATTY_SOURCE)
+    environ = {**os.environ, "TRACKWAY_HOME": str(home), "TRACKWAY_DB": db, "TRACKWAY_SERVER_TOKEN": TEST_TOKEN,
+               **(env or {})}
     process = subprocess.Popen([sys.executable, "-m", "trackway", "serve", "--port", "0", *args],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environ)
     try:

@@ -9,6 +9,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -50,7 +51,8 @@ def test_a_job_posted_with_our_users_field_names_runs_and_its_logs_stream_across
             assert [(a["number"], a["termination_reason"]) for a in shown["attempts"]] == [(1, "preempted"), (2, "completed")]
             assert shown["attempts"][0]["decision"]["action"] == "resume"
             assert shown["attempts"][1]["resumed_from"] is not None
-            assert "POST /api/jobs from 127.0.0.1" in shown["attempts"][0]["started_by"]
+            # Who started it: the token's name, and from where.
+            assert "POST /api/jobs with token server from 127.0.0.1" in shown["attempts"][0]["started_by"]
             tail = api.get(f"/api/jobs/{job['id']}/logs?tail=3")[1]
             assert len(tail.splitlines()) == 3 and tail in text
             listed = api.get("/api/jobs?project=api&state=completed")[1]
@@ -94,6 +96,7 @@ def test_bad_input_gets_one_error_shape_naming_the_field_and_never_a_500(server)
         if field is not None:
             assert field in [f["field"] for f in answer["error"]["fields"]], answer
     preflight = {"layers": 32, "hidden": 4096, "heads": 32, "vocab": 32000, "batch_size": 4, "max_length": 4096}
+    Path("x.py").write_text("print('never runs')\n")
     status, answer, _ = api.post("/api/jobs", {"script": "x.py", "config": {"preflight": preflight},
                                                "strict_memory_preflight": True})
     assert status == 400 and answer["error"]["message"].startswith(
@@ -106,14 +109,14 @@ def test_bad_input_gets_one_error_shape_naming_the_field_and_never_a_500(server)
 
 def test_metrics_are_downsampled_on_the_server_keeping_the_spikes(server, tmp_path):
     api, _ = server
-    script = tmp_path / "long.py"
+    script = Path.cwd() / "long.py"
     script.write_text(
         "import trackway\nrun = trackway.init()\n"
         "for step in range(5000):\n"
         "    run.log({'loss': 100.0 if step == 3333 else 1.0 / (step + 1), 'lr': 0.1}, step=step)\n"
         "run.finish()\n"
     )
-    status, job, _ = api.post("/api/jobs", {"script": str(script)})
+    status, job, _ = api.post("/api/jobs", {"script": script.name})
     assert status == 201
     supervise = server[1]
     wait_for(lambda: supervise() or api.get(f"/api/jobs/{job['id']}")[1]["status"] == "completed",
@@ -145,7 +148,9 @@ def test_events_stream_what_happens(server):
     driver.start()
     seen: list[tuple[str, dict]] = []
     try:
-        with urllib.request.urlopen(urllib.request.Request(api.base + f"/api/events?since={since}"), timeout=60) as stream:
+        request = urllib.request.Request(api.base + f"/api/events?since={since}",
+                                         headers={"Authorization": f"Bearer {api.token}"})
+        with urllib.request.urlopen(request, timeout=60) as stream:
             assert stream.headers["content-type"].startswith("text/event-stream")
             kind = None
             while not any(k == "attempt_ended" and d["termination_reason"] == "completed" for k, d in seen):
@@ -164,20 +169,36 @@ def test_events_stream_what_happens(server):
     assert all(d["run_id"] == job["id"] for k, d in seen if k != "watcher_fired")
 
 
-def test_a_token_is_required_when_configured_and_beyond_loopback(home, sqlite_url):
-    with serving(home, sqlite_url, env={"TRACKWAY_SERVER_TOKEN": "s3cret-token"}) as (base, process):
-        api = Api(base)
-        status, answer, headers = api.get("/api/jobs")
-        assert status == 401 and answer["error"]["type"] == "Unauthorized" and headers["www-authenticate"] == "Bearer"
-        assert api.get("/api/jobs", token="wrong")[0] == 401
-        assert api.get("/api/jobs", token="s3cret-token") == (200, [], api.get("/api/jobs", token="s3cret-token")[2])
-    assert "s3cret-token" not in process.stderr.read()  # never in the server's log
-
-    with serving(home, sqlite_url, "--host", "0.0.0.0") as (base, process):
+def test_every_request_needs_a_token_made_on_the_first_start_and_never_printed(home, sqlite_url):
+    # Before issue 31 a loopback server took requests without any token: any local user, or a web page
+    # rebinding its DNS name to 127.0.0.1, could start jobs as the server's user.
+    with serving(home, sqlite_url, env={"TRACKWAY_SERVER_TOKEN": ""}) as (base, process):
         token_file = home / "server-token"
         token = token_file.read_text().strip()
         assert oct(token_file.stat().st_mode & 0o777) == "0o600" and len(token) >= 32
-        api = Api(base)
-        assert api.get("/api/jobs")[0] == 401
+        api = Api(base, token="")
+        status, answer, headers = api.get("/api/jobs")
+        assert status == 401 and answer["error"]["type"] == "Unauthorized" and headers["www-authenticate"] == "Bearer"
+        assert api.get("/api/jobs", token="wrong")[0] == 401
         assert api.get("/api/jobs", token=token)[0] == 200
-    assert process.stderr.read().count(token) == 1  # printed once, at the start
+    said = process.stderr.read()
+    assert token not in said and str(token_file) in said  # the file is named, the token never printed
+
+    with serving(home, sqlite_url, env={"TRACKWAY_SERVER_TOKEN": "s3cret-token"}) as (base, process):
+        assert Api(base, token="s3cret-token").get("/api/jobs")[0] == 200
+        assert Api(base, token=token).get("/api/jobs")[0] == 401  # the variable wins over the file
+    assert "s3cret-token" not in process.stderr.read()
+
+
+def test_a_token_file_others_can_read_is_refused_with_the_fix(home, sqlite_url):
+    home.mkdir(parents=True, exist_ok=True)
+    token_file = home / "server-token"
+    token_file.write_text("exposed-token\n")
+    token_file.chmod(0o644)
+    done = subprocess.run([sys.executable, "-m", "trackway", "serve", "--port", "0"], capture_output=True, text=True,
+                          env={**os.environ, "TRACKWAY_HOME": str(home), "TRACKWAY_DB": sqlite_url,
+                               "TRACKWAY_SERVER_TOKEN": ""}, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip() == (f"trackway: error: {token_file}: readable by group or others (mode 644); whoever "
+                                   f"reads it can start jobs as you: `chmod 600 {token_file}`, or remove it and a new "
+                                   "one is made")

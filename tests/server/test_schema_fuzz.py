@@ -15,9 +15,13 @@ from waiting import wait_for
 from trackway.ledger import open_ledger
 from trackway.server.app import create_app
 from trackway.server.auth import Access
+from trackway.server.guard import allowed_hosts
 from trackway.settings import load_settings
 from trackway.supervisor.launch import RunSpec, start_attempt, submit_run
 from trackway.supervisor.loop import Supervisor
+
+
+FUZZ_TOKEN = "fuzz-token-0123456789"
 
 
 def _schema(home: Path, sqlite_url: str):
@@ -30,7 +34,8 @@ def _schema(home: Path, sqlite_url: str):
     # Until its end is recorded: a run to read, with points and a receipt.
     wait_for(supervisor.tick, "the run to read to end", timeout=60, interval=0.1)
     ledger.dispose()
-    app = create_app(configured, Access(None), Path.cwd())
+    # With a token, as clients call it; the ASGI client's Host is `testserver`.
+    app = create_app(configured, Access(FUZZ_TOKEN), Path.cwd(), hosts=allowed_hosts("127.0.0.1", ["testserver"]))
     # Generated jobs would start real processes, and the event stream never ends: both have their own tests.
     return (schemathesis.openapi.from_asgi("/openapi.json", app)
             .exclude(method="POST", path="/api/jobs").exclude(path="/api/events"))
@@ -45,6 +50,7 @@ def test_no_generated_request_is_a_server_error_and_every_answer_matches_the_sch
         @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck), database=None)
         def check(case):
             # Every other check runs; a schema-valid id that names nothing is rightly a 4xx, not a rejection of valid data.
-            case.call_and_validate(excluded_checks=[positive_data_acceptance])
+            case.call_and_validate(headers={"Authorization": f"Bearer {FUZZ_TOKEN}"},
+                                   excluded_checks=[positive_data_acceptance])
 
         check()

@@ -403,3 +403,17 @@ memory_calibrations = Table(
     Column("created_at", UTCDateTime, nullable=False),
     Index("ix_memory_calibrations_family", "model_family", "precision"),
 )
+
+
+# -- API tokens: who may call `trackway serve`, and as what (ledger/tokens.py) -----------------------
+
+api_tokens = Table(
+    "api_tokens",
+    metadata,
+    Column("name", String(64), primary_key=True),  # what `started_by` records for what the token started
+    Column("role", String(16), nullable=False),  # read, submit or admin
+    Column("token_sha256", String(64), nullable=False, unique=True),  # the token itself is never stored
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("created_by", Text),
+    Column("revoked_at", UTCDateTime),
+)

@@ -13,7 +13,8 @@ from fastapi.responses import JSONResponse
 
 from trackway.errors import TrackwayError
 from trackway.server import dashboard, errors, events, jobs, reads
-from trackway.server.auth import Access, checker
+from trackway.server.auth import Access, requires
+from trackway.server.guard import DEFAULT_MAX_BODY, LOOPBACK_NAMES, Guard
 from trackway.settings import Settings
 
 log = logging.getLogger("trackway.server")
@@ -60,7 +61,9 @@ class State:
             log.warning("no background supervisor: %s; jobs wait for `trackway supervise`", exc)
 
 
-def create_app(settings: Settings, access: Access, workdir: Path) -> FastAPI:
+def create_app(settings: Settings, access: Access, workdir: Path, hosts: frozenset[str] = LOOPBACK_NAMES,
+               max_body: int = DEFAULT_MAX_BODY) -> FastAPI:
+    """The API over `settings`' ledger; `hosts`: the names a request's Host may carry (server/guard.py)."""
     app = FastAPI(
         title="trackway",
         summary="Training runs that leave tracks: jobs, attempts, metrics, checkpoints, evaluations, experiments.",
@@ -72,9 +75,11 @@ def create_app(settings: Settings, access: Access, workdir: Path) -> FastAPI:
     for name in ("ledger", "supervisor", "workdir", "after_submit"):
         setattr(app.state, name, getattr(state, name))
     errors.install(app)
-    # Every /api route asks for the token; the dashboard's page and assets hold no data and do not.
-    guarded = [Depends(checker(access))]
+    # Every /api route asks for a token with the role `read` at least (starting and cancelling jobs check
+    # `submit` themselves); the dashboard's page and assets hold no data and do not.
+    guarded = [Depends(requires(access, "read"))]
     for router in (jobs.router, reads.router, events.router):
         app.include_router(router, dependencies=guarded, responses=errors.RESPONSES)
     dashboard.install(app)
+    app.add_middleware(Guard, hosts=hosts, max_body=max_body)
     return app

@@ -45,9 +45,11 @@ class ErrorBody(BaseModel):
 RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorBody, "description": why}
     for status, why in (
-        (400, "Bad input: the message names the field and what was expected"),
+        (400, "Bad input: the message names the field and what was expected (or a Host this server does not "
+              "answer to: DNS rebinding)"),
         (401, "No token, or the wrong one"),
-        (403, "Not allowed (a write through /api/sql)"),
+        (403, "Not allowed: the token's role is too low, a cross-site request, or a write through /api/sql"),
+        (413, "The request body is larger than the server takes"),
         (404, "No such job, run, attempt or experiment"),
         (409, "A name that matches more than one thing"),
         (422, "The request does not validate: each field is named"),
@@ -88,7 +90,7 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        kinds = {401: "Unauthorized", 404: "NotFound", 405: "MethodNotAllowed"}
+        kinds = {401: "Unauthorized", 403: "Forbidden", 404: "NotFound", 405: "MethodNotAllowed"}
         return respond(exc.status_code, kinds.get(exc.status_code, "HTTPError"), str(exc.detail),
                        headers=getattr(exc, "headers", None))
 

@@ -9,12 +9,14 @@ reconnects with `Last-Event-ID` (or `?since=`) continues where it stopped.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from datetime import datetime, timedelta, timezone
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
+from starlette.concurrency import run_in_threadpool
 from trackway.errors import InputError
 from trackway.ledger.happenings import happened
 from trackway.supervisor.watchers import WATCHER_KINDS
@@ -37,8 +39,12 @@ def events(
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-def stream(ledger, start: datetime, poll_s: float = POLL_S, passes: int | None = None) -> Iterator[str]:
-    """The event stream's text from `start` on (`passes`: stop after that many reads, for tests)."""
+async def stream(ledger, start: datetime, poll_s: float = POLL_S, passes: int | None = None) -> AsyncIterator[str]:
+    """The event stream's text from `start` on (`passes`: stop after that many reads, for tests).
+
+    An async generator: a follower waits on the event loop, not in one of the thread pool's threads
+    (which every other route shares); each read of the ledger borrows a thread only for its length.
+    """
     sent: dict[tuple[str, str], datetime] = {}
     cursor = start
     quiet_since = time.monotonic()
@@ -46,8 +52,7 @@ def stream(ledger, start: datetime, poll_s: float = POLL_S, passes: int | None =
     done = 0
     while passes is None or done < passes:
         now = datetime.now(timezone.utc)
-        with ledger.read() as conn:
-            found = happened(conn, max(start, cursor - OVERLAP), WATCHER_KINDS)
+        found = await run_in_threadpool(_read, ledger, max(start, cursor - OVERLAP))
         for at, kind, key, data in found:
             if (kind, key) in sent:
                 continue
@@ -63,7 +68,12 @@ def stream(ledger, start: datetime, poll_s: float = POLL_S, passes: int | None =
             yield ": keep-alive\n\n"
         done += 1
         if passes is None or done < passes:
-            time.sleep(poll_s)
+            await asyncio.sleep(poll_s)
+
+
+def _read(ledger, since: datetime) -> list:
+    with ledger.read() as conn:
+        return happened(conn, since, WATCHER_KINDS)
 
 
 def _moment(text: str, field: str) -> datetime:

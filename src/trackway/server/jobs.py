@@ -7,16 +7,17 @@ is the run's state (queued, running, completed, failed, cancelled).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
-import time
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator
+from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
+from starlette.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import func, select
 
@@ -36,7 +37,8 @@ class JobRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    script: str = Field(min_length=1, max_length=4096, description="The training script (a path, relative to the repo).")
+    script: str = Field(min_length=1, max_length=4096, description="The training script: a file inside the server's "
+                        "working directory (relative to it), or a path relative to `repo`'s top; never an option.")
     args: list[str] = Field(default_factory=list, max_length=1000)
     repo: str | None = Field(None, max_length=4096, description="A git URL cloned into the run's workspace.")
     branch: str | None = Field(None, max_length=400)
@@ -62,24 +64,70 @@ class Submitted(BaseModel):
     url: str
 
 
+def need(request: Request, role: str) -> None:
+    """403 unless the request's token has `role` (the router already asked for `read`)."""
+    from starlette.exceptions import HTTPException
+
+    caller = request.state.caller
+    if not caller.may(role):
+        raise HTTPException(403, f"token {caller.name!r} has the role {caller.role}; this needs {role} or above")
+
+
+def inside(workdir: Path, value: str, field: str, what: str) -> str:
+    """`value` (relative to the server's working directory, or absolute inside it) resolved; InputError outside it.
+
+    The message names the field and what was sent, never where the server's directory is.
+    """
+    from trackway.errors import InputError
+
+    if not value or value.startswith("-") or "\x00" in value:
+        raise InputError(f"{field} {value!r}: expected {what} inside the server's working directory (a path, not an "
+                         "interpreter option)")
+    root = workdir.resolve()
+    resolved = (root / value).resolve()
+    if not resolved.is_relative_to(root):
+        raise InputError(f"{field} {value!r}: expected {what} inside the server's working directory")
+    return str(resolved)
+
+
 @router.post("", status_code=201, response_model=Submitted)
 def submit_job(job: JobRequest, request: Request) -> Submitted:
+    """Start a job as `trackway submit --detach` would, from a script that is a file in the working directory.
+
+    The API runs only what the CLI would: a script file (in the working directory, or in `repo` when
+    given), never an interpreter option such as `-c`; `data` and `eval` paths inside the working
+    directory. Needs a token with the role `submit`.
+    """
+    from trackway.errors import InputError
     from trackway.supervisor.launch import RunSpec, command_by, start_attempt, submit_run
 
+    need(request, "submit")
     state = request.app.state
+    if job.repo:
+        script = PurePosixPath(job.script)
+        if job.script.startswith("-") or script.is_absolute() or ".." in script.parts:
+            raise InputError(f"script {job.script!r}: expected a path relative to the repository's top, e.g. train.py")
+        script_path = job.script
+    else:
+        script_path = inside(state.workdir, job.script, "script", "a script file")
+        if not Path(script_path).is_file():
+            raise InputError(f"script {job.script!r}: expected a script file inside the server's working directory")
+    data = [inside(state.workdir, path, "data", "a data file or directory") for path in job.data]
+    evals = [inside(state.workdir, path, "eval", "an eval spec file (TOML)") for path in job.eval]
     config_path = None
     if job.config is not None:
         folder = state.settings.home / "server" / "configs"
         folder.mkdir(parents=True, exist_ok=True)
         config_path = folder / f"{uuid.uuid4().hex}.json"
         config_path.write_text(json.dumps(job.config))
-    for path in job.eval:
-        validation.existing_file(path, "eval", "an eval spec file (TOML)")
+    for path, given in zip(evals, job.eval):
+        if not Path(path).is_file():
+            raise InputError(f"eval {given!r}: expected an eval spec file (TOML) inside the server's working directory")
     spec = RunSpec(
-        command=[sys.executable, job.script, *job.args], cwd=state.workdir, name=job.name, project=job.project,
-        kind=job.kind, config_path=str(config_path) if config_path else None, data_paths=list(job.data),
+        command=[sys.executable, script_path, *job.args], cwd=state.workdir, name=job.name, project=job.project,
+        kind=job.kind, config_path=str(config_path) if config_path else None, data_paths=data,
         gpus=job.gpu_count, time_limit_hours=job.time_limit_hours, resource=job.prefer_resource,
-        gpu_memory_min_gb=job.gpu_memory_min_gb, repo_url=job.repo, branch=job.branch, eval_spec_paths=list(job.eval),
+        gpu_memory_min_gb=job.gpu_memory_min_gb, repo_url=job.repo, branch=job.branch, eval_spec_paths=evals,
         preflight_strict=job.strict_memory_preflight,
     )
     try:
@@ -89,7 +137,8 @@ def submit_job(job: JobRequest, request: Request) -> Submitted:
             config_path.unlink(missing_ok=True)  # the receipt holds the snapshot now (or nothing was recorded)
     client = request.client.host if request.client else "unknown"
     attempt_id = start_attempt(state.ledger, state.settings, run_id, state.supervisor.executor, first=True,
-                               started_by=command_by(f"POST /api/jobs from {client}"))
+                               started_by=command_by(f"POST /api/jobs with token {request.state.caller.name} "
+                                                     f"from {client}"))
     state.after_submit()
     with state.ledger.read() as conn:
         status = resolve_run(conn, run_id)["state"]
@@ -156,6 +205,8 @@ def job_logs(
 
 @router.post("/{job_id}/cancel", status_code=202)
 def cancel_job(job_id: str, request: Request) -> dict[str, Any]:
+    """End a job's attempts (as `trackway cancel`); needs a token with the role `submit`."""
+    need(request, "submit")
     state = request.app.state
     with state.ledger.read() as conn:
         run_id = resolve_run(conn, job_id)["run_id"]
@@ -189,29 +240,30 @@ def _attempt(a) -> dict[str, Any]:
 # -- logs -----------------------------------------------------------------------------------------
 
 
-def _log_stream(ledger, run_id: str, follow: bool, tail: int | None) -> Iterator[bytes]:
+async def _log_stream(ledger, run_id: str, follow: bool, tail: int | None) -> AsyncIterator[bytes]:
     """The run's attempts' output in order, a separator line before each; with `follow`, until the run has ended.
 
     With `tail`, the last N lines of what is there now come first (across attempts, separators
-    included); following then goes on from the end of the newest attempt's log.
+    included); following then goes on from the end of the newest attempt's log. An async generator:
+    a follower waits on the event loop, and each read borrows a pool thread only for its length.
     """
     number, offset = 0, 0
-    tried = _attempts(ledger, run_id)[1]
+    tried = (await run_in_threadpool(_attempts, ledger, run_id))[1]
     if tail is not None:
-        yield _last_lines(run_id, tried, tail)
+        yield await run_in_threadpool(_last_lines, run_id, tried, tail)
         if tried:
             number, offset = tried[-1][0], _size(Path(tried[-1][1]))
     if not follow and tail is not None:
         return
     while True:
-        run_state, tried = _attempts(ledger, run_id)
+        run_state, tried = await run_in_threadpool(_attempts, ledger, run_id)
         for attempt_number, log_path, attempt_state in tried:
             if attempt_number < number:
                 continue
             if attempt_number != number:
                 number, offset = attempt_number, 0
                 yield _separator(run_id, attempt_number)
-            chunk = read_from(Path(log_path), offset)
+            chunk = await run_in_threadpool(read_from, Path(log_path), offset)
             if chunk:
                 offset += len(chunk)
                 yield chunk
@@ -220,7 +272,7 @@ def _log_stream(ledger, run_id: str, follow: bool, tail: int | None) -> Iterator
         everything = bool(tried) and tried[-1][0] == number and tried[-1][2] == "ended"
         if not follow or (RunState(run_state).is_terminal() and everything):
             return
-        time.sleep(FOLLOW_INTERVAL_S)
+        await asyncio.sleep(FOLLOW_INTERVAL_S)
 
 
 def _attempts(ledger, run_id: str) -> tuple[str, list[tuple[int, str, str]]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
+from fastapi import Path as PathParam
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select
 
@@ -63,7 +64,9 @@ def run_evals(run_id: str, request: Request) -> dict[str, Any]:
 
 
 @router.get("/attempts/{run_id}/{number}/explain")
-def explain_attempt(run_id: str, number: int, request: Request) -> dict[str, Any]:
+def explain_attempt(run_id: str, request: Request,
+                    number: int = PathParam(ge=1, le=1_000_000_000, description="The attempt's number, from 1.")
+                    ) -> dict[str, Any]:
     """The 15-minute answer for one attempt: the same facts as `trackway explain RUN/N --json`."""
     from trackway.supervisor.explain import explain
 

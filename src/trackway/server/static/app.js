@@ -37,7 +37,7 @@ async function api(path, options) {
 }
 
 function askToken() {
-  const token = prompt("This server needs its token (trackway serve printed it; it is in $TRACKWAY_HOME/server-token):");
+  const token = prompt("This server needs a token: the contents of $TRACKWAY_HOME/server-token, or one from `trackway token add`:");
   if (token) { sessionStorage.setItem(TOKEN_KEY, token.trim()); route(); }
 }
 

@@ -16,6 +16,7 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -29,6 +30,7 @@ from trackway.ledger import open_ledger  # noqa: E402
 POINTS = int(os.environ.get("TRACKWAY_BENCH_API_POINTS", "10000000"))
 RUNS = 100_000
 REPEAT = 5
+TOKEN = "bench-token-0123456789abcdef"
 
 
 def build(path: Path) -> None:
@@ -62,14 +64,17 @@ def main() -> int:
         build(db)
         print(f"  (ledger: {POINTS:,} points, {RUNS:,} runs, built in {time.perf_counter() - started:.0f} s)")
         env = {**os.environ, "TRACKWAY_DB": f"sqlite:///{db}", "TRACKWAY_HOME": str(Path(tmp) / "home"),
-               "TRACKWAY_BACKGROUND_SUPERVISOR": "0"}
+               "TRACKWAY_BACKGROUND_SUPERVISOR": "0", "TRACKWAY_SERVER_TOKEN": TOKEN}
         server = subprocess.Popen([sys.executable, "-m", "trackway", "serve", "--port", "0"], env=env,
                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         try:
             base = f"http://127.0.0.1:{int(server.stdout.readline())}"
+            # The access log goes to stdout: drained, or a full pipe would block the server mid-request.
+            threading.Thread(target=lambda: server.stdout.read(), daemon=True).start()
 
             def get(path: str) -> bytes:
-                with urllib.request.urlopen(base + path, timeout=600) as response:
+                request = urllib.request.Request(base + path, headers={"Authorization": f"Bearer {TOKEN}"})
+                with urllib.request.urlopen(request, timeout=600) as response:
                     return response.read()
 
             def chart() -> None:

@@ -39,6 +39,7 @@ BENCHES = [
     "bench_host_loss.py",
     "bench_evals.py",
     "bench_api.py",
+    "bench_server_auth.py",
 ]
 
 

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -70,6 +71,10 @@ def serving(home: Path, db: str, *args: str, env: dict[str, str] | None = None) 
         if not line.strip().isdigit():
             process.kill()
             raise AssertionError(f"serve did not start: {line!r} {process.stderr.read()}")
+        # uvicorn's access log goes to stdout: drained (and kept, in `process.access_log`), or a full pipe
+        # would block the server mid-request.
+        process.access_log = []
+        threading.Thread(target=lambda: process.access_log.extend(process.stdout), daemon=True).start()
         host = "127.0.0.1"
         yield f"http://{host}:{int(line)}", process
     finally:

@@ -150,7 +150,7 @@ def test_responses_carry_safe_headers_and_the_access_log_no_query_strings(server
         assert "'unsafe-inline'" not in lowered["content-security-policy"]
     process.terminate()
     process.wait(timeout=10)
-    logged = process.stdout.read() + process.stderr.read()  # uvicorn's access log goes to stdout
+    logged = "".join(process.access_log) + process.stderr.read()  # uvicorn's access log goes to stdout
     assert "/api/jobs?…" in logged and "secret-in-url" not in logged and TEST_TOKEN not in logged
 
 

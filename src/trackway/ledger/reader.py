@@ -30,7 +30,7 @@ HEAD_REVISION = "0015"
 # Every column stored as `UTCDateTime` in schema.py (a test keeps this set equal to the schema's).
 TIMESTAMP_COLUMNS = frozenset({
     "created_at", "ended_at", "not_before", "started_at", "last_heartbeat_at", "at", "committed_at", "updated_at", "concluded_at",
-    "claimed_at", "sent_at",
+    "claimed_at", "sent_at", "revoked_at",
 })
 DRIVEN_RUN_STATES = (RunState.QUEUED.value, RunState.RUNNING.value)
 EVALUATION_IN_FLIGHT = "running"  # evals.records.IN_FLIGHT (a test holds the two equal)

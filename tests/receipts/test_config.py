@@ -149,3 +149,62 @@ def test_empty_yaml_is_an_empty_config(tmp_path: Path) -> None:
     snap = load_config(write(tmp_path, "c.yaml", "# nothing yet\n"))
     assert snap.values == {}
     assert json.loads(snap.canonical) == {}
+
+
+# --- bounds: what a hostile config gets (issue 31) ---------------------------------------------
+
+_ALIAS_BOMB = "a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
+    f"{name}: &{name} [{', '.join([f'*{previous}'] * 9)}]\n" for previous, name in zip("abcdefgh", "bcdefghi")
+)
+
+
+@pytest.mark.parametrize(("name", "text", "expected"), [
+    ("bomb.yaml", _ALIAS_BOMB, "its aliases expand to more than 1,000,000 values"),
+    ("cycle.yaml", "a: &a [1, *a]\n", "an alias refers to a value that contains it"),
+    ("deep.yaml", "x: " + "[" * 5000 + "]" * 5000 + "\n", "nested more than 64 levels deep"),
+    ("deep.json", '{"x": ' + "[" * 5000 + "]" * 5000 + "}", "nested more than 64 levels deep"),
+    ("deep.toml", "x = " + "[" * 5000 + "]" * 5000 + "\n", "nested more than 64 levels deep"),
+    ("d65.json", '{"x": ' + "[" * 64 + "]" * 64 + "}", "nested more than 64 levels deep at 'x[0]"),
+])
+def test_hostile_configs_are_refused_by_name_in_one_line(tmp_path: Path, name: str, text: str, expected: str) -> None:
+    # Before: the bomb did not finish in 60 s; nesting gave `internal error: RecursionError`.
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(InputError) as refused:
+        load_config(path)
+    message = str(refused.value)
+    assert message.startswith(f"--config {path}: ") and expected in message
+    assert "\n" not in message and len(message) < 400
+
+
+def test_a_config_as_deep_as_the_bound_and_aliases_that_share_are_kept(tmp_path: Path) -> None:
+    path = tmp_path / "ok.yaml"
+    path.write_text("x: " + "[" * 63 + "1" + "]" * 63 + "\nopt: &o {lr: 0.1}\nagain: *o\n")
+    values = load_config(path).values
+    assert values["again"] == {"lr": 0.1}
+    depth, inner = 0, values["x"]
+    while isinstance(inner, list):
+        depth, inner = depth + 1, inner[0]
+    assert (depth, inner) == (63, 1)
+
+
+def test_a_config_file_past_the_size_bound_is_refused_before_it_is_parsed(tmp_path: Path) -> None:
+    from trackway.receipts.config import MAX_CONFIG_BYTES
+
+    path = tmp_path / "big.yaml"
+    with path.open("w") as file:
+        file.write("x: ")
+        file.write("a" * MAX_CONFIG_BYTES)
+    with pytest.raises(InputError, match="larger than 16 MiB"):
+        load_config(path)
+
+
+@pytest.mark.parametrize(("item", "expected"), [
+    (".".join(["k"] * 5000) + "=1", "--set: KEY has 5000 dotted parts; expected at most 64"),
+    ("a=" + "[" * 5000 + "]" * 5000, "nested more than 64 levels deep"),
+    (".".join(["k"] * 60) + "=" + "[" * 10 + "]" * 10, "nested more than 64 levels deep"),
+])
+def test_set_keys_and_values_have_the_same_depth_bound(item: str, expected: str) -> None:
+    with pytest.raises(InputError) as refused:
+        load_config(None, [item])
+    assert expected in str(refused.value) and len(str(refused.value)) < 400

@@ -131,6 +131,13 @@ def test_bodies_and_ids_beyond_bounds_are_4xx_and_record_nothing(server):
         connection.send(b"%x\r\n%s\r\n" % (len(chunk), chunk))
     connection.send(b"0\r\n\r\n")
     assert connection.getresponse().status == 413
+    # Under the cap but nested past any config's depth: refused by name, not a RecursionError's 500.
+    for depth in (70, 50_000):  # past the config's bound; past the parser's stack
+        nested = '{"script": "train.py", "config": {"x": ' + "[" * depth + "]" * depth + "}}"
+        status, _, body = _raw(base, "POST", "/api/jobs", {"Host": host, "Authorization": f"Bearer {TEST_TOKEN}",
+                                                           "Content-Type": "application/json"}, nested.encode())
+        assert status in (400, 422), (depth, status, body[:300])
+        assert b"deep" in body, body[:300]
     assert api.get("/api/jobs")[1] == []
     status, job, _ = api.post("/api/jobs", {"script": "train.py"})
     assert status == 201

@@ -8,7 +8,8 @@ An ASGI middleware, so it costs a header look-up per request, not a task:
 - **Origin**: a request that changes something (POST, PUT, PATCH, DELETE) that carries an `Origin`
   must come from this server's own origin (403 otherwise). Scripts and the CLI send none.
 - **Body**: at most `max_body` bytes (413), chunked or not: a request is read whole before a route
-  sees it, so a 100 MB config never reaches the ledger.
+  sees it, so a 100 MB config never reaches the ledger. Nested at most MAX_BODY_DEPTH levels (400):
+  the JSON parser recurses once per level, and a megabyte of `[` would end in a RecursionError.
 - **Headers**: `X-Content-Type-Options: nosniff`, and a Content-Security-Policy without inline
   script that forbids framing, on every response (the dashboard and the logs included).
 
@@ -19,13 +20,18 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Iterable
+from itertools import accumulate
 from urllib.parse import urlsplit
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 WILDCARDS = frozenset({"0.0.0.0", "::", ""})
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 DEFAULT_MAX_BODY = 1 << 20
+# A job's body holds its config two levels down, and a config may nest 64 levels
+# (receipts/config.py's MAX_DEPTH): this leaves room for both, and none for a parser's stack.
+MAX_BODY_DEPTH = 100
 CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
        "object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
 SECURITY_HEADERS = (
@@ -87,8 +93,25 @@ class Guard:
             if body is None:
                 await _refuse(send, 413, "BodyTooLarge", f"request body: expected at most {self.max_body} bytes")
                 return
+            if json_depth(body) > MAX_BODY_DEPTH:
+                await _refuse(send, 400, "TooDeep", f"request body: nested more than {MAX_BODY_DEPTH} levels deep; "
+                                                    "expected a job whose config nests at most 64 levels")
+                return
             receive = _replay(body, receive)
         await self.app(scope, receive, _with_headers(send))
+
+
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')  # unrolled: one step per run of plain characters
+_BRACKETS = b"[]{}"
+_NOT_BRACKETS = bytes(set(range(256)) - set(_BRACKETS))
+
+
+def json_depth(body: bytes) -> int:
+    """How deep `body` nests as JSON: brackets outside strings, counted in one linear pass."""
+    brackets = _JSON_STRING.sub(b"", body).translate(None, _NOT_BRACKETS)
+    if not brackets:
+        return 0
+    return max(accumulate(1 if byte in b"[{" else -1 for byte in brackets))
 
 
 def _same_origin(origin: str, host: str, scheme: str) -> bool:

@@ -40,6 +40,7 @@ BENCHES = [
     "bench_evals.py",
     "bench_api.py",
     "bench_server_auth.py",
+    "bench_server_load.py",
 ]
 
 

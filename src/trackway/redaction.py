@@ -9,7 +9,10 @@ by `***`:
   keeping the prefix so a reader still sees which kind of token it was: `hf_***`;
 - JSON Web Tokens, `Bearer <token>`, PEM private key blocks;
 - the value of `KEY=value`, `KEY: value`, `"key": "value"`, `--key value` pairs whose key looks
-  like it names a secret (`is_secret_name`).
+  like it names a secret (`is_secret_name`);
+- with `known`, the values a run is known to hold (its secret variables, the command-line words
+  redaction hid), wherever they appear: a script that prints `$MY_PASSWORD` says no `KEY=` before
+  it. Only values of at least KNOWN_MIN_CHARS characters, so that a secret `1` masks no step number.
 
 Everything else stays as it was, so a redacted log is still a log: loss values, paths, git
 hashes, step counters and `--lr 3e-4` are untouched. `redact` is idempotent.
@@ -22,13 +25,17 @@ adversarial line costs no more than an ordinary one of the same length.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-__all__ = ["MASK", "is_secret_name", "looks_secret", "redact", "redact_lines", "redact_structure", "redact_url"]
+__all__ = [
+    "MASK", "hidden_values", "is_secret_name", "known_values", "looks_secret", "redact", "redact_argv", "redact_lines",
+    "redact_structure", "redact_url",
+]
 
 MASK = "***"
+KNOWN_MIN_CHARS = 6
 
 # --- names -----------------------------------------------------------------------------------
 
@@ -149,10 +156,30 @@ def _redact_values(text: str, keys: re.Pattern, values: re.Pattern) -> str:
     return "".join(out)
 
 
-def redact(text: str) -> str:
-    """`text` with the secret parts replaced by `***`; everything else unchanged."""
+def known_values(values: Iterable[str]) -> tuple[str, ...]:
+    """The values worth masking wherever they appear (see the module docstring), longest first.
+
+    Longest first, so that a value holding another is masked whole rather than around the shorter one.
+    """
+    kept = {v for v in values if isinstance(v, str) and len(v) >= KNOWN_MIN_CHARS and v != MASK}
+    return tuple(sorted(kept, key=lambda v: (-len(v), v)))
+
+
+def _mask_known(text: str, known: Sequence[str]) -> str:
+    for value in known:
+        if value in text:
+            text = text.replace(value, MASK)
+    return text
+
+
+def redact(text: str, known: Sequence[str] = ()) -> str:
+    """`text` with the secret parts replaced by `***`; everything else unchanged.
+
+    `known`: values to mask wherever they appear, as `known_values` returns them.
+    """
     if not text:
         return text
+    text = _mask_known(text, known)
     text = _PEM.sub(lambda m: f"{m.group('begin')}{MASK}{m.group('end')}", text)
     text = _URL_PASSWORD.sub(lambda m: f"{m.group('head')}{MASK}@", text)
     text = _TOKENS.sub(_token, text)
@@ -161,7 +188,7 @@ def redact(text: str) -> str:
     return _redact_values(text, _FLAG_KEY, _FLAG_VALUE)
 
 
-def redact_lines(lines: Iterable[str]) -> list[str]:
+def redact_lines(lines: Iterable[str], known: Sequence[str] = ()) -> list[str]:
     """Each line redacted, one output line per input line.
 
     A PEM private key printed over several lines is hidden whole: its base64 body lines carry no
@@ -176,36 +203,70 @@ def redact_lines(lines: Iterable[str]) -> list[str]:
                 out.append(MASK)
                 continue
             inside_key = False
-            out.append(MASK + redact(line[end.start() :]))
+            out.append(MASK + redact(line[end.start() :], known))
             continue
         begin = _PEM_BEGIN.search(line)
         if begin is not None and _PEM_END.search(line, begin.end()) is None:
             inside_key = True
-            out.append(redact(line[: begin.end()]) + MASK)
+            out.append(redact(line[: begin.end()], known) + MASK)
             continue
-        out.append(redact(line))
+        out.append(redact(line, known))
     return out
 
 
-def redact_structure(value: object) -> object:
+def redact_structure(value: object, known: Sequence[str] = ()) -> object:
     """A JSON-like structure with every string in it redacted (keys too), so it stays valid JSON.
 
     A string under a key that names a secret (`{"hf_token": "abc"}`) is hidden whole.
     """
     if isinstance(value, str):
-        return redact(value)
+        return redact(value, known)
     if isinstance(value, dict):
         return {
-            redact(k) if isinstance(k, str) else k: (
-                MASK if isinstance(k, str) and is_secret_name(k) and isinstance(v, str) and v else redact_structure(v)
+            redact(k, known) if isinstance(k, str) else k: (
+                MASK if isinstance(k, str) and is_secret_name(k) and isinstance(v, str) and v
+                else redact_structure(v, known)
             )
             for k, v in value.items()
         }
     if isinstance(value, (list, tuple)):
         if value and all(isinstance(item, str) for item in value):
-            return redact_lines(value)
-        return [redact_structure(item) for item in value]
+            return redact_lines(value, known)
+        return [redact_structure(item, known) for item in value]
     return value
+
+
+def redact_argv(argv: Sequence[str], known: Sequence[str] = ()) -> list[str]:
+    """A command line with its secret parts replaced by `***`, word for word.
+
+    Each word is redacted as text (`--api-key=abc`, a URL's password, a token's shape, `known`
+    values); the word after a flag that names a secret (`--token abc`, `-password abc`) is hidden
+    whole, since it may have no shape of its own.
+    """
+    out: list[str] = []
+    hide_next = False
+    for word in argv:
+        if hide_next and word and not word.startswith("-"):
+            out.append(MASK)
+        else:
+            out.append(redact(word, known))
+        flag = _FLAG_KEY.fullmatch(word + " ")
+        hide_next = flag is not None and is_secret_name(flag.group("key"))
+    return out
+
+
+def hidden_values(original: str, redacted: str) -> list[str]:
+    """The parts of `original` that `redacted` (made from it by this module) replaced by `***`.
+
+    Redaction only ever replaces spans with `***`, so the text between the masks is the
+    original's; the values are what lies between those pieces.
+    """
+    if original == redacted:
+        return []
+    pieces = redacted.split(MASK)
+    pattern = "(.*?)".join(re.escape(piece) for piece in pieces)
+    match = re.fullmatch(pattern, original, re.DOTALL)
+    return [value for value in match.groups() if value] if match else [original]
 
 
 def looks_secret(value: str) -> bool:

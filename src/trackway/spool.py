@@ -68,6 +68,8 @@ from itertools import compress
 from pathlib import Path
 from typing import Any
 
+from trackway.private_dir import make_private_dir
+
 METRICS_PREFIX = "metrics-"
 EVENTS_FILE = "events.jsonl"
 HEARTBEAT_FILE = "heartbeat.json"
@@ -447,9 +449,7 @@ def make_fallback_dir(spool_dir: Path) -> Path:
         try:
             directory.parent.parent.mkdir(parents=True, exist_ok=True)
             for private in (directory.parent, directory):
-                private.mkdir(mode=0o700, exist_ok=True)
-            _check_private(directory.parent)
-            _check_private(directory)
+                make_private_dir(private)
             origin = directory / "origin.json"
             if not origin.exists():
                 write_json_atomic(origin, {"spool_dir": os.path.abspath(spool_dir)}, fsync=False)
@@ -457,12 +457,3 @@ def make_fallback_dir(spool_dir: Path) -> Path:
         except OSError as exc:
             errors.append(f"{directory}: {exc.strerror or exc}")
     raise OSError(f"no fallback directory could be written ({'; '.join(errors)})")
-
-
-def _check_private(directory: Path) -> None:
-    """Refuse a directory another user made or can write: it is in a shared /tmp."""
-    info = os.lstat(directory)
-    if not os.path.isdir(directory) or os.path.islink(directory) or info.st_uid != os.getuid():
-        raise PermissionError(f"{directory} is not a directory owned by this user")
-    if info.st_mode & 0o022:
-        raise PermissionError(f"{directory} can be written by other users")

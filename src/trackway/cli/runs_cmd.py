@@ -9,6 +9,7 @@ import typer
 
 from trackway.cli.context import AppContext, app_context
 from trackway.cli.jsonout import print_json, rows_to_dicts
+from trackway.redaction import redact_argv, redact_structure
 from trackway.validation import attempt_ref, limit as check_limit
 
 # Human output (rich) is imported where it is printed: `--json` and the first line of output do not wait for it.
@@ -37,8 +38,13 @@ def reconcile(app: AppContext) -> None:
 
 def _run_json(row) -> dict:
     out = rows_to_dicts([row], [c for c in RUN_COLUMNS if c in row])[0]
-    out["command"] = json.loads(row["command"])
+    out["command"] = shown_command(row)
     return out
+
+
+def shown_command(run) -> list[str]:
+    """The run's command, redacted again: a run recorded before commands were redacted holds it as typed."""
+    return redact_argv(json.loads(run["command"]))
 
 
 def _attempt_json(row) -> dict:
@@ -76,7 +82,7 @@ def runs(
 
     console.print(table(None, runs_listing(), (
         (r["run_id"], r["name"], r["project"], r["kind"], r["state"], r["termination_reason"], r["attempt_count"],
-         _minute(r["created_at"]), " ".join(json.loads(r["command"])))
+         _minute(r["created_at"]), " ".join(shown_command(r)))
         for r in rows
     )))
 
@@ -198,7 +204,8 @@ def show(
         shown = rows[-1] if rows else None
         config_sha = (shown and shown["config_sha256"]) or run["config_sha256"]
         data_sha = (shown and shown["data_manifest_sha256"]) or run["data_manifest_sha256"]
-        config = json.loads(reader.blob(config_sha)) if config_sha else None
+        # Masked as `explain` masks it (by key name and shape): a config may hold a pasted API key.
+        config = redact_structure(json.loads(reader.blob(config_sha))) if config_sha else None
         manifest = json.loads(reader.blob(data_sha)) if data_sha else None
     if as_json:
         payload = _run_json(run)
@@ -246,7 +253,7 @@ def _print_run(app: AppContext, run, config_sha, config, data_sha, manifest, sho
     for label, value in (
         ("state", f"{run['state']}{reason}"),
         ("project", f"{run['project']}   model family {run['model_family'] or 'not set'}   kind {run['kind']}"),
-        ("command", " ".join(json.loads(run["command"]))),
+        ("command", " ".join(shown_command(run))),
         ("workdir", run["workdir"]),
         ("created", f"{short_time(run['created_at'])} UTC"
          + (f", ended {short_time(run['ended_at'])} UTC" if run["ended_at"] else "")),

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trackway.errors import ExecutorError, InputError
+from trackway.private_dir import make_private_dir
 
 CONNECT_TIMEOUT_S = float(os.environ.get("TRACKWAY_SSH_CONNECT_TIMEOUT_S", "10"))
 CALL_TIMEOUT_S = float(os.environ.get("TRACKWAY_SSH_TIMEOUT_S", "60"))
@@ -105,8 +106,7 @@ class SshClient:
         # Unix socket paths are short (108 bytes): a private directory in /tmp, one socket per
         # (host, port, user, key, options), so that a test's fresh sshd on a reused address never
         # inherits another key's connection.
-        directory = Path(tempfile.gettempdir()) / f"trackway-ssh-{os.getuid()}"
-        directory.mkdir(mode=0o700, exist_ok=True)
+        directory = control_dir()
         identity = "\0".join([self.target.spec, self.key_file or "", *self.options])
         return str(directory / hashlib.sha256(identity.encode()).hexdigest()[:20])
 
@@ -114,6 +114,21 @@ class SshClient:
         """Stop the shared connection (the next call opens a new one)."""
         subprocess.run(["ssh", *self._options(), "-O", "exit", self._destination()],
                        capture_output=True, timeout=10, check=False)
+
+
+def control_dir() -> Path:
+    """The directory of this user's control sockets, private to them; ExecutorError, saying the fix, when it is not.
+
+    Whoever can replace a socket there gets every command sent to the host, and its output.
+    """
+    directory = Path(tempfile.gettempdir()) / f"trackway-ssh-{os.getuid()}"
+    try:
+        return make_private_dir(directory)
+    except OSError as exc:
+        raise ExecutorError(
+            f"SSH control directory {directory}: {exc.strerror or exc}; remove it (after checking who made it) or "
+            "set TMPDIR to a directory only you can write, then try again"
+        ) from None
 
 
 def _first_lines(stderr: bytes, most: int = 2) -> str:

@@ -20,10 +20,12 @@ from sqlalchemy import select
 from trackway.errors import InputError
 from trackway.experiments import criteria as criteria_language
 from trackway.receipts.config_diff import change_text, changes as config_changes
+from trackway.experiments.launch import experiment_dir
 from trackway.experiments.records import (
     ExperimentStatus,
     Verdict,
     insert_experiment,
+    new_experiment_id,
     resolve_experiment,
 )
 from trackway.ledger import Ledger
@@ -31,6 +33,8 @@ from trackway.ledger.blobs import get_blob, put_blob
 from trackway.ledger.records import latest_attempt, resolve_run
 from trackway.ledger.schema import experiments, run_eval_specs
 from trackway.ledger.script_config import merge
+from trackway.ledger.store import make_private_dirs
+from trackway.receipts import submitted_argv, submitted_env
 from trackway.receipts.config import apply_overrides, load_config
 from trackway.settings import Settings
 from trackway.taxonomy import RunKind
@@ -100,10 +104,13 @@ def new_experiment(ledger: Ledger, settings: Settings, spec: ExperimentSpec) -> 
     config = apply_overrides(base, spec.overrides) if (base or spec.overrides) else None
     after, _ = merge(effective or {}, config.values if config else {})
     changes = config_changes(effective or {}, after)
-    command = list(spec.command) or json.loads(baseline["command"])
-    baseline_command = json.loads(baseline["command"])
-    if command != baseline_command:
-        changes.append({"key": "command", "before": " ".join(baseline_command), "after": " ".join(command)})
+    baseline_command = _typed_command(settings, baseline)
+    command = submitted_argv.capture(list(spec.command) or baseline_command.argv,
+                                     list(submitted_env.capture().secret.values()))
+    if command.argv != baseline_command.argv:
+        # Said as recorded: a changed token reads `--token *** → --token ***`, a change all the same.
+        changes.append({"key": "command", "before": " ".join(baseline_command.recorded),
+                        "after": " ".join(command.recorded)})
     if len(changes) > 1 and not spec.allow_multiple_changes:
         listed = "; ".join(change_text(c) for c in changes[:6]) + ("; ..." if len(changes) > 6 else "")
         raise InputError(
@@ -113,37 +120,55 @@ def new_experiment(ledger: Ledger, settings: Settings, spec: ExperimentSpec) -> 
     if spec.no_evals and spec.eval_spec_paths:
         raise InputError("--no-evals: cannot go with --eval; give one or the other")
     eval_specs = _eval_specs(spec.eval_spec_paths, settings) if spec.eval_spec_paths else None
-    with ledger.write() as conn:
-        config_sha = put_blob(conn, config.canonical, "config") if config else None
-        if eval_specs is not None:
-            from trackway.evals.records import store_spec
+    experiment_id = new_experiment_id()
+    folder = experiment_dir(settings, experiment_id)
+    if command.needs_file:
+        make_private_dirs(folder)
+        submitted_argv.write_secret_file(folder, command)
+    try:
+        with ledger.write() as conn:
+            config_sha = put_blob(conn, config.canonical, "config") if config else None
+            if eval_specs is not None:
+                from trackway.evals.records import store_spec
 
-            specs = [{"name": s.name, "spec_sha256": store_spec(conn, s), "trigger": s.trigger} for s in eval_specs]
-        else:
-            specs = [] if spec.no_evals else inherited_specs
-        experiment_id = insert_experiment(conn, dict(
-            name=spec.name,
-            project=spec.project or baseline["project"],
-            title=spec.title.strip(),
-            hypothesis=spec.hypothesis.strip(),
-            baseline_run_id=baseline["run_id"],
-            parent_experiment_id=parent["experiment_id"] if parent else None,
-            command=json.dumps(command),
-            workdir=str(spec.cwd if spec.command else Path(baseline["workdir"])),
-            config_sha256=config_sha,
-            overrides=json.dumps(list(spec.overrides)),
-            changes=json.dumps(changes),
-            allow_multiple_changes=bool(spec.allow_multiple_changes),
-            criteria=json.dumps([c.source for c in parsed]),
-            eval_specs=json.dumps(specs) if specs else None,
-            data_paths=json.dumps(spec.data_paths if spec.data_paths is not None
-                                  else json.loads(baseline["data_paths"] or "[]")),
-            gpus=spec.gpus if spec.gpus is not None else baseline["gpus"],
-            time_limit_s=spec.time_limit_hours * 3600 if spec.time_limit_hours else baseline["time_limit_s"],
-            resource_request=spec.resource or baseline["resource_request"],
-            status=ExperimentStatus.PLANNED.value,
-        ))
+                specs = [{"name": s.name, "spec_sha256": store_spec(conn, s), "trigger": s.trigger} for s in eval_specs]
+            else:
+                specs = [] if spec.no_evals else inherited_specs
+            insert_experiment(conn, dict(
+                experiment_id=experiment_id,
+                name=spec.name,
+                project=spec.project or baseline["project"],
+                title=spec.title.strip(),
+                hypothesis=spec.hypothesis.strip(),
+                baseline_run_id=baseline["run_id"],
+                parent_experiment_id=parent["experiment_id"] if parent else None,
+                command=json.dumps(command.recorded),
+                workdir=str(spec.cwd if spec.command else Path(baseline["workdir"])),
+                config_sha256=config_sha,
+                overrides=json.dumps(list(spec.overrides)),
+                changes=json.dumps(changes),
+                allow_multiple_changes=bool(spec.allow_multiple_changes),
+                criteria=json.dumps([c.source for c in parsed]),
+                eval_specs=json.dumps(specs) if specs else None,
+                data_paths=json.dumps(spec.data_paths if spec.data_paths is not None
+                                      else json.loads(baseline["data_paths"] or "[]")),
+                gpus=spec.gpus if spec.gpus is not None else baseline["gpus"],
+                time_limit_s=spec.time_limit_hours * 3600 if spec.time_limit_hours else baseline["time_limit_s"],
+                resource_request=spec.resource or baseline["resource_request"],
+                status=ExperimentStatus.PLANNED.value,
+            ))
+    except BaseException:
+        (folder / submitted_argv.SECRET_FILE).unlink(missing_ok=True)
+        raise
     return Recorded(experiment_id, baseline["run_id"], changes, note)
+
+
+def _typed_command(settings: Settings, baseline) -> submitted_argv.SubmittedCommand:
+    """The baseline's command as typed: an experiment that keeps it must run its real `--token`, not `***`."""
+    try:
+        return submitted_argv.read(json.loads(baseline["command"]), settings.runs_dir / baseline["run_id"])
+    except submitted_argv.MissingArguments as exc:
+        raise InputError(f"baseline {baseline['name'] or baseline['run_id']}: {exc}") from None
 
 
 def _baseline(conn, spec: ExperimentSpec):

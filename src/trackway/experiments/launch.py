@@ -78,15 +78,15 @@ def run_spec(ledger: Ledger, settings: Settings, experiment, kind: str, **extra:
     """The RunSpec of one of the experiment's runs."""
     from trackway.supervisor.launch import RunSpec
 
+    folder = experiment_dir(settings, experiment["experiment_id"])
     config_path = None
     if experiment["config_sha256"]:
-        folder = settings.home / "experiments" / experiment["experiment_id"]
         make_private_dirs(folder)
         config_path = folder / "config.json"
         with ledger.read() as conn:
             config_path.write_bytes(get_blob(conn, experiment["config_sha256"]))
     return RunSpec(
-        command=json.loads(experiment["command"]),
+        command=_typed_command(experiment, folder),
         cwd=Path(experiment["workdir"]),
         name=f"{experiment['name'] or experiment['experiment_id']}-{kind}",
         project=experiment["project"],
@@ -97,6 +97,22 @@ def run_spec(ledger: Ledger, settings: Settings, experiment, kind: str, **extra:
         resource=experiment["resource_request"],
         **extra,
     )
+
+
+def experiment_dir(settings: Settings, experiment_id: str) -> Path:
+    """Where an experiment keeps what the ledger may not hold: its config file, its command as typed."""
+    return settings.home / "experiments" / experiment_id
+
+
+def _typed_command(experiment, folder: Path) -> list[str]:
+    """The experiment's command as typed: the ledger's form with the words it hides read back from its folder."""
+    from trackway.errors import InputError
+    from trackway.receipts import submitted_argv
+
+    try:
+        return submitted_argv.read(json.loads(experiment["command"]), folder).argv
+    except submitted_argv.MissingArguments as exc:
+        raise InputError(f"experiment {experiment['name'] or experiment['experiment_id']}: {exc}") from None
 
 
 def test_spec(ledger: Ledger, settings: Settings, experiment, plan: TestPlan):

@@ -22,6 +22,7 @@ from trackway.experiments.records import DRIVEN, loads
 from trackway.experiments.verdict import judge
 from trackway.ledger.reader import Reader
 from trackway.ledger.schema import attempts, eval_metrics, evaluations, runs
+from trackway.redaction import redact_argv
 
 SCALAR_ROWS = ("steps", "wall_hours", "gpu_hours", "cost_usd", "throughput")
 
@@ -46,7 +47,7 @@ def describe(conn: Connection, experiment) -> dict[str, Any]:
         "stop_reason": experiment["stop_reason"],
         "baseline_run_id": experiment["baseline_run_id"],
         "parent_experiment_id": experiment["parent_experiment_id"],
-        "command": json.loads(experiment["command"]),
+        "command": redact_argv(json.loads(experiment["command"])),  # one recorded before redaction holds it as typed
         "changes": loads(experiment, "changes", []),
         "allow_multiple_changes": bool(experiment["allow_multiple_changes"]),
         "criteria": loads(experiment, "criteria", []),

@@ -67,19 +67,20 @@ def update_attempt(conn: Connection, attempt_id: str, **values: Any) -> None:
     conn.execute(update(attempts).where(attempts.c.attempt_id == attempt_id).values(**values))
 
 
-def redacted_evidence(evidence_json: str) -> str:
-    """Termination evidence with secret shapes hidden, still valid JSON.
+def redacted_evidence(evidence_json: str, secrets: Sequence[str] = ()) -> str:
+    """Termination evidence with secret shapes, and the run's own `secrets`, hidden; still valid JSON.
 
     Evidence quotes what the process printed (log lines, the SDK note's message, an executor's
     error), and the ledger is readable by everyone who can run `trackway sql`: a script that
     prints its token must not publish it there. The strings inside the structure are redacted,
-    not the serialized text, so the JSON stays parseable.
+    not the serialized text, so the JSON stays parseable. `secrets`: values the run is known to
+    hold (`redaction.known_values`), masked wherever they appear.
     """
     try:
         evidence = json.loads(evidence_json)
     except ValueError:
-        return redact(evidence_json)
-    return json.dumps(redact_structure(evidence), ensure_ascii=False)
+        return redact(evidence_json, secrets)
+    return json.dumps(redact_structure(evidence, secrets), ensure_ascii=False)
 
 
 def get_attempt(conn: Connection, attempt_id: str) -> RowMapping:
@@ -128,8 +129,12 @@ def record_attempt_end(
     exit_code: int | None,
     signal: int | None,
     cost_per_gpu_hour: float,
+    secrets: Sequence[str] = (),
 ) -> float | None:
-    """Write an attempt's end and its run's state, once: returns gpu_seconds, or None if it was already ended."""
+    """Write an attempt's end and its run's state, once: returns gpu_seconds, or None if it was already ended.
+
+    `secrets`: the run's own secret values, masked in the evidence (see `redacted_evidence`).
+    """
     started_at = attempt["started_at"] or ended_at
     wall = max(0.0, (ended_at - started_at).total_seconds())
     gpus = max(1, attempt["gpu_count"] or 0)
@@ -148,7 +153,7 @@ def record_attempt_end(
             exit_code=exit_code,
             signal=signal,
             termination_reason=reason.value,
-            termination_evidence=redacted_evidence(evidence_json),
+            termination_evidence=redacted_evidence(evidence_json, secrets),
         )
     ).rowcount
     if not changed:

@@ -123,6 +123,22 @@ def restore(description: Mapping[str, Any], runs_dir: Path) -> SubmittedEnvironm
     return SubmittedEnvironment(plain=dict(description.get("variables") or {}), secret=secret)
 
 
+def kept_values(description: Mapping[str, Any] | None, runs_dir: Path) -> list[str]:
+    """The values of the run's secret variables, as far as they can be read back ([] otherwise).
+
+    For masking wherever the run's output repeats them (a script that prints `$MY_PASSWORD`);
+    unlike `restore`, a missing file is no error here: there is then nothing to mask.
+    """
+    names = (description or {}).get("secrets") or {}
+    if not names:
+        return []
+    try:
+        stored = json.loads((runs_dir / str(description.get("owner", "")) / SECRET_FILE).read_bytes())
+    except (OSError, ValueError):
+        return []
+    return [stored[name] for name in names if isinstance(stored, dict) and isinstance(stored.get(name), str)]
+
+
 class MissingSecrets(Exception):
     """Secret variables the run was submitted with can no longer be read back."""
 

@@ -90,7 +90,7 @@ class StandaloneSession:
         code = capture_code(Path.cwd())
         run = dict(
             run_id=run_id, name=name, project=project, model_family=model_family, kind=RunKind.FULL.value,
-            state=RunState.RUNNING.value, command=json.dumps([sys.executable, *sys.argv]), workdir=str(Path.cwd()),
+            state=RunState.RUNNING.value, command=json.dumps(_recorded_command()), workdir=str(Path.cwd()),
             resource="local", executor="inline", gpus=0, code_repo=code.repo, code_branch=code.branch,
             code_commit=code.commit, created_at=now,
         )
@@ -139,6 +139,20 @@ _BOOT = (
     "import sys; root = sys.argv[1]; sys.path[:0] = [] if root in sys.path else [root]; "
     "from trackway.sdk.standalone import main; sys.exit(main())"
 )
+
+
+def _recorded_command() -> list[str]:
+    """This process's command line as the ledger may hold it: no run retries it, so its words as typed are not kept."""
+    from trackway.receipts import submitted_argv
+
+    return submitted_argv.capture([sys.executable, *sys.argv], _secret_values()).recorded
+
+
+def _secret_values() -> list[str]:
+    """The values of this process's secret-named variables: masked wherever the run's records repeat them."""
+    from trackway.receipts import submitted_env
+
+    return list(submitted_env.capture().secret.values())
 
 
 def _start_ingester() -> subprocess.Popen | OSError:
@@ -252,6 +266,7 @@ class Ingester:
 
     def _record_end(self, exit_code: int | None) -> None:
         from trackway.ledger.records import get_attempt, record_attempt_end
+        from trackway.redaction import known_values
 
         note = read_json(self.spool_dir / NOTE_FILE)
         if note and note.get("reason") in TerminationReason._value2member_map_:
@@ -271,6 +286,7 @@ class Ingester:
                 exit_code=exit_code,
                 signal=None,
                 cost_per_gpu_hour=self.settings.resource("local").cost_per_gpu_hour,
+                secrets=known_values(_secret_values()),  # the ingester was started with the script's environment
             )
 
 

@@ -25,6 +25,7 @@ from trackway import validation
 from trackway.ledger.records import resolve_run
 from trackway.ledger.schema import attempts, metric_points, metric_series, runs
 from trackway.output_log import read_from, tail_offset
+from trackway.redaction import redact_argv
 from trackway.taxonomy import RunState
 
 router = APIRouter(prefix="/api/jobs", tags=["jobs"])
@@ -221,7 +222,7 @@ def _summary(run) -> dict[str, Any]:
     return {
         "id": run["run_id"], "name": run["name"], "project": run["project"], "kind": run["kind"],
         "status": run["state"], "termination_reason": run["termination_reason"], "attempts": run["attempt_count"],
-        "resource": run["resource"], "gpu_count": run["gpus"], "command": json.loads(run["command"]),
+        "resource": run["resource"], "gpu_count": run["gpus"], "command": redact_argv(json.loads(run["command"])),
         "created_at": run["created_at"], "ended_at": run["ended_at"],
     }
 

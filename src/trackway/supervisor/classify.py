@@ -39,6 +39,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from trackway.redaction import redact
 from trackway.taxonomy import CONFIG_EXCEPTIONS, CONFIG_MESSAGE_PATTERN
 from trackway.taxonomy import TerminationReason as R
 
@@ -246,13 +247,18 @@ class Signature:
 
     @property
     def key(self) -> str:
+        return self.key_with(())
+
+    def key_with(self, known: Sequence[str]) -> str:
+        """The key, over the shape as the ledger shows it (`known`: the run's secret values, masked too): a
+        digest of a message holding a password would let anyone who reads the ledger test guesses against it."""
         import hashlib
 
-        text = json.dumps([self.exception, self.shape, self.where, self.step])
+        text = json.dumps([self.exception, redact(self.shape, known), self.where, self.step])
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
-    def as_record(self) -> dict[str, Any]:
-        return {"key": self.key, "exception": self.exception, "shape": self.shape, "where": self.where,
+    def as_record(self, known: Sequence[str] = ()) -> dict[str, Any]:
+        return {"key": self.key_with(known), "exception": self.exception, "shape": self.shape, "where": self.where,
                 "step": self.step, "message": self.message}
 
 
@@ -264,8 +270,12 @@ class Classification:
     disk_full: DiskFull | None = None
     signature: Signature | None = None
 
-    def evidence_json(self, evidence: Evidence) -> str:
-        """The evidence column: the deciding rule and lines, plus the raw facts behind them."""
+    def evidence_json(self, evidence: Evidence, known: Sequence[str] = ()) -> str:
+        """The evidence column: the deciding rule and lines, plus the raw facts behind them.
+
+        Not yet redacted (the ledger's records.py does that); `known`: the run's secret values, for the
+        signature's key, a digest the redaction cannot reach.
+        """
         record: dict[str, Any] = {
             "rule": self.rule,
             "lines": list(self.lines),
@@ -277,7 +287,7 @@ class Classification:
         if self.disk_full is not None:  # the retry policy reads it: a full disk is never retried blindly
             record["disk_full"] = self.disk_full.as_record()
         if self.signature is not None:  # the retry policy reads it: the same failure again is not retried
-            record["signature"] = self.signature.as_record()
+            record["signature"] = self.signature.as_record(known)
         return json.dumps(record, ensure_ascii=False)
 
 

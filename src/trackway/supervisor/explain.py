@@ -23,7 +23,7 @@ from trackway.ledger.records import list_attempts, resolve_attempt, resolve_run
 from trackway.ledger.schema import attempt_events, checkpoints, run_eval_specs
 from trackway.receipts import submitted_env
 from trackway.receipts.config_diff import change_text, changes, flatten
-from trackway.redaction import redact_structure
+from trackway.redaction import redact_argv, redact_structure
 from trackway.supervisor.memory_facts import memory_facts
 from trackway.supervisor.outside_sdk import visibility
 from trackway.taxonomy import RunState
@@ -121,7 +121,8 @@ def explain(conn: Connection, ref: str, now: datetime | None = None) -> dict[str
         "now": now,
         "run": {k: run[k] for k in ("run_id", "name", "project", "model_family", "kind", "state", "command", "workdir",
                                     "resource", "created_at", "ended_at", "not_before")}
-        | {"own_retry_policy": bool(run["retry_policy"]), "attempts": len(history),
+        | {"command": json.dumps(redact_argv(json.loads(run["command"]))),  # a run recorded before redaction
+           "own_retry_policy": bool(run["retry_policy"]), "attempts": len(history),
            "experiment": _experiment(conn, run)},
         "attempt": {
             k: attempt[k]

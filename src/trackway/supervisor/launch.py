@@ -37,11 +37,12 @@ from trackway.ledger.records import (
     record_attempt_end,
     update_run,
 )
-from trackway.receipts import submitted_env
+from trackway.receipts import submitted_argv, submitted_env
 from trackway.receipts.code import CodeRef, capture_code, clone_branch
 from trackway.receipts.config import load_config
 from trackway.receipts.data_manifest import build_data_manifest
 from trackway.receipts.environment import capture_environment
+from trackway.redaction import known_values
 from trackway.resources.selection import NoResourceFits
 from trackway.settings import Settings
 from trackway.supervisor.placement import place, project_settings
@@ -171,13 +172,16 @@ def submit_run(ledger: Ledger, settings: Settings, spec: RunSpec, console: Conso
     eval_specs = load_eval_specs(spec.eval_spec_paths, settings)
     data = build_data_manifest(spec.data_paths, console=console)
     environ = submitted_env.capture(spec.environ)
+    command = submitted_argv.capture(spec.command, list(environ.secret.values()))
     run_id = new_run_id()
     run_dir = settings.runs_dir / run_id
     workdir, code = _prepare_code(spec, run_dir)
     try:
+        # Before the run exists: a run whose secrets were not kept could never start as submitted.
         if environ.secret:
-            # Before the run exists: a run whose secrets were not kept could never start as submitted.
             submitted_env.write_secret_file(run_dir, environ.secret)
+        if command.needs_file:
+            submitted_argv.write_secret_file(run_dir, command)
         with ledger.write() as conn:
             environ_sha = put_blob(conn, environ.canonical(owner=run_id), "environ")
             config_sha = put_blob(conn, config.canonical, "config") if config else None
@@ -192,7 +196,7 @@ def submit_run(ledger: Ledger, settings: Settings, spec: RunSpec, console: Conso
                     model_family=spec.model_family,
                     kind=spec.kind,
                     state=RunState.QUEUED.value,
-                    command=json.dumps(spec.command),
+                    command=json.dumps(command.recorded),
                     workdir=str(workdir),
                     resource=selection.resource,
                     resource_request=selection.requested,
@@ -530,11 +534,10 @@ def start_attempt(
         if config is not None:
             config_path.write_bytes(config.canonical)
         submitted = _submitted_environment(settings, run, environ_description)
+        typed = _submitted_command(settings, run)
         # A script without the SDK finds its own checkpoint file where it left it (or none, if none was committed).
         restored = restore_declared(checkpoint_root, code.cwd, declared, resume_from, number) if declared else None
-        command = substitute_command(
-            json.loads(run["command"]), restored, checkpoint_root / resume_from if resume_from else None
-        )
+        command = substitute_command(typed, restored, checkpoint_root / resume_from if resume_from else None)
         own_env = {
             **({"TRACKWAY_CHECKPOINT_URL": checkpoint_url} if checkpoint_url else {}),
             **run_environment(run, state_dir),
@@ -670,6 +673,23 @@ def _submitted_environment(settings: Settings, run, description: dict | None):
         raise InputError(str(exc)) from None
 
 
+def _submitted_command(settings: Settings, run) -> list[str]:
+    """The run's command as typed: the ledger's form with the words it hides read back from the run's directory."""
+    try:
+        return submitted_argv.read(json.loads(run["command"]), settings.runs_dir / run["run_id"]).argv
+    except submitted_argv.MissingArguments as exc:
+        raise InputError(str(exc)) from None
+
+
+def run_secret_values(conn, settings: Settings, run) -> tuple[str, ...]:
+    """The values the run holds that its records must never show: its secret variables' and the words its
+    command hides, for `redaction` to mask wherever the run's output repeats them."""
+    description = json.loads(get_blob(conn, run["environ_sha256"])) if run["environ_sha256"] else None
+    values = submitted_env.kept_values(description, settings.runs_dir)
+    values += submitted_argv.hidden(json.loads(run["command"]), settings.runs_dir / run["run_id"])
+    return known_values(values)
+
+
 def _disk_full(exc: OSError, writing_under: Path):
     """Where a launch met a full disk and the room left there, or None for any other OSError.
 
@@ -801,7 +821,8 @@ def _record_launch_failure(ledger: Ledger, settings: Settings, attempt_id: str, 
         run = resolve_run(conn, run_id)
         # Nothing ran: the attempt's time is none, whenever it was recorded.
         record_attempt_end(conn, {**attempt, "started_at": now}, ended_at=now, reason=reason,
-                           evidence_json=json.dumps(evidence), exit_code=None, signal=None, cost_per_gpu_hour=0.0)
+                           evidence_json=json.dumps(evidence), exit_code=None, signal=None, cost_per_gpu_hour=0.0,
+                           secrets=run_secret_values(conn, settings, run))
         decision = decide_after_end(conn, settings, run, attempt_id)
         if run["kind"] == RunKind.EVAL.value:
             from trackway.evals.progress import after_eval_attempt

@@ -28,7 +28,7 @@ from trackway.ledger.schema import attempt_events, attempts, runs
 from trackway.ledger.records import active_attempts, get_attempt, record_attempt_end, resolve_run, update_run
 from trackway.settings import Settings
 from trackway.supervisor.classify import Classification, Evidence, classify
-from trackway.supervisor.launch import start_attempt
+from trackway.supervisor.launch import run_secret_values, start_attempt
 from trackway.supervisor.placement import PLACED_EVENT, project_settings, resource_after_oom
 from trackway.supervisor.policy import Decision
 from trackway.supervisor.retry import decide_after_end, due_retries
@@ -552,7 +552,10 @@ class Supervisor:
 
     def _record_end(self, attempt: RowMapping, status: JobStatus, note: dict | None) -> AttemptEnd | None:
         with self.ledger.read() as conn:
-            is_eval = resolve_run(conn, attempt["run_id"])["kind"] == RunKind.EVAL.value
+            ran = resolve_run(conn, attempt["run_id"])
+            is_eval = ran["kind"] == RunKind.EVAL.value
+            # Before the write lock: the values are read from the run's files.
+            secrets = run_secret_values(conn, self.settings, ran)
         output = None
         if is_eval and status.exit_code == 0:
             from trackway.evals.outputs import OUTPUT_FILE, read_output
@@ -592,12 +595,13 @@ class Supervisor:
                 attempt,
                 ended_at=ended_at,
                 reason=verdict.reason,
-                evidence_json=verdict.evidence_json(evidence),
+                evidence_json=verdict.evidence_json(evidence, secrets),
                 exit_code=status.exit_code,
                 signal=status.signal,
                 # Priced where it ran, as the run's own project declares that resource.
                 cost_per_gpu_hour=project_settings(self.settings, run).resource(
                     attempt["resource"] or run["resource"]).cost_per_gpu_hour,
+                secrets=secrets,
             )
             if gpu_seconds is None:
                 return None

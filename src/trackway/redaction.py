@@ -30,8 +30,8 @@ from functools import lru_cache
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 __all__ = [
-    "MASK", "hidden_values", "is_secret_name", "known_values", "looks_secret", "redact", "redact_argv", "redact_lines",
-    "redact_structure", "redact_url",
+    "MASK", "LineRedactor", "LogRedactor", "hidden_values", "is_secret_name", "known_values", "looks_secret", "redact",
+    "redact_argv", "redact_lines", "redact_structure", "redact_url",
 ]
 
 MASK = "***"
@@ -194,24 +194,78 @@ def redact_lines(lines: Iterable[str], known: Sequence[str] = ()) -> list[str]:
     A PEM private key printed over several lines is hidden whole: its base64 body lines carry no
     shape of their own, so they are recognised by lying between the BEGIN and END lines.
     """
-    out: list[str] = []
-    inside_key = False
-    for line in lines:
-        if inside_key:
+    redactor = LineRedactor(known)
+    return [redactor.line(line) for line in lines]
+
+
+class LineRedactor:
+    """`redact_lines` one line at a time, for lines that arrive over time (a log being followed)."""
+
+    def __init__(self, known: Sequence[str] = ()):
+        self.known = known
+        self._inside_key = False
+
+    def line(self, line: str) -> str:
+        """`line` (without its line ending) redacted, given the lines before it."""
+        if self._inside_key:
             end = _PEM_END.search(line)
             if end is None:
-                out.append(MASK)
-                continue
-            inside_key = False
-            out.append(MASK + redact(line[end.start() :], known))
-            continue
+                return MASK
+            self._inside_key = False
+            return MASK + redact(line[end.start() :], self.known)
         begin = _PEM_BEGIN.search(line)
         if begin is not None and _PEM_END.search(line, begin.end()) is None:
-            inside_key = True
-            out.append(redact(line[: begin.end()], known) + MASK)
-            continue
-        out.append(redact(line, known))
-    return out
+            self._inside_key = True
+            return redact(line[: begin.end()], self.known) + MASK
+        return redact(line, self.known)
+
+
+class LogRedactor:
+    """A log's bytes redacted as they are read, chunk by chunk, line by line.
+
+    A line is let through once it is whole (up to its newline, or the carriage return that ends a
+    progress bar's frame), so that a token cut between two reads is never let out half masked;
+    `end()` lets the rest through once nothing more can follow. A line longer than MAX_LINE_BYTES
+    is let through in pieces, so that memory stays bounded whatever the process prints. Bytes that
+    are not UTF-8 pass through unchanged.
+    """
+
+    MAX_LINE_BYTES = 64 * 1024
+
+    def __init__(self, known: Sequence[str] = ()):
+        self._lines = LineRedactor(known)
+        self._partial = b""
+
+    @property
+    def held(self) -> int:
+        """How many bytes of an unfinished line are held back."""
+        return len(self._partial)
+
+    def feed(self, chunk: bytes) -> bytes:
+        """The whole lines `chunk` completes, redacted; the rest is held for the next chunk."""
+        data = self._partial + chunk
+        cut = max(data.rfind(b"\n"), data.rfind(b"\r")) + 1
+        if cut == 0 and len(data) > self.MAX_LINE_BYTES:
+            cut = len(data)
+        self._partial = data[cut:]
+        return self._redact(data[:cut])
+
+    def end(self) -> bytes:
+        """The held unfinished line, redacted: the log has ended."""
+        rest, self._partial = self._partial, b""
+        return self._redact(rest)
+
+    def _redact(self, data: bytes) -> bytes:
+        if not data:
+            return data
+        out: list[str] = []
+        for text, ending in _LINE.findall(data.decode("utf-8", "surrogateescape")):
+            # An empty piece is the `\n` of a `\r\n` read apart: no line of its own.
+            out.append((self._lines.line(text) if text else text) + ending)
+        return "".join(out).encode("utf-8", "surrogateescape")
+
+
+_LINE = re.compile(r"([^\r\n]*)(\r\n|\r|\n|\Z)")
 
 
 def redact_structure(value: object, known: Sequence[str] = ()) -> object:

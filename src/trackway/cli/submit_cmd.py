@@ -184,6 +184,7 @@ def resume(
     The attempt runs the work tree as it is now, with a new code receipt; --same-code keeps the submitted code.
     """
     from trackway.errors import InputError
+    from trackway.redaction import redact
     from trackway.supervisor.launch import command_by
     from trackway.supervisor.loop import Supervisor
 
@@ -197,7 +198,9 @@ def resume(
     if same_code and not record["code_commit"]:
         raise InputError(f"--same-code: run {run!r} has no code receipt to rebuild (it was not submitted from a git "
                          "work tree with a commit); resume without --same-code to run the work tree as it is")
-    words = ["trackway", "resume", *(a for o in overrides for a in ("--set", o)), *(["--same-code"] if same_code else [])]
+    # Recorded as who started the attempt: `--set api_key=...` is said as `--set api_key=***`.
+    shown = [redact(o) for o in overrides]
+    words = ["trackway", "resume", *(a for o in shown for a in ("--set", o)), *(["--same-code"] if same_code else [])]
     attempt_id = _start(
         app, record["run_id"], supervisor.executor, overrides=list(overrides),
         started_by=command_by(shlex.join(words)), code_from="receipt" if same_code else "work_tree",

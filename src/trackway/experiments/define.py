@@ -19,7 +19,7 @@ from sqlalchemy import select
 
 from trackway.errors import InputError
 from trackway.experiments import criteria as criteria_language
-from trackway.receipts.config_diff import change_text, changes as config_changes
+from trackway.receipts.config_diff import change_text, changes as config_changes, flatten
 from trackway.experiments.launch import experiment_dir
 from trackway.experiments.records import (
     ExperimentStatus,
@@ -34,8 +34,9 @@ from trackway.ledger.records import latest_attempt, resolve_run
 from trackway.ledger.schema import experiments, run_eval_specs
 from trackway.ledger.script_config import merge
 from trackway.ledger.store import make_private_dirs
-from trackway.receipts import submitted_argv, submitted_env
+from trackway.receipts import submitted_argv, submitted_config, submitted_env
 from trackway.receipts.config import apply_overrides, load_config
+from trackway.redaction import redact, redact_structure
 from trackway.settings import Settings
 from trackway.taxonomy import RunKind
 
@@ -95,15 +96,22 @@ def new_experiment(ledger: Ledger, settings: Settings, spec: ExperimentSpec) -> 
             raise InputError(f"--name {spec.name!r}: an experiment with that name exists; pick another")
         last = latest_attempt(conn, baseline["run_id"])
         effective = _config(conn, last["config_sha256"] if last else None) or _config(conn, baseline["config_sha256"])
-        submitted = _config(conn, baseline["config_sha256"]) or {}
+        submitted_blob = get_blob(conn, baseline["config_sha256"]) if baseline["config_sha256"] else None
         inherited_specs = _eval_specs_of(conn, baseline["run_id"])
     if spec.resource and spec.resource not in settings.resources and spec.resource not in ("local", "auto"):
         raise InputError(f"--resource {spec.resource!r}: not declared in trackway.toml "
                          f"(declared: {', '.join(sorted(settings.resources)) or 'none'}, or auto)")
-    base = load_config(spec.config_path).values if spec.config_path else json.loads(json.dumps(submitted))
+    # The baseline's config as given, not as recorded: the experiment's script must get its real API key.
+    submitted = _given_config(settings, baseline, submitted_blob, needed=not spec.config_path)
+    base = load_config(spec.config_path).values if spec.config_path else json.loads(json.dumps(submitted or {}))
     config = apply_overrides(base, spec.overrides) if (base or spec.overrides) else None
-    after, _ = merge(effective or {}, config.values if config else {})
-    changes = config_changes(effective or {}, after)
+    # Compared as recorded (secret values `***`), like every config comparison; a secret that changed
+    # is a change all the same, said as `***`.
+    effective = redact_structure(effective or {})  # a baseline recorded before configs were masked holds them as given
+    after, _ = merge(effective, redact_structure(config.values) if config else {})
+    changes = config_changes(effective, after)
+    if submitted is not None and config is not None:
+        changes += _secret_changes(submitted, config.values)
     baseline_command = _typed_command(settings, baseline)
     command = submitted_argv.capture(list(spec.command) or baseline_command.argv,
                                      list(submitted_env.capture().secret.values()))
@@ -122,12 +130,15 @@ def new_experiment(ledger: Ledger, settings: Settings, spec: ExperimentSpec) -> 
     eval_specs = _eval_specs(spec.eval_spec_paths, settings) if spec.eval_spec_paths else None
     experiment_id = new_experiment_id()
     folder = experiment_dir(settings, experiment_id)
-    if command.needs_file:
-        make_private_dirs(folder)
-        submitted_argv.write_secret_file(folder, command)
     try:
+        if command.needs_file:
+            make_private_dirs(folder)
+            submitted_argv.write_secret_file(folder, command)
+        if config:
+            make_private_dirs(folder)
+            submitted_config.write_file(folder / submitted_config.CONFIG_FILE, config.canonical)
         with ledger.write() as conn:
-            config_sha = put_blob(conn, config.canonical, "config") if config else None
+            config_sha = put_blob(conn, submitted_config.recorded(config.values), "config") if config else None
             if eval_specs is not None:
                 from trackway.evals.records import store_spec
 
@@ -145,7 +156,7 @@ def new_experiment(ledger: Ledger, settings: Settings, spec: ExperimentSpec) -> 
                 command=json.dumps(command.recorded),
                 workdir=str(spec.cwd if spec.command else Path(baseline["workdir"])),
                 config_sha256=config_sha,
-                overrides=json.dumps(list(spec.overrides)),
+                overrides=json.dumps([redact(item) for item in spec.overrides]),  # `--set api_key=***`
                 changes=json.dumps(changes),
                 allow_multiple_changes=bool(spec.allow_multiple_changes),
                 criteria=json.dumps([c.source for c in parsed]),
@@ -158,7 +169,8 @@ def new_experiment(ledger: Ledger, settings: Settings, spec: ExperimentSpec) -> 
                 status=ExperimentStatus.PLANNED.value,
             ))
     except BaseException:
-        (folder / submitted_argv.SECRET_FILE).unlink(missing_ok=True)
+        for kept in (submitted_argv.SECRET_FILE, submitted_config.CONFIG_FILE):
+            (folder / kept).unlink(missing_ok=True)
         raise
     return Recorded(experiment_id, baseline["run_id"], changes, note)
 
@@ -169,6 +181,31 @@ def _typed_command(settings: Settings, baseline) -> submitted_argv.SubmittedComm
         return submitted_argv.read(json.loads(baseline["command"]), settings.runs_dir / baseline["run_id"])
     except submitted_argv.MissingArguments as exc:
         raise InputError(f"baseline {baseline['name'] or baseline['run_id']}: {exc}") from None
+
+
+def _given_config(settings: Settings, baseline, blob: bytes | None, needed: bool) -> dict | None:
+    """The baseline's submitted config as given, read back from its run's directory (None: it had none, or, when not
+    `needed`, its hidden values are gone)."""
+    if blob is None:
+        return None
+    try:
+        values = submitted_config.read(blob, settings.runs_dir / baseline["run_id"] / submitted_config.CONFIG_FILE)
+    except submitted_config.MissingConfig as exc:
+        if needed:
+            raise InputError(f"baseline {baseline['name'] or baseline['run_id']}: {exc}") from None
+        return None
+    return values if isinstance(values, dict) else None
+
+
+def _secret_changes(before: dict, after: dict) -> list[dict[str, Any]]:
+    """The keys whose value changed where the ledger shows both sides alike (`***`), said as it shows them."""
+    given_before, given_after = flatten(before), flatten(after)
+    shown_before, shown_after = flatten(redact_structure(before)), flatten(redact_structure(after))
+    return [
+        {"key": key, "before": shown_before[key], "after": shown_after[key]}
+        for key in sorted(given_before.keys() & given_after.keys() & shown_before.keys() & shown_after.keys())
+        if given_before[key] != given_after[key] and shown_before[key] == shown_after[key]
+    ]
 
 
 def _baseline(conn, spec: ExperimentSpec):

@@ -22,6 +22,8 @@ from trackway.ledger.blobs import get_blob
 from trackway.ledger.records import resolve_run
 from trackway.ledger.schema import run_eval_specs
 from trackway.ledger.store import make_private_dirs
+from trackway.receipts import submitted_config
+from trackway.receipts.canonical import canonical_json
 from trackway.settings import Settings
 from trackway.taxonomy import RunKind
 
@@ -79,12 +81,7 @@ def run_spec(ledger: Ledger, settings: Settings, experiment, kind: str, **extra:
     from trackway.supervisor.launch import RunSpec
 
     folder = experiment_dir(settings, experiment["experiment_id"])
-    config_path = None
-    if experiment["config_sha256"]:
-        make_private_dirs(folder)
-        config_path = folder / "config.json"
-        with ledger.read() as conn:
-            config_path.write_bytes(get_blob(conn, experiment["config_sha256"]))
+    config_path = _given_config(ledger, experiment, folder) if experiment["config_sha256"] else None
     return RunSpec(
         command=_typed_command(experiment, folder),
         cwd=Path(experiment["workdir"]),
@@ -102,6 +99,23 @@ def run_spec(ledger: Ledger, settings: Settings, experiment, kind: str, **extra:
 def experiment_dir(settings: Settings, experiment_id: str) -> Path:
     """Where an experiment keeps what the ledger may not hold: its config file, its command as typed."""
     return settings.home / "experiments" / experiment_id
+
+
+def _given_config(ledger: Ledger, experiment, folder: Path) -> Path:
+    """The file of the experiment's config as given: kept in its folder when it was recorded (the ledger masks its
+    secret values), or the ledger's for an experiment whose config hides nothing."""
+    from trackway.errors import InputError
+
+    path = folder / submitted_config.CONFIG_FILE
+    with ledger.read() as conn:
+        blob = get_blob(conn, experiment["config_sha256"])
+    try:
+        values = submitted_config.read(blob, path)
+    except submitted_config.MissingConfig as exc:
+        raise InputError(f"experiment {experiment['name'] or experiment['experiment_id']}: {exc}") from None
+    make_private_dirs(folder)
+    submitted_config.write_file(path, canonical_json(values))
+    return path
 
 
 def _typed_command(experiment, folder: Path) -> list[str]:

@@ -7,6 +7,7 @@ script's own ingester, or any `trackway` command) registers it, then removes the
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from sqlalchemy import select
@@ -16,6 +17,7 @@ from trackway.ledger.records import insert_attempt, insert_run
 from trackway.ledger.schema import runs
 from trackway.ledger.store import Ledger
 from trackway.pending import PENDING_DIR, read_pending
+from trackway.receipts.submitted_config import recorded
 
 
 def register_pending(ledger: Ledger, path: Path) -> bool:
@@ -27,7 +29,8 @@ def register_pending(ledger: Ledger, path: Path) -> bool:
     run, attempt, blobs = pending["run"], pending["attempt"], pending["blobs"]
     with ledger.write() as conn:
         if conn.execute(select(runs.c.run_id).where(runs.c.run_id == run["run_id"])).first() is None:
-            shas = {kind: put_blob(conn, data, kind) if data is not None else None for kind, data in blobs.items()}
+            shas = {kind: put_blob(conn, _recorded(kind, data), kind) if data is not None else None
+                    for kind, data in blobs.items()}
             insert_run(
                 conn,
                 {**run, "config_sha256": shas.get("config"), "code_dirty_sha256": shas.get("git_diff")},
@@ -43,6 +46,12 @@ def register_pending(ledger: Ledger, path: Path) -> bool:
             )
     path.unlink(missing_ok=True)
     return True
+
+
+def _recorded(kind: str, data: bytes) -> bytes:
+    """A blob as the ledger may hold it: the config the script gave `init()` with its secret values masked (its
+    values as given stay in the run's own config.json)."""
+    return recorded(json.loads(data)) if kind == "config" else data
 
 
 def register_all_pending(ledger: Ledger, home: Path) -> int:

@@ -4,7 +4,8 @@ Under `trackway submit` the submitted config (`--config`/`--set`) is what trackw
 dict the script gives `init()` is what it says it runs with (its argparse defaults, its own
 files). The receipt holds both: the attempt's `config_sha256` becomes the merge (the script's
 value wins where both set a key, because that is the value the code used), and every key where
-they disagree is kept as a supervisor event `config_conflicts` for `explain` to show.
+they disagree is kept as a supervisor event `config_conflicts` for `explain` to show. Secret
+values are masked on both sides before they are compared, as the submitted config is recorded.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from sqlalchemy import Connection, RowMapping, update
 from trackway.ledger.blobs import get_blob, put_blob
 from trackway.ledger.schema import attempts
 from trackway.receipts.canonical import canonical_json
+from trackway.redaction import redact_structure
 
 CONFLICTS_EVENT = "config_conflicts"
 ABSENT = object()
@@ -32,7 +34,8 @@ def merge_script_config(conn: Connection, attempt: RowMapping, said: Mapping[str
     submitted = json.loads(get_blob(conn, current)) if current else {}
     if not isinstance(submitted, dict):
         submitted = {}
-    merged, conflicts = merge(submitted, _storable(said))
+    # Both sides masked (receipts/submitted_config.py): the script's own config may hold its API key too.
+    merged, conflicts = merge(redact_structure(submitted), redact_structure(_storable(said)))
     sha = put_blob(conn, canonical_json(merged), "config")
     if sha != current:
         conn.execute(update(attempts).where(attempts.c.attempt_id == attempt["attempt_id"]).values(config_sha256=sha))

@@ -11,7 +11,7 @@ import asyncio
 import json
 import sys
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
@@ -25,12 +25,13 @@ from trackway import validation
 from trackway.ledger.records import resolve_run
 from trackway.ledger.schema import attempts, metric_points, metric_series, runs
 from trackway.output_log import read_from, tail_offset
-from trackway.redaction import redact_argv
+from trackway.redaction import LogRedactor, redact_argv
 from trackway.taxonomy import RunState
 
 router = APIRouter(prefix="/api/jobs", tags=["jobs"])
 FOLLOW_INTERVAL_S = 0.25
 MAX_TAIL = 100_000
+KEY_CONTEXT_LINES = 200  # a PEM private key of 8192 bits is about 100 lines
 
 
 class JobRequest(BaseModel):
@@ -117,10 +118,10 @@ def submit_job(job: JobRequest, request: Request) -> Submitted:
     evals = [inside(state.workdir, path, "eval", "an eval spec file (TOML)") for path in job.eval]
     config_path = None
     if job.config is not None:
-        folder = state.settings.home / "server" / "configs"
-        folder.mkdir(parents=True, exist_ok=True)
-        config_path = folder / f"{uuid.uuid4().hex}.json"
-        config_path.write_text(json.dumps(job.config))
+        from trackway.receipts.submitted_config import write_file
+
+        config_path = state.settings.home / "server" / "configs" / f"{uuid.uuid4().hex}.json"
+        write_file(config_path, json.dumps(job.config).encode())  # owner only: it may hold an API key
     for path, given in zip(evals, job.eval):
         if not Path(path).is_file():
             raise InputError(f"eval {given!r}: expected an eval spec file (TOML) inside the server's working directory")
@@ -201,7 +202,8 @@ def job_logs(
     ledger = request.app.state.ledger
     with ledger.read() as conn:
         run_id = resolve_run(conn, job_id)["run_id"]
-    return StreamingResponse(_log_stream(ledger, run_id, follow, tail), media_type="text/plain; charset=utf-8")
+    stream = _log_stream(ledger, request.app.state.settings, run_id, follow, tail)
+    return StreamingResponse(stream, media_type="text/plain; charset=utf-8")
 
 
 @router.post("/{job_id}/cancel", status_code=202)
@@ -241,19 +243,23 @@ def _attempt(a) -> dict[str, Any]:
 # -- logs -----------------------------------------------------------------------------------------
 
 
-async def _log_stream(ledger, run_id: str, follow: bool, tail: int | None) -> AsyncIterator[bytes]:
+async def _log_stream(ledger, settings, run_id: str, follow: bool, tail: int | None) -> AsyncIterator[bytes]:
     """The run's attempts' output in order, a separator line before each; with `follow`, until the run has ended.
 
     With `tail`, the last N lines of what is there now come first (across attempts, separators
     included); following then goes on from the end of the newest attempt's log. An async generator:
     a follower waits on the event loop, and each read borrows a pool thread only for its length.
+
+    Redacted line by line as the ledger's records are (redaction.LogRedactor): any `read` token
+    reads this, and a script prints its token or `$MY_PASSWORD` as easily as its loss. A line is
+    sent once it is whole, its last unfinished one once its attempt has ended.
     """
-    number, offset = 0, 0
+    known = await run_in_threadpool(_secret_values, ledger, settings, run_id)
+    number, offset, redactor = 0, 0, LogRedactor(known)
     tried = (await run_in_threadpool(_attempts, ledger, run_id))[1]
     if tail is not None:
-        yield await run_in_threadpool(_last_lines, run_id, tried, tail)
-        if tried:
-            number, offset = tried[-1][0], _size(Path(tried[-1][1]))
+        text, number, offset, redactor = await run_in_threadpool(_last_lines, run_id, tried, tail, known)
+        yield text
     if not follow and tail is not None:
         return
     while True:
@@ -262,18 +268,32 @@ async def _log_stream(ledger, run_id: str, follow: bool, tail: int | None) -> As
             if attempt_number < number:
                 continue
             if attempt_number != number:
-                number, offset = attempt_number, 0
+                number, offset, redactor = attempt_number, 0, LogRedactor(known)
                 yield _separator(run_id, attempt_number)
-            chunk = await run_in_threadpool(read_from, Path(log_path), offset)
-            if chunk:
-                offset += len(chunk)
-                yield chunk
-            if attempt_state != "ended":
+            ended = attempt_state == "ended"
+            read, text = await run_in_threadpool(_read_redacted, Path(log_path), offset, redactor, ended)
+            offset += read
+            if text:
+                yield text
+            if not ended:
                 break  # its successor, if any, is read once it has ended
         everything = bool(tried) and tried[-1][0] == number and tried[-1][2] == "ended"
         if not follow or (RunState(run_state).is_terminal() and everything):
             return
         await asyncio.sleep(FOLLOW_INTERVAL_S)
+
+
+def _secret_values(ledger, settings, run_id: str) -> tuple[str, ...]:
+    from trackway.supervisor.launch import run_secret_values
+
+    with ledger.read() as conn:
+        return run_secret_values(conn, settings, resolve_run(conn, run_id))
+
+
+def _read_redacted(path: Path, offset: int, redactor: LogRedactor, ended: bool) -> tuple[int, bytes]:
+    """(bytes read after `offset`, what of them may be sent); an ended attempt's last line goes too."""
+    chunk = read_from(path, offset)
+    return len(chunk), redactor.feed(chunk) + (redactor.end() if ended else b"")
 
 
 def _attempts(ledger, run_id: str) -> tuple[str, list[tuple[int, str, str]]]:
@@ -286,25 +306,28 @@ def _attempts(ledger, run_id: str) -> tuple[str, list[tuple[int, str, str]]]:
     return state, [tuple(row) for row in tried]
 
 
-def _last_lines(run_id: str, tried, count: int) -> bytes:
-    """The last `count` lines across the attempts' logs and their separators, reading back from the newest
-    attempt only as far as it takes (each log from where its last lines begin, not whole)."""
+def _last_lines(run_id: str, tried, count: int, known: Sequence[str]) -> tuple[bytes, int, int, LogRedactor]:
+    """The last `count` lines across the attempts' logs and their separators, redacted, reading back from the newest
+    attempt only as far as it takes; and where following goes on: the newest attempt, its offset and redactor.
+
+    Each log is read from KEY_CONTEXT_LINES before where its last lines begin: a private key's
+    body lines are masked only when its BEGIN line is seen.
+    """
     kept: list[bytes] = []
-    for attempt_number, log_path, _ in reversed(tried):
-        path = Path(log_path)
-        kept[:0] = read_from(path, tail_offset(path, count - len(kept))).splitlines(keepends=True)
+    newest: tuple[int, int, LogRedactor] = (0, 0, LogRedactor(known))
+    for attempt_number, log_path, attempt_state in reversed(tried):
+        path, wanted = Path(log_path), count - len(kept)
+        start = tail_offset(path, wanted + KEY_CONTEXT_LINES)
+        redactor = LogRedactor(known)
+        read, text = _read_redacted(path, start, redactor, attempt_state == "ended")
+        if attempt_number == tried[-1][0]:
+            newest = (attempt_number, start + read, redactor)
+        kept[:0] = text.splitlines(keepends=True)[-wanted:]
         kept.insert(0, _separator(run_id, attempt_number))
         if len(kept) >= count:
             break
-    return b"".join(kept[-count:])
+    return b"".join(kept[-count:]), *newest
 
 
 def _separator(run_id: str, number: int) -> bytes:
     return f"=== {run_id}/{number} ===\n".encode()
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except FileNotFoundError:
-        return 0

@@ -23,7 +23,7 @@ from trackway.ledger.records import list_attempts, resolve_attempt, resolve_run
 from trackway.ledger.schema import attempt_events, checkpoints, run_eval_specs
 from trackway.receipts import submitted_env
 from trackway.receipts.config_diff import change_text, changes, flatten
-from trackway.redaction import redact_argv, redact_structure
+from trackway.redaction import MASK, redact_argv, redact_structure
 from trackway.supervisor.memory_facts import memory_facts
 from trackway.supervisor.outside_sdk import visibility
 from trackway.taxonomy import RunState
@@ -218,6 +218,8 @@ def _config_facts(conn: Connection, attempt: RowMapping, config: Any, previous: 
     return {
         "sha256": attempt["config_sha256"],
         "values": None if config is None else flatten(config),
+        # The ledger holds these masked (receipts/submitted_config.py): a change to one shows in no comparison.
+        "secret_keys": [] if config is None else sorted(k for k, v in flatten(config).items() if MASK in json.dumps(v)),
         "differs_from_previous": against(previous),
         "differs_from_first": against(first),
         "from_script": _script_config(conn, attempt["attempt_id"]),

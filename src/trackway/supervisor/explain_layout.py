@@ -165,6 +165,9 @@ def _config_blocks(facts: dict[str, Any]) -> list[Block]:
         blocks.append(("item", 0, None, f"config `{d.short_hash(config['sha256'])}`, {d.plural(len(values), 'value')}:"))
         blocks += [("item", 1, None, f"{key} = {d.as_stored(values[key])}") for key in sorted(values)[:CONFIG_SHOWN]]
         blocks += _more(len(values), CONFIG_SHOWN, facts["attempt"]["attempt_id"])
+    if config["secret_keys"]:
+        blocks.append(("item", 0, None, f"secret, kept outside the ledger as `***`: {', '.join(config['secret_keys'])}; "
+                                        "a change to one shows in no comparison here"))
     script = config["from_script"]
     if script["merged"]:
         blocks.append(("item", 0, None, "includes what the script passed to trackway.init(config=...)"

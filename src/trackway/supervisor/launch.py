@@ -37,7 +37,7 @@ from trackway.ledger.records import (
     record_attempt_end,
     update_run,
 )
-from trackway.receipts import submitted_argv, submitted_env
+from trackway.receipts import submitted_argv, submitted_config, submitted_env
 from trackway.receipts.code import CodeRef, capture_code, clone_branch
 from trackway.receipts.config import load_config
 from trackway.receipts.data_manifest import build_data_manifest
@@ -182,9 +182,12 @@ def submit_run(ledger: Ledger, settings: Settings, spec: RunSpec, console: Conso
             submitted_env.write_secret_file(run_dir, environ.secret)
         if command.needs_file:
             submitted_argv.write_secret_file(run_dir, command)
+        if config:
+            make_private_dirs(run_dir)  # a run's files hold what it printed and was given: only its owner reads them
+            submitted_config.write_file(run_dir / submitted_config.CONFIG_FILE, config.canonical)
         with ledger.write() as conn:
             environ_sha = put_blob(conn, environ.canonical(owner=run_id), "environ")
-            config_sha = put_blob(conn, config.canonical, "config") if config else None
+            config_sha = put_blob(conn, submitted_config.recorded(config.values), "config") if config else None
             data_sha = put_blob(conn, data.canonical, "data_manifest") if data else None
             diff_sha = put_blob(conn, code.dirty_diff, "git_diff") if code.dirty_diff else None
             insert_run(
@@ -228,9 +231,6 @@ def submit_run(ledger: Ledger, settings: Settings, spec: RunSpec, console: Conso
     except BaseException:
         shutil.rmtree(run_dir, ignore_errors=True)
         raise
-    if config:
-        make_private_dirs(run_dir)  # a run's files hold what it printed and was given: only its owner reads them
-        (run_dir / "config.json").write_bytes(config.canonical)
     return run_id
 
 
@@ -426,9 +426,12 @@ def start_attempt(
         found = resolve_run(conn, run_id)
         declared = paths_of(found)
         previous = latest_attempt(conn, found["run_id"])
+        submitted_blob = get_blob(conn, found["config_sha256"]) if found["config_sha256"] else None
     project = project_settings(settings, found)
     config_path = effective_config_path(settings, run_id)
-    config = load_config(config_path, overrides) if overrides else None
+    # The ledger hides values of the run's config and its file is gone: the attempt ends config_error below.
+    lost_config = config_path is None and submitted_config.is_masked(submitted_blob)
+    config = load_config(config_path, overrides) if overrides and not lost_config else None
     preflight = _preflight_of(ledger, project, found, config) if config is not None else None
     if preflight is not None:
         found = {**found, "preflight": preflight}  # placement judges the config this attempt runs, not the submitted
@@ -477,7 +480,7 @@ def start_attempt(
             started_by = _queued_by(conn, run)
         state_dir = settings.runs_dir / run_id / "attempts" / str(number)
         env_sha = put_blob(conn, environment.canonical, "environment")
-        config_sha = put_blob(conn, config.canonical, "config") if config else None
+        config_sha = put_blob(conn, submitted_config.recorded(config.values), "config") if config else None
         environ_description, environ_sha = _environ_of(conn, run)
         if config is not None:
             config_path = state_dir / "config.json"
@@ -531,8 +534,11 @@ def start_attempt(
         # Files after the transaction: a full disk here ends this attempt with a reason instead of
         # leaving it `starting` until a supervisor declares the launch interrupted.
         state_dir.mkdir(parents=True, exist_ok=True)
+        if lost_config:
+            kept = settings.runs_dir / run_id / submitted_config.CONFIG_FILE
+            raise InputError(str(submitted_config.MissingConfig(kept)))
         if config is not None:
-            config_path.write_bytes(config.canonical)
+            submitted_config.write_file(config_path, config.canonical)
         submitted = _submitted_environment(settings, run, environ_description)
         typed = _submitted_command(settings, run)
         # A script without the SDK finds its own checkpoint file where it left it (or none, if none was committed).

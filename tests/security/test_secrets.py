@@ -151,8 +151,8 @@ def test_argv_secrets_are_masked_everywhere_a_reader_looks_while_every_attempt_r
         assert job["command"] == [PY, script, *RECORDED_ARGS]
 
 
-def test_a_printed_secret_is_masked_in_the_evidence_and_a_resume_runs_the_real_argv(submitter, home, script,
-                                                                                     monkeypatch):
+def test_a_printed_secret_is_masked_in_the_evidence_and_a_resume_runs_the_real_argv(submitter, home, sqlite_url,
+                                                                                     script, monkeypatch):
     monkeypatch.setenv("FIRST_ATTEMPT", "fails")
     failed = submitter("submit", "--name", "leaky", "--", PY, script, *ARGS)
     assert failed.code == 1, failed.err
@@ -166,6 +166,8 @@ def test_a_printed_secret_is_masked_in_the_evidence_and_a_resume_runs_the_real_a
     # message; it is masked because redaction hid it from the command.
     assert any("RuntimeError: login as *** with *** refused" in line for line in evidence["lines"]), evidence
     assert evidence["signature"]["message"] == "login as *** with *** refused"
+    # Nowhere else either: the SDK's own note of the exception (an event) repeats the message.
+    assert not _leaks(_ledger_text(sqlite_url)), _leaks(_ledger_text(sqlite_url))
 
     # Resumed from a shell without MY_PASSWORD: the attempt gets the submitted argv and environment.
     monkeypatch.delenv("MY_PASSWORD")

@@ -21,6 +21,7 @@ import json
 import math
 import operator
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from itertools import chain, islice, repeat
@@ -91,13 +92,14 @@ def _insert(conn: Connection):
 
 
 def ingest_attempt(ledger: Ledger, attempt: RowMapping,
-                   read_offsets: dict[str, dict[str, int]] | None = None) -> IngestReport:
+                   read_offsets: dict[str, dict[str, int]] | None = None, secrets: Sequence[str] = ()) -> IngestReport:
     """Bring everything new in `attempt`'s spool (and its fallback files) into the ledger.
 
     `read_offsets` (attempt id → how far each file was read, kept by a caller that ingests the same
     attempts again and again: the supervisor) spares a quiet spool the ledger read. Offsets only
     grow, so a copy that another process has overtaken can only take a quiet spool for a busy one,
     and the write transaction, which reads them again under the attempt's lock, then finds it quiet.
+    `secrets`: the run's own secret values (`redaction.known_values`), masked wherever an event repeats them.
     """
     attempt_id = attempt["attempt_id"]
     spool = spool_dir_of(attempt)
@@ -122,11 +124,11 @@ def ingest_attempt(ledger: Ledger, attempt: RowMapping,
             if not located:
                 continue
             read[source.cursor] = end
-            decoded = _decode_lines(conn, attempt, source, located, report)
+            decoded = _decode_lines(conn, attempt, source, located, report, secrets)
             if source.metrics:
                 report.points += _ingest_metric_lines(conn, attempt, decoded)
             else:
-                events, committed = _ingest_events(conn, attempt, decoded)
+                events, committed = _ingest_events(conn, attempt, decoded, secrets)
                 report.events += events
                 report.checkpoints += committed
             _save_offset(conn, attempt_id, source.cursor, end)
@@ -190,7 +192,7 @@ def _save_offset(conn: Connection, attempt_id: str, name: str, offset: int) -> N
 
 
 def _decode_lines(conn: Connection, attempt: RowMapping, source: _Source, located: list[tuple[int, bytes]],
-                  report: IngestReport) -> list:
+                  report: IngestReport, secrets: Sequence[str] = ()) -> list:
     """What each line says; a line that cannot be read is quarantined instead, and the rest go on."""
     decode = decode_metric_line if source.metrics else _decode_event
     decoded = []
@@ -200,7 +202,7 @@ def _decode_lines(conn: Connection, attempt: RowMapping, source: _Source, locate
         try:
             decoded.append(decode(line))
         except Exception as exc:  # noqa: BLE001 - whatever a line holds, it must not stop the others
-            _quarantine(conn, attempt, source, offset, line, _error_text(exc))
+            _quarantine(conn, attempt, source, offset, line, _error_text(exc), secrets)
             report.quarantined += 1
     return decoded
 
@@ -218,7 +220,8 @@ def _error_text(exc: Exception) -> str:
     return " ".join(text.split())[:300]
 
 
-def _quarantine(conn: Connection, attempt: RowMapping, source: _Source, offset: int, line: bytes, error: str) -> None:
+def _quarantine(conn: Connection, attempt: RowMapping, source: _Source, offset: int, line: bytes, error: str,
+                secrets: Sequence[str] = ()) -> None:
     """Copy the line beside the spool and record the event that says so, once per (file, offset)."""
     spool = spool_dir_of(attempt)
     try:
@@ -226,7 +229,7 @@ def _quarantine(conn: Connection, attempt: RowMapping, source: _Source, offset: 
         copy_error = None
     except OSError as exc:  # the line is still in its spool file; the event says where
         copied, copy_error = None, f"{exc.strerror or exc}"
-    preview = redact(line[: 4 * 1024].decode("utf-8", "replace"))[:PREVIEW_CHARS]
+    preview = redact(line[: 4 * 1024].decode("utf-8", "replace"), secrets)[:PREVIEW_CHARS]
     now = datetime.now(timezone.utc)
     payload = {
         "kind": "spool_line_quarantined", "t": now.timestamp(), "file": source.shown, "offset": offset,
@@ -404,7 +407,8 @@ def _require_int(record: dict[str, Any], name: str, low: int, high: int, optiona
         raise ValueError(f"field {name!r}: expected an integer in [{low}, {high})")
 
 
-def _ingest_events(conn: Connection, attempt: RowMapping, records: list[dict[str, Any]]) -> tuple[int, list[str]]:
+def _ingest_events(conn: Connection, attempt: RowMapping, records: list[dict[str, Any]],
+                   secrets: Sequence[str] = ()) -> tuple[int, list[str]]:
     if not records:
         return 0, []
     rows = [
@@ -415,7 +419,7 @@ def _ingest_events(conn: Connection, attempt: RowMapping, records: list[dict[str
             "kind": r["kind"][:64],
             "at": datetime.fromtimestamp(float(r["t"]), timezone.utc),
             # A script can put a token in a note or an event; the ledger is read by everyone.
-            "payload": json.dumps(redact_structure(r)),
+            "payload": json.dumps(redact_structure(r, secrets)),
         }
         for r in records
     ]

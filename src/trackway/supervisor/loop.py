@@ -112,6 +112,9 @@ class Supervisor:
         self._first_rss: dict[str, int | None] = {}
         self._cursor = ""  # the running attempt a time-bounded tick stopped at
         self._read_offsets: dict[str, dict[str, int]] = {}  # how far each running attempt's spool was read
+        # Each running run's own secret values, masked in what its events say. Fixed at submit (its
+        # variables and command line), so read from its files once, not on every tick.
+        self._secrets: dict[str, tuple[str, ...]] = {}
         self.backlog = False  # the last tick left ends or running attempts for the next one
         # Scripts without the SDK: each run's log patterns and declared checkpoint paths (fixed at submit).
         self._outside_sdk: dict[str, RowMapping] = {}
@@ -135,6 +138,8 @@ class Supervisor:
             pending = [a for a in active_attempts(conn) if a["executor_job_id"]]
         live = {a["attempt_id"] for a in pending}
         self._read_offsets = {key: value for key, value in self._read_offsets.items() if key in live}
+        running = {a["run_id"] for a in pending}
+        self._secrets = {key: value for key, value in self._secrets.items() if key in running}
         # A tick is bounded in time. Every attempt is polled (a few file reads each), and the ends
         # are recorded first: a receipt and a retry are what people wait for, while ingesting and
         # watching the attempts still running can wait a tick. What the budget leaves undone is
@@ -167,7 +172,7 @@ class Supervisor:
                 self._cursor = attempt["attempt_id"]
                 self.backlog = True
                 break
-            report = ingest_attempt(self.ledger, attempt, self._read_offsets)
+            report = ingest_attempt(self.ledger, attempt, self._read_offsets, self._run_secrets(attempt["run_id"]))
             run = self._run_outside_sdk(attempt["run_id"])
             logged = self._ingest_log(attempt, run)
             self._watch(attempt, new_points=report.points > 0 or logged.points > 0, nan=logged.nan)
@@ -248,7 +253,7 @@ class Supervisor:
     def _end(self, attempt, status: JobStatus) -> AttemptEnd | None:
         """Record the end of an attempt its executor reports ended: what it said last, then the receipt."""
         # Ingest after polling: an attempt seen ended has written all it will write.
-        report = ingest_attempt(self.ledger, attempt)
+        report = ingest_attempt(self.ledger, attempt, secrets=self._run_secrets(attempt["run_id"]))
         run = self._run_outside_sdk(attempt["run_id"])
         logged = self._ingest_log(attempt, run)
         if logged.nan is not None:
@@ -549,6 +554,12 @@ class Supervisor:
                 if check is not None:
                     found.append((kind, check))
         return found
+
+    def _run_secrets(self, run_id: str) -> tuple[str, ...]:
+        if run_id not in self._secrets:
+            with self.ledger.read() as conn:
+                self._secrets[run_id] = run_secret_values(conn, self.settings, resolve_run(conn, run_id))
+        return self._secrets[run_id]
 
     def _record_end(self, attempt: RowMapping, status: JobStatus, note: dict | None) -> AttemptEnd | None:
         with self.ledger.read() as conn:

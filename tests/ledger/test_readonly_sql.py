@@ -81,7 +81,7 @@ def _one_line(message: str) -> bool:
 
 def test_the_design_query_runs_verbatim(filled):
     result = run_readonly_query(filled, DESIGN_QUERY)
-    assert isinstance(result, QueryResult)
+    assert isinstance(result, QueryResult) and not result.truncated
     assert result.columns == ["termination_reason", "attempts", "gpu_hours"]
     # Last 7 days, reasoning only: the 30-day-old oom, the vision run and the eval run are left out.
     assert result.rows == [
@@ -436,10 +436,12 @@ def test_postgresql_runs_the_query_read_only_and_under_the_time_limit(pg_url):
         assert _execute(ledger, "show transaction_read_only").rows == [("on",)]
         assert _execute(ledger, "show statement_timeout", timeout_s=2.5).rows == [("2500ms",)]
         assert run_readonly_query(ledger, "select current_setting('statement_timeout')").rows == [("30s",)]
-        # The limit is the transaction's own: the pooled connection goes back without it.
+        assert run_readonly_query(ledger, "select current_user").rows == [("trackway_reader",)]
+        # The limit and the role are the transaction's own: the pooled connection goes back without them.
         with ledger.read() as conn:
             assert conn.exec_driver_sql("show statement_timeout").scalar() == "0"
             assert conn.exec_driver_sql("show transaction_read_only").scalar() == "off"
+            assert conn.exec_driver_sql("select current_user").scalar() == "postgres"
     finally:
         ledger.dispose()
 
@@ -494,7 +496,8 @@ def test_a_repeated_query_runs_without_parsing_it_again(tmp_path):
     first = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip()
     again = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip()
     assert first == "[(1,)] True" and again == "[(1,)] False"
-    assert len(list(remember.glob("*.sql"))) == 1
+    (entry,) = remember.glob("*.sql")
+    assert entry.stat().st_mode & 0o777 == 0o600 and remember.stat().st_mode & 0o777 == 0o700
 
 
 def test_a_refused_query_is_never_remembered_and_a_forged_one_still_cannot_write(tmp_path):

@@ -26,16 +26,27 @@ def sql(
         None, "--timeout", metavar="SECONDS",
         help="Stop the query after this many seconds (above 0, at most 86400; default 30).",
     ),
+    max_rows: int | None = typer.Option(
+        None, "--max-rows", metavar="N",
+        help="Print at most N rows (1 to 10000000; default 100000); a note on stderr says when there were more.",
+    ),
 ) -> None:
     """Run a read-only query (PostgreSQL dialect; transpiled for SQLite)."""
     # sqlglot is slow to import; only sql needs it
-    from trackway.ledger.readonly_sql import DEFAULT_TIMEOUT_S, check_timeout, run_readonly_query
+    from trackway.ledger.readonly_sql import (
+        CLI_MAX_ROWS, DEFAULT_TIMEOUT_S, check_max_rows, check_timeout, run_readonly_query,
+    )  # fmt: skip
 
     # Checked before the ledger is opened: a bad option is the answer whatever state the ledger is in.
     timeout_s = check_timeout(DEFAULT_TIMEOUT_S if timeout is None else timeout)
+    row_cap = check_max_rows(CLI_MAX_ROWS if max_rows is None else max_rows)
     app = app_context(ctx)
     result = run_readonly_query(app.settings.db_url, query, timeout_s=timeout_s,
-                                remember_in=app.settings.home / "cache" / "sql")
+                                remember_in=app.settings.home / "cache" / "sql", max_rows=row_cap)
+    if result.truncated:
+        # Before the rows: a reader of a long table sees it where the table starts scrolling.
+        print(f"trackway sql: showing the first {row_cap} rows; the query returned more — narrow it or pass "
+              "--max-rows", file=sys.stderr)
     if as_json:
         print_json([dict(zip(result.columns, row)) for row in result.rows])
     elif as_csv:

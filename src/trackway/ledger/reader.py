@@ -25,7 +25,7 @@ from trackway.errors import Ambiguous, InputError, NotFound
 from trackway.taxonomy import AttemptState, RunState
 
 # The newest migration: a ledger at another revision is migrated (through SQLAlchemy) before it is read.
-HEAD_REVISION = "0015"
+HEAD_REVISION = "0016"
 
 # Every column stored as `UTCDateTime` in schema.py (a test keeps this set equal to the schema's).
 TIMESTAMP_COLUMNS = frozenset({

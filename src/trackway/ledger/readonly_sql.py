@@ -1,20 +1,35 @@
 """`trackway sql`: one read-only query over the ledger, in PostgreSQL's dialect on every backend.
 
-Three layers keep the ledger unchanged, each enough on its own for ordinary mistakes:
+Three layers keep the ledger unchanged and the server's secrets unread; the database's own is the
+one that holds whatever the query text hides:
 
 1. sqlglot classifies the query: exactly one SELECT / WITH … SELECT / VALUES / EXPLAIN of
    one of those, or a read-only PRAGMA on SQLite. Writes anywhere in the tree (a DELETE in a
-   CTE, SELECT … INTO, FOR UPDATE) and PostgreSQL functions with side effects are refused.
-2. The database makes the transaction read-only: `SET TRANSACTION READ ONLY` on PostgreSQL
-   (sent over the extended protocol, which runs one statement at most); `PRAGMA query_only`
-   plus an authorizer that allows only reads on SQLite. Every transaction is rolled back.
+   CTE, SELECT … INTO, FOR UPDATE), PostgreSQL functions with side effects and the server's
+   configuration and credential catalogs are refused by name, with a message that says why.
+2. The database enforces it. On PostgreSQL the transaction is `READ ONLY` and runs as a role
+   that may only read the ledger (`SET LOCAL ROLE`, see "The reader role" below): pg_authid,
+   pg_read_file, pg_hba_file_rules and superuser-only settings are refused by the server, and
+   pg_stat_activity hides other sessions' SQL, however the query reaches them (table_to_xml,
+   a quoted or schema-qualified name). The query is sent over the extended protocol, which runs
+   one statement at most. On SQLite, `PRAGMA query_only` plus an authorizer that allows only reads.
+   Every transaction is rolled back.
 3. On SQLite, what runs is sqlglot's regeneration of the parsed tree, never the raw text.
 
-Reading is not always harmless either: the server's configuration and credential catalogs
-(pg_settings, pg_hba_file_rules, pg_authid, pg_read_file, …) are refused by name, since
-anyone allowed to query the ledger is not thereby allowed to read the server's password files
-or connection strings. Every query runs under a time limit (`statement_timeout` on PostgreSQL,
-a progress handler on SQLite) so that one careless join cannot hold the ledger's connections.
+Every query runs under a time limit (`statement_timeout` on PostgreSQL, a progress handler on
+SQLite, whose regular expressions are RE2's, linear in their input, so no single step can run
+away) and returns at most `max_rows` rows, fetched in one bounded batch: a careless join can hold
+neither the ledger's connections nor the memory of whoever asked.
+
+The reader role (PostgreSQL). Migration 0016 creates it: `trackway_reader` when the ledger's owner
+is a superuser (only superusers and the role's members can become it, so one serves every ledger
+of a cluster), else `trackway_reader_<database>`, granted to the owner. It is NOLOGIN, with USAGE
+on the ledger's schema and SELECT on its tables and views. A session whose user is a superuser can
+leave any role again, with `SET ROLE` or `set_config('role', …)`: one statement per transaction
+makes a bare SET useless, and the migration revokes from PUBLIC, in the ledger's database, the two
+ways one statement could do it (set_config, and DO blocks through plpgsql). Where the owner may not
+create roles, a database administrator creates it (README, "trackway sql on PostgreSQL"); until
+then a query is refused with a LedgerError naming the role to create, and never runs as the owner.
 
 On SQLite the query is transpiled from PostgreSQL with sqlglot, after rewriting what sqlglot
 leaves invalid there: `ts ± interval '7 days'` (and `interval '1 day' + ts`) becomes
@@ -31,14 +46,16 @@ import math
 import os
 import re
 import sqlite3
+import stat
 import time
+import weakref
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from functools import partial
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trackway.errors import InputError, LedgerUnavailable, ReadOnlyViolation
+from trackway.errors import InputError, LedgerError, LedgerUnavailable, ReadOnlyViolation
 from trackway.ledger.reader import open_reader, sqlite_file
 
 if TYPE_CHECKING:
@@ -54,37 +71,43 @@ class QueryResult:
     columns: list[str]
     rows: list[tuple]
     executed_sql: str  # what actually ran (transpiled on SQLite)
+    truncated: bool = False  # the query returned more than the rows kept
 
 
 DEFAULT_TIMEOUT_S = 30.0
 MAX_TIMEOUT_S = 24 * 3600.0
+DEFAULT_MAX_ROWS = 10_000  # the API's default; the CLI's is CLI_MAX_ROWS
+CLI_MAX_ROWS = 100_000  # a terminal or a CSV file: more than anyone reads, less than a laptop's memory
+MAX_MAX_ROWS = 10_000_000
 
 
 def run_readonly_query(
-    ledger: Ledger | str, query: str, timeout_s: float = DEFAULT_TIMEOUT_S, remember_in: Path | None = None
+    ledger: Ledger | str, query: str, timeout_s: float = DEFAULT_TIMEOUT_S, remember_in: Path | None = None,
+    max_rows: int = DEFAULT_MAX_ROWS,
 ) -> QueryResult:
     """Run one read-only query; refuse anything that could change the ledger or read the server's secrets.
 
     `ledger` is an open Ledger or a ledger URL; a SQLite file named by URL is queried over plain
     `sqlite3`, without SQLAlchemy. With `remember_in` (a directory), a query checked once is not
-    parsed again (see `_remembered`). Raises ReadOnlyViolation for writes and for the server's
-    configuration and credentials, InputError for queries that do not parse, that the database
-    rejects or that run longer than `timeout_s`, each with a one-line message.
+    parsed again (see `_checked`). At most `max_rows` rows come back; `truncated` says there were
+    more. Raises ReadOnlyViolation for writes and for the server's configuration and credentials,
+    InputError for queries that do not parse, that the database rejects or that run longer than
+    `timeout_s`, LedgerError for a PostgreSQL ledger without its reader role, each in one line.
     """
-    timeout_s = check_timeout(timeout_s)
+    timeout_s, max_rows = check_timeout(timeout_s), check_max_rows(max_rows)
     if isinstance(ledger, str) and sqlite_file(ledger) is not None:
         sql = _checked(query, "sqlite", remember_in)
         with open_reader(ledger) as reader:  # migrated if need be; one read transaction
-            return _execute_sqlite(reader.conn, sql, timeout_s, ledger)
+            return _execute_sqlite(reader.conn, sql, timeout_s, ledger, max_rows)
     if isinstance(ledger, str):
         from trackway.ledger.store import open_ledger
 
         opened = open_ledger(ledger)
         try:
-            return run_readonly_query(opened, query, timeout_s, remember_in)
+            return run_readonly_query(opened, query, timeout_s, remember_in, max_rows)
         finally:
             opened.dispose()
-    return _execute(ledger, _checked(query, ledger.dialect, remember_in), timeout_s)
+    return _execute(ledger, _checked(query, ledger.dialect, remember_in), timeout_s, max_rows)
 
 
 def check_timeout(seconds: float) -> float:
@@ -100,20 +123,34 @@ def check_timeout(seconds: float) -> float:
     return value
 
 
-# PostgreSQL functions that write, signal other sessions, touch server files or run SQL given as
-# text (which would escape this check). A read-only transaction stops most of them; not all.
+def check_max_rows(rows: int) -> int:
+    """The row cap, or InputError naming --max-rows: a whole number from 1 to MAX_MAX_ROWS."""
+    if isinstance(rows, bool) or not isinstance(rows, int) or not 1 <= rows <= MAX_MAX_ROWS:
+        raise InputError(f"--max-rows: expected a whole number of rows from 1 to {MAX_MAX_ROWS}, got {rows!r}")
+    return rows
+
+
+def as_given(query: str) -> str:
+    """What runs on PostgreSQL for a query that passed the check: its own text, less trailing semicolons."""
+    return re.sub(r"[\s;]+$", "", query)
+
+
+# PostgreSQL functions that write, signal other sessions, touch server files or large objects, or run
+# SQL or read tables named in text (which would escape this check). The reader role stops the ones
+# that reach what is not the ledger's; these names give a clearer message first.
 _UNSAFE_FUNCTIONS = frozenset(
     """nextval setval set_config pg_terminate_backend pg_cancel_backend pg_reload_conf
     pg_rotate_logfile pg_promote pg_switch_wal pg_backup_start pg_backup_stop pg_start_backup
     pg_stop_backup pg_wal_replay_pause pg_wal_replay_resume pg_log_backend_memory_contexts
     pg_notify pg_import_system_collations pg_read_file pg_read_binary_file pg_stat_file lo_import
     lo_export lo_create lo_creat lo_unlink lo_open lo_write lowrite lo_put lo_truncate
-    lo_truncate64 lo_from_bytea query_to_xml query_to_xmlschema query_to_xml_and_xmlschema
+    lo_truncate64 lo_from_bytea loread query_to_xml query_to_xmlschema query_to_xml_and_xmlschema
     cursor_to_xml cursor_to_xmlschema ts_stat load_extension""".split()
 )
 _UNSAFE_FUNCTION_PREFIXES = (
     "pg_advisory", "pg_try_advisory", "dblink", "pg_stat_reset", "pg_file_", "pg_ls_", "pg_create_",
-    "pg_drop_replication", "pg_copy_", "pg_logical_", "pg_replication_origin",
+    "pg_drop_replication", "pg_copy_", "pg_logical_", "pg_replication_origin", "lo_", "table_to_xml",
+    "schema_to_xml", "database_to_xml", "query_to_xml", "cursor_to_xml",
 )  # fmt: skip
 
 _PRAGMAS_WITH_ARGUMENT = frozenset(
@@ -147,27 +184,29 @@ def _first_line(exc: BaseException) -> str:
 
 # --- checked queries, remembered ---------------------------------------------------------------
 #
-# A query that passed the check is remembered by its text, with what to run for it, so that a query
-# run again (a script's, a watch loop's) starts without importing sqlglot. The key holds the rules
-# that checked it (this module's and sql_dialect's files, sqlglot's installed version): a change to
-# any of them checks every query afresh. What is remembered can only be what the check produced;
-# the database still enforces read-only (layer 2) whatever the text says.
+# A query that passed the check is remembered, so that a query run again (a script's, a watch
+# loop's) starts without importing sqlglot. The entry's name is a hash of the dialect, the query and
+# the rules that checked it (this module's and sql_dialect's files, sqlglot's installed version): a
+# change to any of them checks every query afresh. On PostgreSQL the entry is an empty marker: what
+# runs is the query as given. On SQLite it holds the transpiled text, which only this user can have
+# written: an entry is used only from a directory of this user's that no one else can write, and
+# only if this user owns it and no one else can write it; anything else is checked again. Whatever
+# an entry says, the database's own layer (the reader role; query_only and the authorizer) applies.
 
 _REMEMBERED_MAX = 500
+_REMEMBERED_MAX_BYTES = 1 << 20
 
 
 def _checked(query: str, dialect: str, remember_in: Path | None) -> str:
     entry = _remembered_path(query, dialect, remember_in)
-    if entry is not None:
-        try:
-            return entry.read_text(encoding="utf-8")
-        except OSError:
-            pass
+    remembered = _read_remembered(entry) if entry is not None else None
+    if remembered is not None:
+        return remembered if dialect == "sqlite" else as_given(query)
     from trackway.ledger.sql_dialect import checked_sql
 
     sql = checked_sql(query, dialect)
     if entry is not None:
-        _remember(entry, sql)
+        _remember(entry, sql if dialect == "sqlite" else "")
     return sql
 
 
@@ -186,12 +225,38 @@ def _remembered_path(query: str, dialect: str, remember_in: Path | None) -> Path
     return remember_in / f"{key}.sql"
 
 
-def _remember(entry: Path, sql: str) -> None:
-    """Write atomically (a reader never sees half a query); a full or read-only disk only costs the speed-up."""
+def _read_remembered(entry: Path) -> str | None:
+    """The entry's text if this user wrote it where only this user can write; None (check again) otherwise."""
+    from trackway.private_dir import check_private
+
     try:
-        entry.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        check_private(entry.parent)
+        fd = os.open(entry, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as file:
+        info = os.fstat(file.fileno())  # of what was opened, not of whatever the name points at by now
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o022:
+            return None
+        data = file.read(_REMEMBERED_MAX_BYTES + 1)
+    try:
+        return data.decode("utf-8") if len(data) <= _REMEMBERED_MAX_BYTES else None
+    except UnicodeDecodeError:
+        return None
+
+
+def _remember(entry: Path, sql: str) -> None:
+    """Write atomically (a reader never sees half a query), 0600 in a 0700 directory; a full, read-only or
+    shared disk only costs the speed-up."""
+    from trackway.private_dir import make_private_dir
+
+    try:
+        entry.parent.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        make_private_dir(entry.parent)
         temporary = entry.with_suffix(f".{os.getpid()}.tmp")
-        temporary.write_text(sql, encoding="utf-8")
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as file:
+            file.write(sql.encode("utf-8"))
         os.replace(temporary, entry)
         remembered = sorted(entry.parent.glob("*.sql"), key=lambda path: path.stat().st_mtime)
         for stale in remembered[: max(0, len(remembered) - _REMEMBERED_MAX)]:
@@ -248,28 +313,62 @@ def _date_part(field: str, value: object) -> float | int | None:
     return None if value is None else _DATE_PARTS[field.lower()](_naive_utc(value))
 
 
-def _regexp(pattern: str, value: object) -> bool | None:
-    return None if pattern is None or value is None else re.search(pattern, str(value)) is not None
+def _regexp(failures: list[str], pattern: object, value: object) -> bool | None:
+    """`value ~ pattern` with RE2, linear in the text: one call cannot run away as Python's `re` can
+    (`'aaaa…!' ~ '(a+)+$'`), and one call is one step of SQLite's, which no time limit interrupts."""
+    if pattern is None or value is None:
+        return None
+    try:
+        compiled = _re2_pattern(str(pattern))
+    except ValueError as exc:
+        failures.append(str(exc))  # SQLite reports only "user-defined function raised exception"
+        raise
+    return compiled.search(str(value)) is not None
 
 
-_SQLITE_FUNCTIONS = (("date_trunc", 2, _date_trunc), ("date_part", 2, _date_part), ("regexp", 2, _regexp))
+@lru_cache(maxsize=64)
+def _re2_pattern(pattern: str):
+    import re2
+
+    options = re2.Options()
+    options.log_errors = False  # RE2 would print its own complaint on stderr too
+    try:
+        return re2.compile(pattern, options)
+    except re2.error as exc:
+        reason = exc.args[0].decode(errors="replace") if exc.args and isinstance(exc.args[0], bytes) else str(exc)
+        shown = pattern if len(pattern) <= 80 else pattern[:77] + "..."
+        raise ValueError(
+            f"trackway sql: regular expression {shown!r}: {reason}; on a SQLite ledger `~` takes RE2's syntax, "
+            "which has no backreferences or lookaround"
+        ) from None
+
+
+def _sqlite_functions(failures: list[str]) -> tuple:
+    return (("date_trunc", 2, _date_trunc), ("date_part", 2, _date_part), ("regexp", 2, partial(_regexp, failures)))
 
 
 # --- execution --------------------------------------------------------------------------------
 
 
-def _execute(ledger: Ledger, sql: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> QueryResult:
+def _execute(
+    ledger: Ledger, sql: str, timeout_s: float = DEFAULT_TIMEOUT_S, max_rows: int = DEFAULT_MAX_ROWS
+) -> QueryResult:
     """Run `sql` in a transaction the database itself keeps read-only, then roll it back."""
     if ledger.dialect == "sqlite":
         with ledger.read() as conn:  # BEGIN (deferred): the query sees one snapshot
             try:
                 raw = conn.connection.dbapi_connection
                 raw.execute("PRAGMA query_only=ON")
-                return _execute_sqlite(raw, sql, timeout_s, ledger.engine.url)
+                return _execute_sqlite(raw, sql, timeout_s, ledger.engine.url, max_rows)
             finally:
                 conn.rollback()
                 raw.execute("PRAGMA query_only=OFF")
-    return _execute_postgresql(ledger, sql, timeout_s)
+    return _execute_postgresql(ledger, sql, timeout_s, max_rows)
+
+
+def _kept(rows: list, max_rows: int) -> tuple[list[tuple], bool]:
+    """The first `max_rows` of `rows` (fetched as max_rows + 1), and whether there were more."""
+    return [tuple(row) for row in rows[:max_rows]], len(rows) > max_rows
 
 
 def _too_slow(timeout_s: float) -> InputError:
@@ -315,9 +414,11 @@ def _authorize(refused: list[str], action: int, arg1: str | None, arg2: str | No
     return sqlite3.SQLITE_DENY
 
 
-def _execute_sqlite(raw: sqlite3.Connection, sql: str, timeout_s: float, url) -> QueryResult:
+def _execute_sqlite(raw: sqlite3.Connection, sql: str, timeout_s: float, url, max_rows: int) -> QueryResult:
     """Run `sql` on `raw`, in the caller's read-only transaction, under the authorizer and the time limit."""
     refused: list[str] = []
+    failures: list[str] = []
+    functions = _sqlite_functions(failures)
     deadline = time.monotonic() + timeout_s
     stopped: list[bool] = []
 
@@ -327,7 +428,7 @@ def _execute_sqlite(raw: sqlite3.Connection, sql: str, timeout_s: float, url) ->
             return 1  # non-zero: SQLite interrupts the statement
         return 0
 
-    for name, arity, function in _SQLITE_FUNCTIONS:
+    for name, arity, function in functions:
         raw.create_function(name, arity, function, deterministic=True)
     raw.set_authorizer(partial(_authorize, refused))
     raw.set_progress_handler(past_deadline, _SQLITE_PROGRESS_STEPS)
@@ -335,13 +436,15 @@ def _execute_sqlite(raw: sqlite3.Connection, sql: str, timeout_s: float, url) ->
         cursor = raw.cursor()
         try:
             cursor.execute(sql)
-            rows = cursor.fetchall()
+            rows = cursor.fetchmany(max_rows + 1)  # what is not fetched is never computed
             columns = [column[0] for column in cursor.description or ()]
         finally:
             cursor.close()
     except sqlite3.Error as exc:
         if refused:
             raise _not_allowed(refused[0]) from None
+        if failures:
+            raise InputError(failures[0]) from None
         if stopped:
             raise _too_slow(timeout_s) from None
         if getattr(exc, "sqlite_errorname", "") == "SQLITE_READONLY":
@@ -353,9 +456,10 @@ def _execute_sqlite(raw: sqlite3.Connection, sql: str, timeout_s: float, url) ->
     finally:
         raw.set_progress_handler(None, 0)
         raw.set_authorizer(None)
-        for name, arity, _function in _SQLITE_FUNCTIONS:
+        for name, arity, _function in functions:
             raw.create_function(name, arity, None)
-    return QueryResult(columns=columns, rows=[tuple(row) for row in rows], executed_sql=sql)
+    kept, truncated = _kept(rows, max_rows)
+    return QueryResult(columns=columns, rows=kept, executed_sql=sql, truncated=truncated)
 
 
 def _ledger_failure(exc: sqlite3.Error, url):
@@ -367,7 +471,74 @@ def _ledger_failure(exc: sqlite3.Error, url):
     return as_ledger_error(exc, make_url(url) if isinstance(url, str) else url)
 
 
-def _execute_postgresql(ledger: Ledger, sql: str, timeout_s: float) -> QueryResult:
+# --- PostgreSQL -------------------------------------------------------------------------------
+
+SHARED_READER_ROLE = "trackway_reader"
+# Roles whose members read the server's files, settings or other sessions' SQL, or signal other
+# sessions: a reader in any of them would undo what running as the reader is for.
+_SERVER_READING_ROLES = (
+    "pg_read_server_files", "pg_write_server_files", "pg_execute_server_program", "pg_read_all_settings",
+    "pg_read_all_stats", "pg_monitor", "pg_signal_backend",
+)  # fmt: skip
+_READER_ROLE_QUERY = """
+SELECT r.rolname,
+       r.rolsuper OR EXISTS (SELECT 1 FROM pg_roles p WHERE p.rolname = ANY(%(strong)s)
+                             AND pg_has_role(r.oid, p.oid, 'USAGE')) AS too_strong,
+       pg_has_role(session_user, r.oid, 'MEMBER') AS reachable,
+       has_table_privilege(r.oid, 'training_attempts', 'SELECT') AS reads_ledger
+FROM pg_roles r WHERE r.rolname = ANY(%(names)s)
+ORDER BY array_position(%(names)s, r.rolname::text)
+"""
+# What the reader role of each ledger (engine) is: looked up once per process, not once per query.
+_reader_roles: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def reader_role_names(database: str) -> tuple[str, str]:
+    """The reader role for `database`: its own (an owner that is not a superuser makes or is given this
+    one), then the one a superuser owner makes for every ledger of the cluster."""
+    own = f"{SHARED_READER_ROLE}_{database}"
+    if len(own.encode()) > 63:  # PostgreSQL's limit on a name
+        own = f"{SHARED_READER_ROLE}_{hashlib.sha256(database.encode()).hexdigest()[:16]}"
+    return own, SHARED_READER_ROLE
+
+
+def _reader_role(ledger: Ledger, cursor) -> str:
+    """The role this ledger's queries run as, or LedgerError saying which to create: never the owner."""
+    known = _reader_roles.get(ledger.engine)
+    if known is not None:
+        return known
+    cursor.execute("SELECT current_database(), session_user")
+    database, user = cursor.fetchone()
+    names = list(reader_role_names(database))
+    cursor.execute(_READER_ROLE_QUERY, {"names": names, "strong": list(_SERVER_READING_ROLES)})
+    found = cursor.fetchall()
+    for name, too_strong, reachable, reads_ledger in found:
+        if too_strong:
+            raise LedgerError(
+                f"trackway sql: will not run as role {name}: it is a superuser or may read the server's files, "
+                f"settings or sessions; make it a plain NOLOGIN role (README.md, \"trackway sql on PostgreSQL\")"
+            )
+        if reachable and reads_ledger:
+            _reader_roles[ledger.engine] = name
+            return name
+    raise LedgerError(_no_reader(names[0], user, database, found))
+
+
+def _no_reader(name: str, user: str, database: str, found: list) -> str:
+    exists = any(row[0] == name for row in found)
+    what = f"{user} cannot become it, or it cannot read the ledger" if exists else "it does not exist"
+    return (
+        f"trackway sql: queries on PostgreSQL run as a read-only role, and database {database} has none for {user} "
+        f"(role {name}: {what}): a database administrator runs the GRANTs in README.md, \"trackway sql on PostgreSQL\""
+    )
+
+
+# Statements a server-side cursor can hold (DECLARE … CURSOR FOR …): their rows are fetched in one
+# bounded batch. Anything else (EXPLAIN) returns a plan, whose size is the query's.
+_DECLARABLE = re.compile(r"(?:\s+|--[^\n]*(?:\n|$)|/\*.*?\*/|\()*(?:select|with|values|table)\b", re.I | re.S)
+
+
+def _execute_postgresql(ledger: Ledger, sql: str, timeout_s: float, max_rows: int = DEFAULT_MAX_ROWS) -> QueryResult:
     import psycopg
 
     with ledger.read() as conn:
@@ -375,28 +546,66 @@ def _execute_postgresql(ledger: Ledger, sql: str, timeout_s: float) -> QueryResu
         try:
             with raw.cursor() as cursor:
                 cursor.execute("SET TRANSACTION READ ONLY")  # the first statement of the transaction
-                # LOCAL: ends with the transaction, so the pooled connection goes back unchanged.
-                # At least 1 ms: 0 would mean no limit at all.
-                cursor.execute(f"SET LOCAL statement_timeout = {max(1, round(timeout_s * 1000))}")
-                try:
-                    if psycopg.Pipeline.is_supported():
-                        # Pipeline mode uses the extended protocol: one statement, whatever the text hides.
-                        with raw.pipeline():
-                            cursor.execute(sql)
-                    else:
-                        cursor.execute(sql, prepare=True)  # also the extended protocol
-                    rows = cursor.fetchall() if cursor.description else []
-                    columns = [column.name for column in cursor.description or ()]
-                except psycopg.Error as exc:
-                    if exc.sqlstate == "57014":  # query_canceled: by statement_timeout, or by an administrator
-                        if _first_line(exc).startswith("canceling statement due to statement timeout"):
-                            raise _too_slow(timeout_s) from None
-                        raise InputError(f"trackway sql: the server cancelled the query: {_first_line(exc)}") from None
-                    if exc.sqlstate == "25006":  # read_only_sql_transaction
-                        raise ReadOnlyViolation(f"trackway sql is read-only: {_first_line(exc)} ({ALLOWED})") from None
-                    if exc.sqlstate is None or exc.sqlstate.startswith("08"):
-                        raise LedgerUnavailable(f"trackway sql: lost the ledger connection: {_first_line(exc)}") from None
-                    raise InputError(f"trackway sql: {_first_line(exc)}") from None
+                _enter_reader_role(ledger, cursor, timeout_s)
+            try:
+                columns, rows = _fetch_postgresql(raw, sql, max_rows)
+            except psycopg.Error as exc:
+                raise _postgresql_failure(exc, timeout_s) from None
         finally:
             conn.rollback()
-    return QueryResult(columns=columns, rows=[tuple(row) for row in rows], executed_sql=sql)
+    kept, truncated = _kept(rows, max_rows)
+    return QueryResult(columns=columns, rows=kept, executed_sql=sql, truncated=truncated)
+
+
+def _enter_reader_role(ledger: Ledger, cursor, timeout_s: float) -> None:
+    """Become the reader, with the time limit, until the transaction ends (LOCAL: the pooled connection
+    goes back as it came). cursor_tuple_fraction 1: a cursor's query is planned for all its rows, as
+    the same query sent plainly would be, not for the first tenth."""
+    import psycopg
+    from psycopg import sql as pg_sql
+
+    role = _reader_role(ledger, cursor)
+    statements = pg_sql.SQL(
+        "SET LOCAL ROLE {}; SET LOCAL statement_timeout = {}; SET LOCAL cursor_tuple_fraction = 1"
+    ).format(pg_sql.Identifier(role), pg_sql.Literal(max(1, round(timeout_s * 1000))))  # 0 would mean no limit
+    try:
+        cursor.execute(statements)
+    except psycopg.Error as exc:  # dropped or revoked since it was looked up
+        _reader_roles.pop(ledger.engine, None)
+        raise LedgerError(f"trackway sql: cannot run as role {role}: {_first_line(exc)}") from None
+
+
+def _fetch_postgresql(raw, sql: str, max_rows: int) -> tuple[list[str], list]:
+    """Columns and at most max_rows + 1 rows, over the extended protocol: one statement, whatever the text hides."""
+    import psycopg
+
+    if _DECLARABLE.match(sql):
+        with raw.cursor(name="trackway_sql") as cursor:  # DECLARE: the server keeps what is not fetched
+            cursor.execute(sql)
+            columns = [column.name for column in cursor.description or ()]
+            return columns, cursor.fetchmany(max_rows + 1)
+    with raw.cursor() as cursor:
+        if psycopg.Pipeline.is_supported():
+            with raw.pipeline():  # pipeline mode sends even a query without parameters over the extended protocol
+                cursor.execute(sql)
+        else:
+            cursor.execute(sql, prepare=True)  # also the extended protocol
+        columns = [column.name for column in cursor.description or ()]
+        return columns, cursor.fetchmany(max_rows + 1) if cursor.description else []
+
+
+def _postgresql_failure(exc, timeout_s: float) -> Exception:
+    if exc.sqlstate == "57014":  # query_canceled: by statement_timeout, or by an administrator
+        if _first_line(exc).startswith("canceling statement due to statement timeout"):
+            return _too_slow(timeout_s)
+        return InputError(f"trackway sql: the server cancelled the query: {_first_line(exc)}")
+    if exc.sqlstate == "25006":  # read_only_sql_transaction
+        return ReadOnlyViolation(f"trackway sql is read-only: {_first_line(exc)} ({ALLOWED})")
+    if exc.sqlstate == "42501":  # insufficient_privilege: the reader role may not
+        return ReadOnlyViolation(
+            f"trackway sql: {_first_line(exc)}: queries run as a role that may read the ledger's tables and "
+            "views only, not the database server's configuration, files or credentials"
+        )
+    if exc.sqlstate is None or exc.sqlstate.startswith("08"):
+        return LedgerUnavailable(f"trackway sql: lost the ledger connection: {_first_line(exc)}")
+    return InputError(f"trackway sql: {_first_line(exc)}")

@@ -28,6 +28,7 @@ from trackway.ledger.readonly_sql import (
     _is_unsafe_function,
     _not_allowed,
     _pragma_is_read_only,
+    as_given,
 )
 
 __all__ = ["checked_sql"]
@@ -40,7 +41,7 @@ def checked_sql(query: str, dialect: str) -> str:
         return _to_sqlite(statement)
     if isinstance(statement.tree, exp.Pragma):
         raise InputError("trackway sql: PRAGMA works on a SQLite ledger only; on PostgreSQL query information_schema")
-    return re.sub(r"[\s;]+$", "", query)
+    return as_given(query)
 
 
 # --- classification ---------------------------------------------------------------------------
@@ -67,7 +68,7 @@ _KIND_NAMES = {"transaction": "BEGIN", "truncatetable": "TRUNCATE", "loaddata": 
 _SERVER_SECRET_RELATIONS = frozenset(
     """pg_file_settings pg_hba_file_rules pg_ident_file_mappings pg_settings pg_config pg_authid
     pg_shadow pg_user_mappings pg_user_mapping user_mapping_options pg_subscription
-    pg_db_role_setting""".split()
+    pg_db_role_setting pg_largeobject pg_largeobject_metadata""".split()
 )
 _SERVER_SECRET_FUNCTIONS = frozenset(
     """current_setting pg_show_all_settings pg_show_all_file_settings pg_config pg_hba_file_rules

@@ -134,6 +134,7 @@ class SqlRequest(BaseModel):
 
     query: str = Field(min_length=1, max_length=100_000, description="One read-only statement, PostgreSQL dialect.")
     timeout_s: float = Field(30.0, gt=0, le=3600)
+    max_rows: int = Field(10_000, ge=1, le=100_000, description="Rows to return at most; `truncated` says if there were more.")
 
 
 @router.post("/sql")
@@ -141,5 +142,8 @@ def sql(body: SqlRequest, request: Request) -> dict[str, Any]:
     """One read-only query, refused as `trackway sql` refuses it (writes, DDL, the server's secrets)."""
     from trackway.ledger.readonly_sql import run_readonly_query
 
-    result = run_readonly_query(request.app.state.ledger, body.query, body.timeout_s)
-    return {"columns": result.columns, "rows": [list(row) for row in result.rows]}
+    result = run_readonly_query(request.app.state.ledger, body.query, body.timeout_s, max_rows=body.max_rows)
+    answer: dict[str, Any] = {"columns": result.columns, "rows": [list(row) for row in result.rows]}
+    if result.truncated:  # said only when rows were left out, so an answer that is whole keeps its shape
+        answer.update(truncated=True, max_rows=body.max_rows)
+    return answer

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from sqlalchemy import create_engine, text
 
 from api_server import TEST_TOKEN, Api, serving
 
@@ -104,9 +105,16 @@ def test_roles_decide_what_a_token_may_do_and_a_revoked_one_does_nothing(server)
     assert status == 201
     shown = Api(base, token=reader).get(f"/api/jobs/{job['id']}")[1]
     assert shown["attempts"][0]["started_by"].startswith("POST /api/jobs with token ana from 127.0.0.1")
-    # The ledger keeps only the digest: a copy of it gives no one a token.
-    rows = Api(base).post("/api/sql", {"query": "select name, token_sha256 from api_tokens order by name"})[1]["rows"]
+    # The ledger keeps only the digest: a copy of it gives no one a token. /api/sql shows not even that.
+    ledger = create_engine(env["TRACKWAY_DB"])
+    try:
+        with ledger.connect() as conn:
+            rows = conn.execute(text("select name, token_sha256 from api_tokens order by name")).all()
+    finally:
+        ledger.dispose()
     assert [r[0] for r in rows] == ["ana", "reader"] and all(submitter not in str(r) for r in rows)
+    status, answer, _ = Api(base, token=reader).post("/api/sql", {"query": "select name, token_sha256 from api_tokens"})
+    assert status == 403 and "api_tokens is not readable" in answer["error"]["message"], answer
     assert subprocess.run([sys.executable, "-m", "trackway", "token", "revoke", "ana"], env=env,
                           capture_output=True, timeout=60).returncode == 0
     assert Api(base, token=submitter).get("/api/jobs")[0] == 401

@@ -11,6 +11,8 @@ Every attempt below is refused and leaves the ledger as it was.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -243,6 +245,136 @@ def test_a_backreference_on_sqlite_is_one_line_naming_re2(sqlite_url):
         ledger.dispose()
 
 
+# One call of a SQLite built-in over megabytes is one step of its virtual machine: no progress
+# handler or interrupt() breaks into it (78 s for this instr with --timeout 1). Its caller still
+# has the answer within --timeout + 1 s: the CLI's process ends, the API's worker is killed.
+ONE_STEP_BLOW_UPS = {
+    "instr": "select instr(hex(zeroblob(2000000)), hex(zeroblob(1000000)) || '1')",
+    "replace": "select length(replace(hex(zeroblob(2000000)), hex(zeroblob(1000000)) || '1', 'x'))",
+}
+
+
+def _trackway(env: dict[str, str], *args: str) -> tuple[subprocess.CompletedProcess, float]:
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "trackway", *args], env=env, capture_output=True, text=True,
+                          timeout=120)
+    return done, time.monotonic() - started
+
+
+@pytest.mark.parametrize("query", list(ONE_STEP_BLOW_UPS.values()), ids=list(ONE_STEP_BLOW_UPS))
+def test_one_uninterruptible_step_ends_the_cli_within_the_timeout(home, sqlite_url, query):
+    env = {**os.environ, "TRACKWAY_HOME": str(home), "TRACKWAY_DB": sqlite_url}
+    _trackway(env, "sql", "select 1")  # the ledger made and migrated
+    warm, startup = _trackway(env, "sql", "select 1")
+    assert warm.returncode == 0, warm.stderr
+    done, elapsed = _trackway(env, "sql", "--timeout", "1", query)
+    assert done.returncode == 2 and done.stdout == "", (done.returncode, done.stdout, done.stderr)
+    assert done.stderr.startswith("trackway: error: trackway sql: the query ran longer than --timeout 1s")
+    assert _one_line(done.stderr.strip())
+    assert elapsed < 1 + 1 + startup, (elapsed, startup)
+
+
+def _children(pid: int) -> set[int]:
+    listed = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    return {int(line) for line in listed.split()}
+
+
+def test_one_uninterruptible_step_answers_the_api_within_the_timeout(home, sqlite_url):
+    with serving(home, sqlite_url) as (base, process):
+        api = Api(base)
+        started = time.monotonic()
+        assert api.post("/api/sql", {"query": "select 1"})[0] == 200  # a worker started and warm
+        startup = time.monotonic() - started
+        workers = _children(process.pid)
+        for query in ONE_STEP_BLOW_UPS.values():
+            started = time.monotonic()
+            status, answer, _ = api.post("/api/sql", {"query": query, "timeout_s": 1})
+            elapsed = time.monotonic() - started
+            assert status == 400 and answer["error"]["type"] == "InputError", (status, answer)
+            assert answer["error"]["message"].startswith("trackway sql: the query ran longer than --timeout 1s")
+            assert elapsed < 1 + 1 + startup, (elapsed, startup)
+            started = time.monotonic()
+            status, answer, _ = api.post("/api/sql", {"query": "select 1"})
+            assert status == 200 and answer["rows"] == [[1]]
+            assert time.monotonic() - started < 1 + startup
+        replaced = _children(process.pid)
+        assert replaced and not (workers & replaced), (workers, replaced)  # each killed worker gave way to a fresh one
+
+
+# --- the API tokens ---------------------------------------------------------------------------------
+
+TOKEN_READS = {
+    "table": "select * from api_tokens",
+    "count": "select count(*) from api_tokens",
+    "qualified": "select token_sha256 from public.api_tokens",
+    "quoted": 'select token_sha256 from "api_tokens"',
+    "cte": "with t as (select * from api_tokens) select token_sha256 from t",
+    "subquery": "select (select token_sha256 from api_tokens limit 1)",
+    "exists": "select 1 where exists (select 1 from api_tokens where token_sha256 like 'a%')",
+    "join": "select r.run_id, t.name from runs r, api_tokens t",
+}
+
+
+@pytest.fixture
+def with_token(filled: Ledger) -> tuple[Ledger, str]:
+    from trackway.ledger.tokens import add_token, digest
+
+    with filled.write() as conn:
+        token = add_token(conn, "ana", "admin")
+    return filled, digest(token)
+
+
+@pytest.mark.parametrize("query", list(TOKEN_READS.values()), ids=list(TOKEN_READS))
+def test_the_api_tokens_are_not_readable(with_token, query):
+    ledger, digest = with_token
+    sent = query.replace("public.", "") if ledger.dialect == "sqlite" else query
+    with pytest.raises(ReadOnlyViolation) as info:
+        run_readonly_query(ledger, sent)
+    message = str(info.value)
+    assert _one_line(message) and digest not in message
+    assert "api_tokens is not readable through trackway sql: use `trackway token list`" in message
+
+
+@pytest.mark.parametrize("query", ["select * from api_tokens", "select (select token_sha256 from api_tokens limit 1)",
+                                   "with t as (select * from api_tokens) select * from t"])
+def test_the_database_refuses_the_api_tokens_past_the_name_check(with_token, query):
+    ledger, digest = with_token
+    with pytest.raises(ReadOnlyViolation) as info:
+        _execute(ledger, query)
+    message = str(info.value)
+    expected = "permission denied for table api_tokens" if ledger.dialect == "postgresql" else "is not readable"
+    assert _one_line(message) and expected in message and digest not in message
+
+
+def test_a_view_over_the_api_tokens_is_refused_on_sqlite(sqlite_url):
+    from trackway.ledger.tokens import add_token
+
+    ledger = open_ledger(sqlite_url)
+    try:
+        with ledger.write() as conn:
+            add_token(conn, "ana", "admin")
+            conn.execute(text("create view token_view as select name, token_sha256 from api_tokens"))
+        with pytest.raises(ReadOnlyViolation, match="api_tokens is not readable"):
+            run_readonly_query(ledger, "select * from token_view")
+        # The table's shape is no secret (it is in the schema); its rows are.
+        shape = run_readonly_query(ledger, "select name from pragma_table_info('api_tokens')").rows
+        assert ("token_sha256",) in shape
+    finally:
+        ledger.dispose()
+
+
+def test_the_reader_role_may_not_read_the_api_tokens(pg_url):
+    ledger = open_ledger(pg_url)
+    try:
+        with ledger.read() as conn:
+            role = reader_role_names(conn.execute(text("select current_database()")).scalar_one())[1]
+            may = "select has_table_privilege(:role, :table, 'SELECT')"
+            assert conn.execute(text(may), {"role": role, "table": "api_tokens"}).scalar_one() is False
+            assert conn.execute(text(may), {"role": role, "table": "runs"}).scalar_one() is True
+    finally:
+        ledger.dispose()
+
+
 # --- row cap ----------------------------------------------------------------------------------------
 
 
@@ -434,6 +566,10 @@ def test_without_a_reader_role_sql_refuses_and_names_the_fix(owned_database, cap
         with admin.connect() as conn:
             conn.execute(text(f'REVOKE pg_read_all_settings FROM "{reader}"'))
         admin.dispose()
+        with pytest.raises(LedgerError, match=f"will not run as role {reader}: it may read the server's API tokens"):
+            run_readonly_query(ledger, "select 1")
+        with ledger.write() as conn:
+            conn.execute(text(f'REVOKE SELECT ON api_tokens FROM "{reader}"'))
         assert run_readonly_query(ledger, "select current_user").rows == [(reader,)]
         with pytest.raises(ReadOnlyViolation, match="permission denied for table pg_authid"):
             _execute(ledger, "select table_to_xml('pg_authid', true, false, '')")

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import re
 import sys
+import threading
 from datetime import date, datetime
 from decimal import Decimal
 
@@ -13,8 +15,11 @@ import typer
 
 from trackway.cli.context import app_context
 from trackway.cli.jsonout import print_json, to_jsonable
+from trackway.errors import InputError
 
 _TIME_TEXT = re.compile(r"^\d{4}-\d\d-\d\d([ T]\d\d:\d\d|$)")
+# Past --timeout, how long the database's own limit has to stop the statement before the process ends.
+_WATCHDOG_MARGIN_S = 0.5
 
 
 def sql(
@@ -34,15 +39,19 @@ def sql(
     """Run a read-only query (PostgreSQL dialect; transpiled for SQLite)."""
     # sqlglot is slow to import; only sql needs it
     from trackway.ledger.readonly_sql import (
-        CLI_MAX_ROWS, DEFAULT_TIMEOUT_S, check_max_rows, check_timeout, run_readonly_query,
+        CLI_MAX_ROWS, DEFAULT_TIMEOUT_S, check_max_rows, check_timeout, run_readonly_query, too_slow,
     )  # fmt: skip
 
     # Checked before the ledger is opened: a bad option is the answer whatever state the ledger is in.
     timeout_s = check_timeout(DEFAULT_TIMEOUT_S if timeout is None else timeout)
     row_cap = check_max_rows(CLI_MAX_ROWS if max_rows is None else max_rows)
     app = app_context(ctx)
-    result = run_readonly_query(app.settings.db_url, query, timeout_s=timeout_s,
-                                remember_in=app.settings.home / "cache" / "sql", max_rows=row_cap)
+    watchdog = _Watchdog(timeout_s, too_slow(timeout_s))
+    try:
+        result = run_readonly_query(app.settings.db_url, query, timeout_s=timeout_s, on_start=watchdog.arm,
+                                    remember_in=app.settings.home / "cache" / "sql", max_rows=row_cap)
+    finally:
+        watchdog.disarm()  # before printing: a long table takes the time it takes
     if result.truncated:
         # Before the rows: a reader of a long table sees it where the table starts scrolling.
         print(f"trackway sql: showing the first {row_cap} rows; the query returned more — narrow it or pass "
@@ -57,6 +66,34 @@ def sql(
         from trackway.cli.render import console, table  # rich: only for a table
 
         console.print(table(None, sql_columns(result.columns, result.rows), result.rows))
+
+
+class _Watchdog:
+    """Ends the process, exit 2, if the statement outlives its --timeout by _WATCHDOG_MARGIN_S.
+
+    The database's own limit stops nearly every query (SQLite's progress handler, PostgreSQL's
+    statement_timeout), but not one call of a SQLite built-in: `instr`, `replace` or `trim` over
+    megabytes is a single step of its virtual machine, which neither the progress handler nor
+    `interrupt()` can break into. Ending the process is safe: the query only read, in a transaction
+    that is never committed, so nothing is lost or left half-written.
+    """
+
+    def __init__(self, timeout_s: float, error: InputError) -> None:
+        self.timeout_s, self.error = timeout_s, error
+        self.timer: threading.Timer | None = None
+
+    def arm(self) -> None:
+        self.timer = threading.Timer(self.timeout_s + _WATCHDOG_MARGIN_S, self._give_up)
+        self.timer.daemon = True
+        self.timer.start()
+
+    def disarm(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+
+    def _give_up(self) -> None:
+        print(f"trackway: error: {self.error}", file=sys.stderr, flush=True)
+        os._exit(self.error.exit_code)
 
 
 def _csv_value(value):

@@ -59,6 +59,8 @@ from trackway.errors import InputError, LedgerError, LedgerUnavailable, ReadOnly
 from trackway.ledger.reader import open_reader, sqlite_file
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from trackway.ledger.store import Ledger
 
 __all__ = ["QueryResult", "run_readonly_query"]
@@ -83,7 +85,7 @@ MAX_MAX_ROWS = 10_000_000
 
 def run_readonly_query(
     ledger: Ledger | str, query: str, timeout_s: float = DEFAULT_TIMEOUT_S, remember_in: Path | None = None,
-    max_rows: int = DEFAULT_MAX_ROWS,
+    max_rows: int = DEFAULT_MAX_ROWS, on_start: Callable[[], None] | None = None,
 ) -> QueryResult:
     """Run one read-only query; refuse anything that could change the ledger or read the server's secrets.
 
@@ -93,21 +95,23 @@ def run_readonly_query(
     more. Raises ReadOnlyViolation for writes and for the server's configuration and credentials,
     InputError for queries that do not parse, that the database rejects or that run longer than
     `timeout_s`, LedgerError for a PostgreSQL ledger without its reader role, each in one line.
+    `on_start` is called as the statement starts, when its `timeout_s` starts counting (the CLI arms
+    its watchdog there).
     """
     timeout_s, max_rows = check_timeout(timeout_s), check_max_rows(max_rows)
     if isinstance(ledger, str) and sqlite_file(ledger) is not None:
         sql = _checked(query, "sqlite", remember_in)
         with open_reader(ledger) as reader:  # migrated if need be; one read transaction
-            return _execute_sqlite(reader.conn, sql, timeout_s, ledger, max_rows)
+            return _execute_sqlite(reader.conn, sql, timeout_s, ledger, max_rows, on_start)
     if isinstance(ledger, str):
         from trackway.ledger.store import open_ledger
 
         opened = open_ledger(ledger)
         try:
-            return run_readonly_query(opened, query, timeout_s, remember_in, max_rows)
+            return run_readonly_query(opened, query, timeout_s, remember_in, max_rows, on_start)
         finally:
             opened.dispose()
-    return _execute(ledger, _checked(query, ledger.dialect, remember_in), timeout_s, max_rows)
+    return _execute(ledger, _checked(query, ledger.dialect, remember_in), timeout_s, max_rows, on_start)
 
 
 def check_timeout(seconds: float) -> float:
@@ -175,6 +179,16 @@ def _is_unsafe_function(name: str) -> bool:
 
 def _not_allowed(what: str) -> ReadOnlyViolation:
     return ReadOnlyViolation(f"trackway sql is read-only: {what} is not allowed ({ALLOWED})")
+
+
+# The server's API tokens (names, roles, digests): not for every `read` token to see through /api/sql.
+TOKENS_TABLE = "api_tokens"
+
+
+def tokens_not_readable() -> ReadOnlyViolation:
+    return ReadOnlyViolation(
+        f"trackway sql: {TOKENS_TABLE} is not readable through trackway sql: use `trackway token list`"
+    )
 
 
 def _first_line(exc: BaseException) -> str:
@@ -351,7 +365,8 @@ def _sqlite_functions(failures: list[str]) -> tuple:
 
 
 def _execute(
-    ledger: Ledger, sql: str, timeout_s: float = DEFAULT_TIMEOUT_S, max_rows: int = DEFAULT_MAX_ROWS
+    ledger: Ledger, sql: str, timeout_s: float = DEFAULT_TIMEOUT_S, max_rows: int = DEFAULT_MAX_ROWS,
+    on_start: Callable[[], None] | None = None,
 ) -> QueryResult:
     """Run `sql` in a transaction the database itself keeps read-only, then roll it back."""
     if ledger.dialect == "sqlite":
@@ -359,11 +374,11 @@ def _execute(
             try:
                 raw = conn.connection.dbapi_connection
                 raw.execute("PRAGMA query_only=ON")
-                return _execute_sqlite(raw, sql, timeout_s, ledger.engine.url, max_rows)
+                return _execute_sqlite(raw, sql, timeout_s, ledger.engine.url, max_rows, on_start)
             finally:
                 conn.rollback()
                 raw.execute("PRAGMA query_only=OFF")
-    return _execute_postgresql(ledger, sql, timeout_s, max_rows)
+    return _execute_postgresql(ledger, sql, timeout_s, max_rows, on_start)
 
 
 def _kept(rows: list, max_rows: int) -> tuple[list[tuple], bool]:
@@ -371,7 +386,7 @@ def _kept(rows: list, max_rows: int) -> tuple[list[tuple], bool]:
     return [tuple(row) for row in rows[:max_rows]], len(rows) > max_rows
 
 
-def _too_slow(timeout_s: float) -> InputError:
+def too_slow(timeout_s: float) -> InputError:
     # Exit 2, like any query the database rejects: the ledger is fine, and the remedy is the
     # user's (a narrower query, or a longer --timeout).
     return InputError(
@@ -395,7 +410,10 @@ _SQLITE_ACTIONS = {
 _SQLITE_READS = frozenset({sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_RECURSIVE})
 
 
-def _authorize(refused: list[str], action: int, arg1: str | None, arg2: str | None, _db, _source) -> int:
+def _authorize(refused: list[ReadOnlyViolation], action: int, arg1: str | None, arg2: str | None, _db, _source) -> int:
+    if action == sqlite3.SQLITE_READ and (arg1 or "").lower() == TOKENS_TABLE:  # through a view too
+        refused.append(tokens_not_readable())
+        return sqlite3.SQLITE_DENY
     if action in _SQLITE_READS:
         return sqlite3.SQLITE_OK
     if action == sqlite3.SQLITE_FUNCTION and not _is_unsafe_function((arg2 or "").lower()):
@@ -406,19 +424,23 @@ def _authorize(refused: list[str], action: int, arg1: str | None, arg2: str | No
         # Table-valued pragmas (pragma_table_info) probe the schema table this way; IGNORE writes nothing.
         return sqlite3.SQLITE_IGNORE
     if action == sqlite3.SQLITE_PRAGMA:
-        refused.append(f"PRAGMA {arg1} with an argument" if arg2 is not None else f"PRAGMA {arg1}")
+        what = f"PRAGMA {arg1} with an argument" if arg2 is not None else f"PRAGMA {arg1}"
     elif action == sqlite3.SQLITE_FUNCTION:
-        refused.append(f"{arg2}()")
+        what = f"{arg2}()"
     else:
-        refused.append(_SQLITE_ACTIONS.get(action, f"SQLite action {action}"))
+        what = _SQLITE_ACTIONS.get(action, f"SQLite action {action}")
+    refused.append(_not_allowed(what))
     return sqlite3.SQLITE_DENY
 
 
-def _execute_sqlite(raw: sqlite3.Connection, sql: str, timeout_s: float, url, max_rows: int) -> QueryResult:
+def _execute_sqlite(raw: sqlite3.Connection, sql: str, timeout_s: float, url, max_rows: int,
+                    on_start: Callable[[], None] | None = None) -> QueryResult:
     """Run `sql` on `raw`, in the caller's read-only transaction, under the authorizer and the time limit."""
-    refused: list[str] = []
+    refused: list[ReadOnlyViolation] = []
     failures: list[str] = []
     functions = _sqlite_functions(failures)
+    if on_start is not None:
+        on_start()
     deadline = time.monotonic() + timeout_s
     stopped: list[bool] = []
 
@@ -442,11 +464,11 @@ def _execute_sqlite(raw: sqlite3.Connection, sql: str, timeout_s: float, url, ma
             cursor.close()
     except sqlite3.Error as exc:
         if refused:
-            raise _not_allowed(refused[0]) from None
+            raise refused[0] from None
         if failures:
             raise InputError(failures[0]) from None
         if stopped:
-            raise _too_slow(timeout_s) from None
+            raise too_slow(timeout_s) from None
         if getattr(exc, "sqlite_errorname", "") == "SQLITE_READONLY":
             raise ReadOnlyViolation(f"trackway sql is read-only: {_first_line(exc)} ({ALLOWED})") from None
         failure = _ledger_failure(exc, url)
@@ -485,7 +507,8 @@ SELECT r.rolname,
        r.rolsuper OR EXISTS (SELECT 1 FROM pg_roles p WHERE p.rolname = ANY(%(strong)s)
                              AND pg_has_role(r.oid, p.oid, 'USAGE')) AS too_strong,
        pg_has_role(session_user, r.oid, 'MEMBER') AS reachable,
-       has_table_privilege(r.oid, 'training_attempts', 'SELECT') AS reads_ledger
+       has_table_privilege(r.oid, 'training_attempts', 'SELECT') AS reads_ledger,
+       has_table_privilege(r.oid, 'api_tokens', 'SELECT') AS reads_tokens
 FROM pg_roles r WHERE r.rolname = ANY(%(names)s)
 ORDER BY array_position(%(names)s, r.rolname::text)
 """
@@ -512,11 +535,13 @@ def _reader_role(ledger: Ledger, cursor) -> str:
     names = list(reader_role_names(database))
     cursor.execute(_READER_ROLE_QUERY, {"names": names, "strong": list(_SERVER_READING_ROLES)})
     found = cursor.fetchall()
-    for name, too_strong, reachable, reads_ledger in found:
-        if too_strong:
+    for name, too_strong, reachable, reads_ledger, reads_tokens in found:
+        if too_strong or reads_tokens:
+            why = ("it may read the server's API tokens (REVOKE SELECT ON api_tokens FROM it)" if not too_strong
+                   else "it is a superuser or may read the server's files, settings or sessions")
             raise LedgerError(
-                f"trackway sql: will not run as role {name}: it is a superuser or may read the server's files, "
-                f"settings or sessions; make it a plain NOLOGIN role (README.md, \"trackway sql on PostgreSQL\")"
+                f"trackway sql: will not run as role {name}: {why}; make it a plain NOLOGIN role that reads "
+                f"the ledger only (README.md, \"trackway sql on PostgreSQL\")"
             )
         if reachable and reads_ledger:
             _reader_roles[ledger.engine] = name
@@ -538,7 +563,8 @@ def _no_reader(name: str, user: str, database: str, found: list) -> str:
 _DECLARABLE = re.compile(r"(?:\s+|--[^\n]*(?:\n|$)|/\*.*?\*/|\()*(?:select|with|values|table)\b", re.I | re.S)
 
 
-def _execute_postgresql(ledger: Ledger, sql: str, timeout_s: float, max_rows: int = DEFAULT_MAX_ROWS) -> QueryResult:
+def _execute_postgresql(ledger: Ledger, sql: str, timeout_s: float, max_rows: int = DEFAULT_MAX_ROWS,
+                        on_start: Callable[[], None] | None = None) -> QueryResult:
     import psycopg
 
     with ledger.read() as conn:
@@ -547,6 +573,8 @@ def _execute_postgresql(ledger: Ledger, sql: str, timeout_s: float, max_rows: in
             with raw.cursor() as cursor:
                 cursor.execute("SET TRANSACTION READ ONLY")  # the first statement of the transaction
                 _enter_reader_role(ledger, cursor, timeout_s)
+            if on_start is not None:
+                on_start()
             try:
                 columns, rows = _fetch_postgresql(raw, sql, max_rows)
             except psycopg.Error as exc:
@@ -597,7 +625,7 @@ def _fetch_postgresql(raw, sql: str, max_rows: int) -> tuple[list[str], list]:
 def _postgresql_failure(exc, timeout_s: float) -> Exception:
     if exc.sqlstate == "57014":  # query_canceled: by statement_timeout, or by an administrator
         if _first_line(exc).startswith("canceling statement due to statement timeout"):
-            return _too_slow(timeout_s)
+            return too_slow(timeout_s)
         return InputError(f"trackway sql: the server cancelled the query: {_first_line(exc)}")
     if exc.sqlstate == "25006":  # read_only_sql_transaction
         return ReadOnlyViolation(f"trackway sql is read-only: {_first_line(exc)} ({ALLOWED})")

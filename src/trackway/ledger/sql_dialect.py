@@ -22,6 +22,7 @@ from sqlglot.errors import ErrorLevel, SqlglotError
 
 from trackway.errors import InputError, ReadOnlyViolation
 from trackway.ledger.readonly_sql import (
+    TOKENS_TABLE,
     _DATE_PARTS,
     _TRUNCATIONS,
     _first_line,
@@ -29,6 +30,7 @@ from trackway.ledger.readonly_sql import (
     _not_allowed,
     _pragma_is_read_only,
     as_given,
+    tokens_not_readable,
 )
 
 __all__ = ["checked_sql"]
@@ -125,6 +127,8 @@ def _classify(query: str) -> _Statement:
         if isinstance(node, exp.Table) and isinstance(node.this, exp.Identifier):
             if node.this.name.lower() in _SERVER_SECRET_RELATIONS:
                 raise _server_secret(node.this.name.lower())
+            if node.this.name.lower() == TOKENS_TABLE:
+                raise tokens_not_readable()
     return _Statement(tree, explain=bool(explain))
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
@@ -140,10 +141,29 @@ class SqlRequest(BaseModel):
 @router.post("/sql")
 def sql(body: SqlRequest, request: Request) -> dict[str, Any]:
     """One read-only query, refused as `trackway sql` refuses it (writes, DDL, the server's secrets)."""
+    from trackway.ledger.reader import sqlite_file
     from trackway.ledger.readonly_sql import run_readonly_query
 
-    result = run_readonly_query(request.app.state.ledger, body.query, body.timeout_s, max_rows=body.max_rows)
+    ledger = request.app.state.ledger
+    url = ledger.engine.url.render_as_string(hide_password=False)
+    if sqlite_file(url) is not None:  # a step of SQLite's no time limit breaks into: in a worker killed at the deadline
+        result = _sql_workers(request.app).run(url, body.query, body.timeout_s, body.max_rows)
+    else:  # PostgreSQL stops the statement itself (statement_timeout)
+        result = run_readonly_query(ledger, body.query, body.timeout_s, max_rows=body.max_rows)
     answer: dict[str, Any] = {"columns": result.columns, "rows": [list(row) for row in result.rows]}
     if result.truncated:  # said only when rows were left out, so an answer that is whole keeps its shape
         answer.update(truncated=True, max_rows=body.max_rows)
     return answer
+
+
+_workers_lock = threading.Lock()
+
+
+def _sql_workers(app):
+    """The app's SQL worker processes (ledger/sql_worker.py), made on the first query."""
+    from trackway.ledger.sql_worker import SqlWorkers
+
+    with _workers_lock:
+        if getattr(app.state, "sql_workers", None) is None:
+            app.state.sql_workers = SqlWorkers()
+        return app.state.sql_workers

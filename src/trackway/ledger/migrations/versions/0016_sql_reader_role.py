@@ -1,4 +1,5 @@
-"""`trackway sql` on PostgreSQL runs as a role that may only read the ledger (see ledger/readonly_sql.py).
+"""`trackway sql` on PostgreSQL runs as a role that may only read the ledger (see ledger/readonly_sql.py):
+SELECT on its tables and views but api_tokens, which holds the server's token names, roles and digests.
 
 A superuser owner makes `trackway_reader` (one for every ledger of the cluster: only superusers and
 its members may become it); an owner with CREATEROLE makes `trackway_reader_<database>` and is
@@ -107,13 +108,17 @@ def _create_role(bind: Connection, role: str) -> None:
 
 
 def _grant_reads(bind: Connection, role: str) -> None:
-    """USAGE on the ledger's schema; SELECT on its tables and views, now and as later migrations add them."""
+    """USAGE on the ledger's schema; SELECT on its tables and views, now and as later migrations add them,
+    except api_tokens."""
     quoted = _quoted(bind, role)
     schema = _quoted(bind, bind.execute(text("SELECT current_schema()")).scalar_one())
     _try(bind, f"GRANT USAGE ON SCHEMA {schema} TO {quoted}")  # PUBLIC usually has it already
     for relation in _ledger_relations(bind):
         _run(bind, f"GRANT SELECT ON {schema}.{_quoted(bind, relation)} TO {quoted}")
     _run(bind, f"ALTER DEFAULT PRIVILEGES IN SCHEMA {schema} GRANT SELECT ON TABLES TO {quoted}")
+    # Not the server's API tokens (names, roles, digests): any `read` token may query through the reader.
+    if "api_tokens" in _ledger_relations(bind):
+        _run(bind, f"REVOKE SELECT ON {schema}.api_tokens FROM {quoted}")
 
 
 def _ledger_relations(bind: Connection) -> list[str]:

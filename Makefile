@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench bench-peers clean
+.PHONY: demo test docs bench bench-peers clean
 
 # The C source too: its extension is built by the install (pip install -e rebuilds it).
 $(STAMP): pyproject.toml src/trackway/checkpoints/_stream_copy.c
@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml src/trackway/checkpoints/_stream_copy.c
 	# torch first and pinned: the CPU build of 2.13.0 lies on this machine's disk; an unpinned
 	# torch would pull a multi-GB CUDA build.
 	$(PY) -m pip install --quiet --disable-pip-version-check "torch==2.13.0"
-	$(PY) -m pip install --quiet --disable-pip-version-check "torch==2.13.0" -e ".[torch,postgres,frameworks,remote,server,notify,dev]"
+	$(PY) -m pip install --quiet --disable-pip-version-check "torch==2.13.0" -e ".[torch,postgres,frameworks,remote,server,notify,dev,docs]"
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -28,6 +28,10 @@ test: $(STAMP)
 	bash scripts/ensure-sshd.sh
 	bash scripts/ensure-chromium.sh
 	TRACKWAY_BACKGROUND_SUPERVISOR=0 $(PY) -m pytest -n 2 --dist loadfile
+
+# The design pages (docs/) as a site under build/docs; --strict: a broken link or an unlisted page fails.
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict
 
 # One table: figure, value, baseline, ratio, target, met; exits non-zero naming each missed figure.
 bench: $(STAMP)

@@ -106,7 +106,7 @@ idle_exit_seconds = 300
 max_running = 2
 
 [retry]
-# What the supervisor does after an attempt ends, per termination reason (DESIGN.md's defaults).
+# What the supervisor does after an attempt ends, per termination reason (defaults: docs/taxonomy.md).
 # gpu_hours_budget = 100
 # [retry.reasons.preempted]
 # budget = 10

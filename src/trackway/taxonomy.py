@@ -35,7 +35,7 @@ class AttemptState(str, Enum):
 
 
 class TerminationReason(str, Enum):
-    """Why an attempt ended (DESIGN.md's closed taxonomy)."""
+    """Why an attempt ended: the closed taxonomy of docs/taxonomy.md."""
 
     COMPLETED = "completed"
     PREEMPTED = "preempted"

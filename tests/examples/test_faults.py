@@ -1,4 +1,4 @@
-"""Every fault scenario in examples/faults/ is classified to its reason and decided as DESIGN.md's default policy says."""
+"""Every fault scenario in examples/faults/ is classified to its reason and decided as docs/taxonomy.md's default policy says."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The retry policy as a pure function: DESIGN.md's defaults, budgets, conditions, backoff, and policy files."""
+"""The retry policy as a pure function: docs/taxonomy.md's defaults, budgets, conditions, backoff, and policy files."""
 
 from __future__ import annotations
 

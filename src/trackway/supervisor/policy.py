@@ -2,7 +2,7 @@
 
 `decide()` is a pure function of the policy and the run's history; the control loop only
 applies what it returns. Every decision names the rule that made it, and is stored on the
-attempt as `retry_decision`. The defaults are DESIGN.md's table:
+attempt as `retry_decision`. The defaults are docs/taxonomy.md's table (a test holds the two equal):
 
     reason           action   budget  condition
     preempted        resume   10      -

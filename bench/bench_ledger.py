@@ -21,7 +21,7 @@ from _common import figure, fill_ledger, interleaved_medians, postgres_database,
 from sqlalchemy import text  # noqa: E402
 
 from trackway.ledger import open_ledger  # noqa: E402
-from trackway.ledger.readonly_sql import run_readonly_query  # noqa: E402
+from trackway.ledger.sql.readonly import run_readonly_query  # noqa: E402
 
 ATTEMPTS = int(os.environ.get("TRACKWAY_BENCH_ATTEMPTS", "1000000"))
 REPEAT = 5

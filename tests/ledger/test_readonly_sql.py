@@ -10,7 +10,7 @@ from sqlalchemy import inspect, text
 
 from trackway.errors import InputError, ReadOnlyViolation
 from trackway.ledger import Ledger, open_ledger
-from trackway.ledger.readonly_sql import QueryResult, _execute, check_timeout, run_readonly_query
+from trackway.ledger.sql.readonly import QueryResult, _execute, check_timeout, run_readonly_query
 from trackway.ledger.records import insert_attempt, insert_run
 
 ALLOWED = "(only SELECT, WITH … SELECT, VALUES, EXPLAIN and read-only PRAGMA)"
@@ -488,7 +488,7 @@ def test_a_repeated_query_runs_without_parsing_it_again(tmp_path):
     open_ledger(url).dispose()
     remember = tmp_path / "remembered"
     probe = (
-        "import sys; from pathlib import Path; from trackway.ledger.readonly_sql import run_readonly_query\n"
+        "import sys; from pathlib import Path; from trackway.ledger.sql.readonly import run_readonly_query\n"
         f"result = run_readonly_query({url!r}, \"select now() - interval '1 day' > '2000-01-01' as recent\", "
         f"remember_in=Path({str(remember)!r}))\n"
         "print(result.rows, 'sqlglot' in sys.modules)"
@@ -501,7 +501,7 @@ def test_a_repeated_query_runs_without_parsing_it_again(tmp_path):
 
 
 def test_a_refused_query_is_never_remembered_and_a_forged_one_still_cannot_write(tmp_path):
-    from trackway.ledger.readonly_sql import _remembered_path
+    from trackway.ledger.sql.remembered import entry_path
 
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
     open_ledger(url).dispose()
@@ -510,7 +510,7 @@ def test_a_refused_query_is_never_remembered_and_a_forged_one_still_cannot_write
         run_readonly_query(url, "delete from runs", remember_in=remember)
     assert not remember.exists() or not list(remember.glob("*.sql"))
     # Whoever can write the home can forge an entry; the database still refuses to write.
-    forged = _remembered_path("select 1", "sqlite", remember)
+    forged = entry_path("select 1", "sqlite", remember)
     forged.parent.mkdir(parents=True, exist_ok=True)
     forged.write_text("DROP TABLE runs")
     with pytest.raises(ReadOnlyViolation):

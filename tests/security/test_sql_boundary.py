@@ -26,7 +26,8 @@ from sqlalchemy.engine import make_url
 from api_server import Api, serving
 from trackway.errors import InputError, LedgerError, ReadOnlyViolation
 from trackway.ledger import Ledger, open_ledger
-from trackway.ledger.readonly_sql import _execute, _remembered_path, reader_role_names, run_readonly_query
+from trackway.ledger.sql.readonly import _execute, reader_role_names, run_readonly_query
+from trackway.ledger.sql.remembered import entry_path
 from trackway.ledger.records import insert_attempt, insert_run
 
 SECRET_MARKER = "trackway_boundary_marker_7f3a"
@@ -424,7 +425,7 @@ def test_the_cli_caps_rows_and_says_so_on_stderr(cli):
 def _remembered(url: str, query: str, remember: Path) -> Path:
     ledger = open_ledger(url)
     try:
-        return _remembered_path(query, ledger.dialect, remember)
+        return entry_path(query, ledger.dialect, remember)
     finally:
         ledger.dispose()
 
@@ -463,13 +464,13 @@ def test_a_postgresql_entry_is_a_marker_and_a_forged_one_meets_the_reader_role(p
     try:
         before = _snapshot(ledger)
         assert run_readonly_query(ledger, "select 1 as one;", remember_in=remember).rows == [(1,)]
-        entry = _remembered_path("select 1 as one;", "postgresql", remember)
+        entry = entry_path("select 1 as one;", "postgresql", remember)
         assert entry.read_text() == ""  # no SQL text: the query itself is what runs
         entry.write_text("DELETE FROM runs")
         assert run_readonly_query(ledger, "select 1 as one;", remember_in=remember).rows == [(1,)]
         # A marker for a query the check refuses skips the check; the database still refuses it.
         refused = "select set_config('role', 'postgres', true)"
-        _remembered_path(refused, "postgresql", remember).write_text("")
+        entry_path(refused, "postgresql", remember).write_text("")
         with pytest.raises(ReadOnlyViolation, match="permission denied for function set_config"):
             run_readonly_query(ledger, refused, remember_in=remember)
         assert _snapshot(ledger) == before

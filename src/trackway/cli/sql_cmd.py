@@ -38,7 +38,7 @@ def sql(
 ) -> None:
     """Run a read-only query (PostgreSQL dialect; transpiled for SQLite)."""
     # sqlglot is slow to import; only sql needs it
-    from trackway.ledger.readonly_sql import (
+    from trackway.ledger.sql.readonly import (
         CLI_MAX_ROWS, DEFAULT_TIMEOUT_S, check_max_rows, check_timeout, run_readonly_query, too_slow,
     )  # fmt: skip
 

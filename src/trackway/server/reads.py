@@ -142,7 +142,7 @@ class SqlRequest(BaseModel):
 def sql(body: SqlRequest, request: Request) -> dict[str, Any]:
     """One read-only query, refused as `trackway sql` refuses it (writes, DDL, the server's secrets)."""
     from trackway.ledger.reader import sqlite_file
-    from trackway.ledger.readonly_sql import run_readonly_query
+    from trackway.ledger.sql.readonly import run_readonly_query
 
     ledger = request.app.state.ledger
     url = ledger.engine.url.render_as_string(hide_password=False)
@@ -160,8 +160,8 @@ _workers_lock = threading.Lock()
 
 
 def _sql_workers(app):
-    """The app's SQL worker processes (ledger/sql_worker.py), made on the first query."""
-    from trackway.ledger.sql_worker import SqlWorkers
+    """The app's SQL worker processes (ledger/sql/worker.py), made on the first query."""
+    from trackway.ledger.sql.worker import SqlWorkers
 
     with _workers_lock:
         if getattr(app.state, "sql_workers", None) is None:

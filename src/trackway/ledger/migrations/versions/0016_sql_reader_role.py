@@ -1,4 +1,4 @@
-"""`trackway sql` on PostgreSQL runs as a role that may only read the ledger (see ledger/readonly_sql.py):
+"""`trackway sql` on PostgreSQL runs as a role that may only read the ledger (see ledger/sql/readonly.py):
 SELECT on its tables and views but api_tokens, which holds the server's token names, roles and digests.
 
 A superuser owner makes `trackway_reader` (one for every ledger of the cluster: only superusers and
@@ -71,7 +71,7 @@ def _owner(bind: Connection) -> dict:
 
 
 def _names(database: str) -> tuple[str, str]:
-    from trackway.ledger.readonly_sql import reader_role_names
+    from trackway.ledger.sql.readonly import reader_role_names
 
     return reader_role_names(database)
 

@@ -3,7 +3,7 @@
 One call of a SQLite built-in (`instr`, `replace`, `trim` over megabytes) is a single step of its
 virtual machine: neither the progress handler nor `interrupt()` stops it, and it holds a thread of
 the server for as long as it runs. So the server hands the query to a worker, a child process
-(`python -m trackway.ledger.sql_worker FD`) that answers over a socket, and stops waiting at
+(`python -m trackway.ledger.sql.worker FD`) that answers over a socket, and stops waiting at
 `timeout_s` + `MARGIN_S`: the worker is killed, which costs nothing (a query only reads, in a
 transaction never committed), and a fresh one replaces it. Workers are reused across requests;
 at most `size` run at once, and a request waits at most its own timeout for one to be free.
@@ -24,7 +24,7 @@ import traceback
 from multiprocessing.connection import Connection
 
 from trackway.errors import LedgerError, TrackwayError
-from trackway.ledger.readonly_sql import QueryResult, too_slow
+from trackway.ledger.sql.readonly import QueryResult, too_slow
 
 __all__ = ["SqlWorkers"]
 
@@ -41,7 +41,7 @@ class _Worker:
         mine, theirs = socket.socketpair()
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "trackway.ledger.sql_worker", str(theirs.fileno())],
+                [sys.executable, "-m", "trackway.ledger.sql.worker", str(theirs.fileno())],
                 pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             )
         finally:
@@ -118,8 +118,8 @@ class SqlWorkers:
 
 
 def _serve(conn: Connection) -> None:
-    from trackway.ledger import sql_dialect  # noqa: F401  imported before "ready": no request waits for it
-    from trackway.ledger.readonly_sql import run_readonly_query
+    from trackway.ledger.sql import dialect  # noqa: F401  imported before "ready": no request waits for it
+    from trackway.ledger.sql.readonly import run_readonly_query
 
     conn.send("ready")
     while True:

@@ -1,12 +1,12 @@
-"""`trackway sql`: one read-only query over the ledger, in PostgreSQL's dialect on every backend.
+"""Running one checked query read-only: `run_readonly_query`, on SQLite and on PostgreSQL as the reader role.
 
 Three layers keep the ledger unchanged and the server's secrets unread; the database's own is the
 one that holds whatever the query text hides:
 
-1. sqlglot classifies the query: exactly one SELECT / WITH … SELECT / VALUES / EXPLAIN of
-   one of those, or a read-only PRAGMA on SQLite. Writes anywhere in the tree (a DELETE in a
-   CTE, SELECT … INTO, FOR UPDATE), PostgreSQL functions with side effects and the server's
-   configuration and credential catalogs are refused by name, with a message that says why.
+1. `dialect` classifies the query by the names in `rules`: exactly one SELECT / WITH … SELECT /
+   VALUES / EXPLAIN of one of those, or a read-only PRAGMA on SQLite. Writes anywhere in the tree
+   (a DELETE in a CTE, SELECT … INTO, FOR UPDATE), PostgreSQL functions with side effects and the
+   server's configuration and credential catalogs are refused by name, with a message that says why.
 2. The database enforces it. On PostgreSQL the transaction is `READ ONLY` and runs as a role
    that may only read the ledger (`SET LOCAL ROLE`, see "The reader role" below): pg_authid,
    pg_read_file, pg_hba_file_rules and superuser-only settings are refused by the server, and
@@ -30,42 +30,35 @@ makes a bare SET useless, and the migration revokes from PUBLIC, in the ledger's
 ways one statement could do it (set_config, and DO blocks through plpgsql). Where the owner may not
 create roles, a database administrator creates it (README, "trackway sql on PostgreSQL"); until
 then a query is refused with a LedgerError naming the role to create, and never runs as the owner.
-
-On SQLite the query is transpiled from PostgreSQL with sqlglot, after rewriting what sqlglot
-leaves invalid there: `ts ± interval '7 days'` (and `interval '1 day' + ts`) becomes
-`DATETIME(ts, '-7 days')`; casts to timestamptz become `DATETIME(ts)`; `date_trunc`,
-`extract`/`date_part` and the regex match `~` run as Python functions registered on the
-connection. Timestamps are stored there as naive UTC text, so `now()` (UTC) compares correctly.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import math
-import os
 import re
 import sqlite3
-import stat
 import time
 import weakref
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
-from functools import lru_cache, partial
-from pathlib import Path
+from functools import partial
 from typing import TYPE_CHECKING
 
 from trackway.errors import InputError, LedgerError, LedgerUnavailable, ReadOnlyViolation
 from trackway.ledger.reader import open_reader, sqlite_file
+from trackway.ledger.sql.functions import sqlite_functions
+from trackway.ledger.sql.remembered import checked
+from trackway.ledger.sql.rules import (
+    ALLOWED, TOKENS_TABLE, first_line, is_unsafe_function, not_allowed, pragma_is_read_only, tokens_not_readable,
+)  # fmt: skip
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from pathlib import Path
 
     from trackway.ledger.store import Ledger
 
 __all__ = ["QueryResult", "run_readonly_query"]
-
-ALLOWED = "only SELECT, WITH … SELECT, VALUES, EXPLAIN and read-only PRAGMA"
 
 
 @dataclass(frozen=True)
@@ -91,7 +84,7 @@ def run_readonly_query(
 
     `ledger` is an open Ledger or a ledger URL; a SQLite file named by URL is queried over plain
     `sqlite3`, without SQLAlchemy. With `remember_in` (a directory), a query checked once is not
-    parsed again (see `_checked`). At most `max_rows` rows come back; `truncated` says there were
+    parsed again (see `remembered`). At most `max_rows` rows come back; `truncated` says there were
     more. Raises ReadOnlyViolation for writes and for the server's configuration and credentials,
     InputError for queries that do not parse, that the database rejects or that run longer than
     `timeout_s`, LedgerError for a PostgreSQL ledger without its reader role, each in one line.
@@ -100,7 +93,7 @@ def run_readonly_query(
     """
     timeout_s, max_rows = check_timeout(timeout_s), check_max_rows(max_rows)
     if isinstance(ledger, str) and sqlite_file(ledger) is not None:
-        sql = _checked(query, "sqlite", remember_in)
+        sql = checked(query, "sqlite", remember_in)
         with open_reader(ledger) as reader:  # migrated if need be; one read transaction
             return _execute_sqlite(reader.conn, sql, timeout_s, ledger, max_rows, on_start)
     if isinstance(ledger, str):
@@ -111,7 +104,7 @@ def run_readonly_query(
             return run_readonly_query(opened, query, timeout_s, remember_in, max_rows, on_start)
         finally:
             opened.dispose()
-    return _execute(ledger, _checked(query, ledger.dialect, remember_in), timeout_s, max_rows, on_start)
+    return _execute(ledger, checked(query, ledger.dialect, remember_in), timeout_s, max_rows, on_start)
 
 
 def check_timeout(seconds: float) -> float:
@@ -132,233 +125,6 @@ def check_max_rows(rows: int) -> int:
     if isinstance(rows, bool) or not isinstance(rows, int) or not 1 <= rows <= MAX_MAX_ROWS:
         raise InputError(f"--max-rows: expected a whole number of rows from 1 to {MAX_MAX_ROWS}, got {rows!r}")
     return rows
-
-
-def as_given(query: str) -> str:
-    """What runs on PostgreSQL for a query that passed the check: its own text, less trailing semicolons."""
-    return re.sub(r"[\s;]+$", "", query)
-
-
-# PostgreSQL functions that write, signal other sessions, touch server files or large objects, or run
-# SQL or read tables named in text (which would escape this check). The reader role stops the ones
-# that reach what is not the ledger's; these names give a clearer message first.
-_UNSAFE_FUNCTIONS = frozenset(
-    """nextval setval set_config pg_terminate_backend pg_cancel_backend pg_reload_conf
-    pg_rotate_logfile pg_promote pg_switch_wal pg_backup_start pg_backup_stop pg_start_backup
-    pg_stop_backup pg_wal_replay_pause pg_wal_replay_resume pg_log_backend_memory_contexts
-    pg_notify pg_import_system_collations pg_read_file pg_read_binary_file pg_stat_file lo_import
-    lo_export lo_create lo_creat lo_unlink lo_open lo_write lowrite lo_put lo_truncate
-    lo_truncate64 lo_from_bytea loread query_to_xml query_to_xmlschema query_to_xml_and_xmlschema
-    cursor_to_xml cursor_to_xmlschema ts_stat load_extension""".split()
-)
-_UNSAFE_FUNCTION_PREFIXES = (
-    "pg_advisory", "pg_try_advisory", "dblink", "pg_stat_reset", "pg_file_", "pg_ls_", "pg_create_",
-    "pg_drop_replication", "pg_copy_", "pg_logical_", "pg_replication_origin", "lo_", "table_to_xml",
-    "schema_to_xml", "database_to_xml", "query_to_xml", "cursor_to_xml",
-)  # fmt: skip
-
-_PRAGMAS_WITH_ARGUMENT = frozenset(
-    """table_info table_xinfo table_list index_info index_xinfo index_list foreign_key_list
-    foreign_key_check integrity_check quick_check""".split()
-)
-_READ_ONLY_PRAGMAS = _PRAGMAS_WITH_ARGUMENT | frozenset(
-    """application_id auto_vacuum busy_timeout cache_size collation_list compile_options
-    data_version database_list encoding foreign_keys freelist_count function_list journal_mode
-    module_list page_count page_size pragma_list query_only schema_version synchronous temp_store
-    user_version""".split()
-)
-
-def _pragma_is_read_only(name: str, has_argument: bool) -> bool:
-    name = name.lower()
-    return name in (_PRAGMAS_WITH_ARGUMENT if has_argument else _READ_ONLY_PRAGMAS)
-
-
-def _is_unsafe_function(name: str) -> bool:
-    return name in _UNSAFE_FUNCTIONS or name.startswith(_UNSAFE_FUNCTION_PREFIXES)
-
-
-def _not_allowed(what: str) -> ReadOnlyViolation:
-    return ReadOnlyViolation(f"trackway sql is read-only: {what} is not allowed ({ALLOWED})")
-
-
-# The server's API tokens (names, roles, digests): not for every `read` token to see through /api/sql.
-TOKENS_TABLE = "api_tokens"
-
-
-def tokens_not_readable() -> ReadOnlyViolation:
-    return ReadOnlyViolation(
-        f"trackway sql: {TOKENS_TABLE} is not readable through trackway sql: use `trackway token list`"
-    )
-
-
-def _first_line(exc: BaseException) -> str:
-    message = str(exc).strip()
-    return message.splitlines()[0] if message else type(exc).__name__
-
-
-# --- checked queries, remembered ---------------------------------------------------------------
-#
-# A query that passed the check is remembered, so that a query run again (a script's, a watch
-# loop's) starts without importing sqlglot. The entry's name is a hash of the dialect, the query and
-# the rules that checked it (this module's and sql_dialect's files, sqlglot's installed version): a
-# change to any of them checks every query afresh. On PostgreSQL the entry is an empty marker: what
-# runs is the query as given. On SQLite it holds the transpiled text, which only this user can have
-# written: an entry is used only from a directory of this user's that no one else can write, and
-# only if this user owns it and no one else can write it; anything else is checked again. Whatever
-# an entry says, the database's own layer (the reader role; query_only and the authorizer) applies.
-
-_REMEMBERED_MAX = 500
-_REMEMBERED_MAX_BYTES = 1 << 20
-
-
-def _checked(query: str, dialect: str, remember_in: Path | None) -> str:
-    entry = _remembered_path(query, dialect, remember_in)
-    remembered = _read_remembered(entry) if entry is not None else None
-    if remembered is not None:
-        return remembered if dialect == "sqlite" else as_given(query)
-    from trackway.ledger.sql_dialect import checked_sql
-
-    sql = checked_sql(query, dialect)
-    if entry is not None:
-        _remember(entry, sql if dialect == "sqlite" else "")
-    return sql
-
-
-def _remembered_path(query: str, dialect: str, remember_in: Path | None) -> Path | None:
-    if remember_in is None:
-        return None
-    rules = [Path(__file__), Path(__file__).with_name("sql_dialect.py")]
-    spec = importlib.util.find_spec("sqlglot")  # finds the package without importing it
-    if spec is not None and spec.origin:
-        rules.append(Path(spec.origin))
-    try:
-        stamps = [f"{path}:{path.stat().st_mtime_ns}:{path.stat().st_size}" for path in rules]
-    except OSError:
-        return None
-    key = hashlib.sha256("\0".join([dialect, query, *stamps]).encode()).hexdigest()
-    return remember_in / f"{key}.sql"
-
-
-def _read_remembered(entry: Path) -> str | None:
-    """The entry's text if this user wrote it where only this user can write; None (check again) otherwise."""
-    from trackway.private_dir import check_private
-
-    try:
-        check_private(entry.parent)
-        fd = os.open(entry, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
-    except OSError:
-        return None
-    with os.fdopen(fd, "rb") as file:
-        info = os.fstat(file.fileno())  # of what was opened, not of whatever the name points at by now
-        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o022:
-            return None
-        data = file.read(_REMEMBERED_MAX_BYTES + 1)
-    try:
-        return data.decode("utf-8") if len(data) <= _REMEMBERED_MAX_BYTES else None
-    except UnicodeDecodeError:
-        return None
-
-
-def _remember(entry: Path, sql: str) -> None:
-    """Write atomically (a reader never sees half a query), 0600 in a 0700 directory; a full, read-only or
-    shared disk only costs the speed-up."""
-    from trackway.private_dir import make_private_dir
-
-    try:
-        entry.parent.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        make_private_dir(entry.parent)
-        temporary = entry.with_suffix(f".{os.getpid()}.tmp")
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "wb") as file:
-            file.write(sql.encode("utf-8"))
-        os.replace(temporary, entry)
-        remembered = sorted(entry.parent.glob("*.sql"), key=lambda path: path.stat().st_mtime)
-        for stale in remembered[: max(0, len(remembered) - _REMEMBERED_MAX)]:
-            stale.unlink(missing_ok=True)
-    except OSError:
-        pass
-
-
-# --- PostgreSQL functions registered on the SQLite connection ---------------------------------
-
-_EPOCH = datetime(1970, 1, 1)
-
-
-def _naive_utc(value: object) -> datetime:
-    if not isinstance(value, str):
-        raise ValueError(f"expected a timestamp, got {value!r}")
-    moment = datetime.fromisoformat(value.strip())
-    return moment.astimezone(timezone.utc).replace(tzinfo=None) if moment.tzinfo else moment
-
-
-_TRUNCATIONS = {
-    "second": lambda t: t.replace(microsecond=0),
-    "minute": lambda t: t.replace(second=0, microsecond=0),
-    "hour": lambda t: t.replace(minute=0, second=0, microsecond=0),
-    "day": lambda t: t.replace(hour=0, minute=0, second=0, microsecond=0),
-    "week": lambda t: (t - timedelta(days=t.weekday())).replace(hour=0, minute=0, second=0, microsecond=0),
-    "month": lambda t: t.replace(day=1, hour=0, minute=0, second=0, microsecond=0),
-    "quarter": lambda t: t.replace(month=(t.month - 1) // 3 * 3 + 1, day=1, hour=0, minute=0, second=0, microsecond=0),
-    "year": lambda t: t.replace(month=1, day=1, hour=0, minute=0, second=0, microsecond=0),
-}
-_DATE_PARTS = {
-    "epoch": lambda t: (t - _EPOCH).total_seconds(),
-    "year": lambda t: t.year,
-    "quarter": lambda t: (t.month - 1) // 3 + 1,
-    "month": lambda t: t.month,
-    "week": lambda t: t.isocalendar().week,
-    "day": lambda t: t.day,
-    "dow": lambda t: t.isoweekday() % 7,
-    "isodow": lambda t: t.isoweekday(),
-    "doy": lambda t: t.timetuple().tm_yday,
-    "hour": lambda t: t.hour,
-    "minute": lambda t: t.minute,
-    "second": lambda t: t.second + t.microsecond / 1_000_000,
-}
-
-
-def _date_trunc(field: str, value: object) -> str | None:
-    if value is None:
-        return None
-    return _TRUNCATIONS[field.lower()](_naive_utc(value)).strftime("%Y-%m-%d %H:%M:%S")
-
-
-def _date_part(field: str, value: object) -> float | int | None:
-    return None if value is None else _DATE_PARTS[field.lower()](_naive_utc(value))
-
-
-def _regexp(failures: list[str], pattern: object, value: object) -> bool | None:
-    """`value ~ pattern` with RE2, linear in the text: one call cannot run away as Python's `re` can
-    (`'aaaa…!' ~ '(a+)+$'`), and one call is one step of SQLite's, which no time limit interrupts."""
-    if pattern is None or value is None:
-        return None
-    try:
-        compiled = _re2_pattern(str(pattern))
-    except ValueError as exc:
-        failures.append(str(exc))  # SQLite reports only "user-defined function raised exception"
-        raise
-    return compiled.search(str(value)) is not None
-
-
-@lru_cache(maxsize=64)
-def _re2_pattern(pattern: str):
-    import re2
-
-    options = re2.Options()
-    options.log_errors = False  # RE2 would print its own complaint on stderr too
-    try:
-        return re2.compile(pattern, options)
-    except re2.error as exc:
-        reason = exc.args[0].decode(errors="replace") if exc.args and isinstance(exc.args[0], bytes) else str(exc)
-        shown = pattern if len(pattern) <= 80 else pattern[:77] + "..."
-        raise ValueError(
-            f"trackway sql: regular expression {shown!r}: {reason}; on a SQLite ledger `~` takes RE2's syntax, "
-            "which has no backreferences or lookaround"
-        ) from None
-
-
-def _sqlite_functions(failures: list[str]) -> tuple:
-    return (("date_trunc", 2, _date_trunc), ("date_part", 2, _date_part), ("regexp", 2, partial(_regexp, failures)))
 
 
 # --- execution --------------------------------------------------------------------------------
@@ -416,9 +182,9 @@ def _authorize(refused: list[ReadOnlyViolation], action: int, arg1: str | None, 
         return sqlite3.SQLITE_DENY
     if action in _SQLITE_READS:
         return sqlite3.SQLITE_OK
-    if action == sqlite3.SQLITE_FUNCTION and not _is_unsafe_function((arg2 or "").lower()):
+    if action == sqlite3.SQLITE_FUNCTION and not is_unsafe_function((arg2 or "").lower()):
         return sqlite3.SQLITE_OK
-    if action == sqlite3.SQLITE_PRAGMA and _pragma_is_read_only(arg1 or "", arg2 is not None):
+    if action == sqlite3.SQLITE_PRAGMA and pragma_is_read_only(arg1 or "", arg2 is not None):
         return sqlite3.SQLITE_OK
     if action == sqlite3.SQLITE_UPDATE and arg1 == "sqlite_master":
         # Table-valued pragmas (pragma_table_info) probe the schema table this way; IGNORE writes nothing.
@@ -429,7 +195,7 @@ def _authorize(refused: list[ReadOnlyViolation], action: int, arg1: str | None, 
         what = f"{arg2}()"
     else:
         what = _SQLITE_ACTIONS.get(action, f"SQLite action {action}")
-    refused.append(_not_allowed(what))
+    refused.append(not_allowed(what))
     return sqlite3.SQLITE_DENY
 
 
@@ -438,7 +204,7 @@ def _execute_sqlite(raw: sqlite3.Connection, sql: str, timeout_s: float, url, ma
     """Run `sql` on `raw`, in the caller's read-only transaction, under the authorizer and the time limit."""
     refused: list[ReadOnlyViolation] = []
     failures: list[str] = []
-    functions = _sqlite_functions(failures)
+    functions = sqlite_functions(failures)
     if on_start is not None:
         on_start()
     deadline = time.monotonic() + timeout_s
@@ -470,11 +236,11 @@ def _execute_sqlite(raw: sqlite3.Connection, sql: str, timeout_s: float, url, ma
         if stopped:
             raise too_slow(timeout_s) from None
         if getattr(exc, "sqlite_errorname", "") == "SQLITE_READONLY":
-            raise ReadOnlyViolation(f"trackway sql is read-only: {_first_line(exc)} ({ALLOWED})") from None
+            raise ReadOnlyViolation(f"trackway sql is read-only: {first_line(exc)} ({ALLOWED})") from None
         failure = _ledger_failure(exc, url)
         if failure is not None:  # a locked or damaged ledger is not the query's fault (exit 3, not 2)
             raise failure from None
-        raise InputError(f"trackway sql: {_first_line(exc)}") from None
+        raise InputError(f"trackway sql: {first_line(exc)}") from None
     finally:
         raw.set_progress_handler(None, 0)
         raw.set_authorizer(None)
@@ -600,7 +366,7 @@ def _enter_reader_role(ledger: Ledger, cursor, timeout_s: float) -> None:
         cursor.execute(statements)
     except psycopg.Error as exc:  # dropped or revoked since it was looked up
         _reader_roles.pop(ledger.engine, None)
-        raise LedgerError(f"trackway sql: cannot run as role {role}: {_first_line(exc)}") from None
+        raise LedgerError(f"trackway sql: cannot run as role {role}: {first_line(exc)}") from None
 
 
 def _fetch_postgresql(raw, sql: str, max_rows: int) -> tuple[list[str], list]:
@@ -624,16 +390,16 @@ def _fetch_postgresql(raw, sql: str, max_rows: int) -> tuple[list[str], list]:
 
 def _postgresql_failure(exc, timeout_s: float) -> Exception:
     if exc.sqlstate == "57014":  # query_canceled: by statement_timeout, or by an administrator
-        if _first_line(exc).startswith("canceling statement due to statement timeout"):
+        if first_line(exc).startswith("canceling statement due to statement timeout"):
             return too_slow(timeout_s)
-        return InputError(f"trackway sql: the server cancelled the query: {_first_line(exc)}")
+        return InputError(f"trackway sql: the server cancelled the query: {first_line(exc)}")
     if exc.sqlstate == "25006":  # read_only_sql_transaction
-        return ReadOnlyViolation(f"trackway sql is read-only: {_first_line(exc)} ({ALLOWED})")
+        return ReadOnlyViolation(f"trackway sql is read-only: {first_line(exc)} ({ALLOWED})")
     if exc.sqlstate == "42501":  # insufficient_privilege: the reader role may not
         return ReadOnlyViolation(
-            f"trackway sql: {_first_line(exc)}: queries run as a role that may read the ledger's tables and "
+            f"trackway sql: {first_line(exc)}: queries run as a role that may read the ledger's tables and "
             "views only, not the database server's configuration, files or credentials"
         )
     if exc.sqlstate is None or exc.sqlstate.startswith("08"):
-        return LedgerUnavailable(f"trackway sql: lost the ledger connection: {_first_line(exc)}")
-    return InputError(f"trackway sql: {_first_line(exc)}")
+        return LedgerUnavailable(f"trackway sql: lost the ledger connection: {first_line(exc)}")
+    return InputError(f"trackway sql: {first_line(exc)}")

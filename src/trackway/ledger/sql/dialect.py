@@ -1,10 +1,13 @@
-"""What `trackway sql` may run, and how it is spelled for the ledger's database: the sqlglot half of `readonly_sql`.
+"""Parsing one query with sqlglot: classified by `rules` as a read or refused, and spelled for the ledger's database.
 
 `checked_sql(query, dialect)` parses one query as PostgreSQL, refuses anything but a read
-(layer 1 of `readonly_sql`'s three) and the server's own secrets, and returns the text to run:
+(layer 1 of the three in `readonly`) and the server's own secrets, and returns the text to run:
 transpiled for SQLite (with the rewrites sqlglot leaves invalid there), as given on PostgreSQL.
-sqlglot costs about half of a short `trackway sql` to import, so this module is imported only
-for a query not already checked (`readonly_sql` remembers the ones it has).
+On SQLite, `ts ± interval '7 days'` (and `interval '1 day' + ts`) becomes `DATETIME(ts, '-7 days')`;
+casts to timestamptz become `DATETIME(ts)`; `date_trunc` and `extract`/`date_part` call the
+functions in `functions`. Timestamps are stored there as naive UTC text, so `now()` (UTC) compares
+correctly. sqlglot costs about half of a short `trackway sql` to import, so this module, the only
+one that imports it, is imported only for a query not already checked (see `remembered`).
 """
 
 from __future__ import annotations
@@ -21,17 +24,11 @@ from sqlglot import exp
 from sqlglot.errors import ErrorLevel, SqlglotError
 
 from trackway.errors import InputError, ReadOnlyViolation
-from trackway.ledger.readonly_sql import (
-    TOKENS_TABLE,
-    _DATE_PARTS,
-    _TRUNCATIONS,
-    _first_line,
-    _is_unsafe_function,
-    _not_allowed,
-    _pragma_is_read_only,
-    as_given,
-    tokens_not_readable,
-)
+from trackway.ledger.sql.functions import DATE_PARTS, TRUNCATIONS
+from trackway.ledger.sql.rules import (
+    TOKENS_TABLE, as_given, first_line, is_server_secret_relation, is_unsafe_function, not_allowed,
+    pragma_is_read_only, reads_server_secrets, server_secret, tokens_not_readable,
+)  # fmt: skip
 
 __all__ = ["checked_sql"]
 
@@ -63,29 +60,6 @@ _STATEMENTS = (
 )  # fmt: skip
 _KIND_NAMES = {"transaction": "BEGIN", "truncatetable": "TRUNCATE", "loaddata": "LOAD DATA"}
 
-# What the server knows about itself and its users: configuration (which holds connection strings
-# with passwords, e.g. primary_conninfo, and the paths of the password files), authentication
-# rules, password hashes, foreign-server credentials, and the files on the server's disk. None of
-# it is part of the ledger, and a read-only transaction does not stop reading it.
-_SERVER_SECRET_RELATIONS = frozenset(
-    """pg_file_settings pg_hba_file_rules pg_ident_file_mappings pg_settings pg_config pg_authid
-    pg_shadow pg_user_mappings pg_user_mapping user_mapping_options pg_subscription
-    pg_db_role_setting pg_largeobject pg_largeobject_metadata""".split()
-)
-_SERVER_SECRET_FUNCTIONS = frozenset(
-    """current_setting pg_show_all_settings pg_show_all_file_settings pg_config pg_hba_file_rules
-    pg_ident_file_mappings pg_read_file pg_read_binary_file pg_stat_file pg_ls_dir
-    pg_current_logfile pg_options_to_table""".split()
-)
-_SERVER_SECRET_FUNCTION_PREFIXES = ("pg_read_", "pg_ls_", "pg_file_")
-# Settings that `current_setting('…')` may read: what a query needs to make sense of its results
-# (time zone, formats, the transaction it runs in). None of these can hold a credential.
-_READABLE_SETTINGS = frozenset(
-    """transaction_read_only transaction_isolation default_transaction_read_only statement_timeout
-    server_version server_version_num timezone datestyle intervalstyle search_path client_encoding
-    server_encoding application_name""".split()
-)
-
 _QUERY_KEYWORDS = frozenset({"SELECT", "WITH", "VALUES", "TABLE", "PRAGMA", "EXPLAIN"})
 _SKIP = r"(?:\s+|--[^\n]*(?:\n|$)|/\*.*?\*/)*"
 _EXPLAIN = re.compile(
@@ -103,12 +77,12 @@ def _classify(query: str) -> _Statement:
     except InputError:
         keyword = _leading_keyword(text)
         if keyword and keyword not in _QUERY_KEYWORDS:  # e.g. START TRANSACTION READ WRITE
-            raise _not_allowed(f"EXPLAIN {keyword}" if explain else keyword) from None
+            raise not_allowed(f"EXPLAIN {keyword}" if explain else keyword) from None
         raise
     if not statements:
         raise InputError("trackway sql: nothing to EXPLAIN" if explain else "trackway sql: the query is empty")
     if len(statements) > 1:
-        raise _not_allowed("more than one statement")
+        raise not_allowed("more than one statement")
     tree = statements[0]
     if isinstance(tree, exp.Pragma) and not explain:
         _check_pragma(tree)
@@ -116,17 +90,17 @@ def _classify(query: str) -> _Statement:
     if not isinstance(tree, (exp.Query, exp.Values)):
         # sqlglot reads statements it does not know (NOTIFY, DISCARD) as bare expressions.
         kind = _kind(tree) if isinstance(tree, _STATEMENTS) else _leading_keyword(text) or type(tree).__name__
-        raise _not_allowed(f"EXPLAIN {kind}" if explain else kind)
+        raise not_allowed(f"EXPLAIN {kind}" if explain else kind)
     for node in tree.walk():
         if isinstance(node, _STATEMENTS):
-            raise _not_allowed(f"{_kind(node)} inside a query" if isinstance(node, exp.DML) else _kind(node))
+            raise not_allowed(f"{_kind(node)} inside a query" if isinstance(node, exp.DML) else _kind(node))
         if isinstance(node, exp.Func) and _reads_server_secrets(node):
-            raise _server_secret(f"{_function_name(node)}({', '.join(a.sql('postgres') for a in _arguments(node))})")
-        if isinstance(node, exp.Func) and _is_unsafe_function(name := _function_name(node)):
-            raise _not_allowed(f"{name}()")
+            raise server_secret(f"{_function_name(node)}({', '.join(a.sql('postgres') for a in _arguments(node))})")
+        if isinstance(node, exp.Func) and is_unsafe_function(name := _function_name(node)):
+            raise not_allowed(f"{name}()")
         if isinstance(node, exp.Table) and isinstance(node.this, exp.Identifier):
-            if node.this.name.lower() in _SERVER_SECRET_RELATIONS:
-                raise _server_secret(node.this.name.lower())
+            if is_server_secret_relation(node.this.name.lower()):
+                raise server_secret(node.this.name.lower())
             if node.this.name.lower() == TOKENS_TABLE:
                 raise tokens_not_readable()
     return _Statement(tree, explain=bool(explain))
@@ -140,19 +114,9 @@ def _arguments(node: exp.Func) -> list[exp.Expression]:
 
 def _reads_server_secrets(node: exp.Func) -> bool:
     name = _function_name(node)
-    if name == "current_setting":
-        setting = next(iter(_arguments(node)), None)
-        return not (
-            isinstance(setting, exp.Literal) and setting.is_string and setting.name.lower() in _READABLE_SETTINGS
-        )
-    return name in _SERVER_SECRET_FUNCTIONS or name.startswith(_SERVER_SECRET_FUNCTION_PREFIXES)
-
-
-def _server_secret(what: str) -> ReadOnlyViolation:
-    return ReadOnlyViolation(
-        f"trackway sql: {what} is not allowed: it shows the database server's configuration, files or "
-        "credentials, which are not part of the ledger (query the ledger's tables and views)"
-    )
+    setting = next(iter(_arguments(node)), None) if name == "current_setting" else None
+    literal = setting.name if isinstance(setting, exp.Literal) and setting.is_string else None
+    return reads_server_secrets(name, literal)
 
 
 def _leading_keyword(sql: str) -> str:
@@ -168,7 +132,7 @@ def _parse(sql: str) -> list[exp.Expression]:
             try:
                 statements = sqlglot.parse(sql, read="sqlite")
             except (SqlglotError, RecursionError):
-                raise InputError(f"trackway sql: cannot parse the query: {_first_line(postgres_error)}") from None
+                raise InputError(f"trackway sql: cannot parse the query: {first_line(postgres_error)}") from None
     return [s for s in statements if s is not None and not isinstance(s, exp.Semicolon)]
 
 
@@ -193,11 +157,11 @@ def _check_pragma(tree: exp.Pragma) -> None:
     elif isinstance(target, exp.Anonymous):
         name, has_argument = target.name, bool(target.expressions)
     elif isinstance(target, exp.EQ):
-        raise _not_allowed(f"PRAGMA {target.this.name} = …")
+        raise not_allowed(f"PRAGMA {target.this.name} = …")
     else:
-        raise _not_allowed("this PRAGMA")
-    if not _pragma_is_read_only(name, has_argument):
-        raise _not_allowed(f"PRAGMA {name.lower()}{'(…)' if has_argument else ''}")
+        raise not_allowed("this PRAGMA")
+    if not pragma_is_read_only(name, has_argument):
+        raise not_allowed(f"PRAGMA {name.lower()}{'(…)' if has_argument else ''}")
 
 
 def _kind(node: exp.Expression) -> str:
@@ -256,7 +220,7 @@ def _to_sqlite(statement: _Statement) -> str:
     try:
         sql = tree.sql(dialect="sqlite", unsupported_level=ErrorLevel.RAISE)
     except SqlglotError as exc:
-        raise InputError(f"trackway sql: cannot translate the query for SQLite: {_first_line(exc)}") from None
+        raise InputError(f"trackway sql: cannot translate the query for SQLite: {first_line(exc)}") from None
     return f"EXPLAIN QUERY PLAN {sql}" if statement.explain else sql
 
 
@@ -309,14 +273,14 @@ def _date_trunc_call(node: exp.TimestampTrunc) -> exp.Expression:
     unit = node.args.get("unit")
     if not isinstance(unit, (exp.Var, exp.Literal)):
         return node
-    field = _date_field(unit.name, _TRUNCATIONS, "date_trunc")
+    field = _date_field(unit.name, TRUNCATIONS, "date_trunc")
     return exp.Anonymous(this="DATE_TRUNC", expressions=[exp.Literal.string(field), node.this])
 
 
 def _date_part_call(node: exp.Extract) -> exp.Expression:
     if not isinstance(node.this, (exp.Var, exp.Literal)):
         return node
-    field = _date_field(node.this.name, _DATE_PARTS, "extract")
+    field = _date_field(node.this.name, DATE_PARTS, "extract")
     return exp.Anonymous(this="DATE_PART", expressions=[exp.Literal.string(field), node.expression])
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from trackway.ledger import open_ledger
-from trackway.ledger.metrics import metric_points_for_run
+from trackway.ledger.reader import Reader
 from trackway.ledger.records import list_attempts, resolve_run
 from trackway.settings import load_settings
 from trackway.supervisor.launch import RunSpec, start_attempt, submit_run
@@ -35,7 +35,7 @@ def _submit(ledger, settings, corpus: Path) -> str:
 
 def _final_loss(ledger, run_id: str) -> float:
     with ledger.read() as conn:
-        return metric_points_for_run(conn, run_id, key="loss")[-1]["value"]
+        return Reader.over(conn).metric_points(run_id, key="loss")[-1]["value"]
 
 
 @pytest.mark.slow

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from trackway.ledger import open_ledger
-from trackway.ledger.metrics import metric_points_for_run
+from trackway.ledger.reader import Reader
 from trackway.ledger.records import list_attempts, resolve_run
 from trackway.settings import load_settings
 from trackway.supervisor.launch import RunSpec, start_attempt, submit_run
@@ -54,8 +54,8 @@ def _scenario(home, sqlite_url, monkeypatch, command, notice_after: str):
         time.sleep(0.2)
     with ledger.read() as conn:
         attempts = list_attempts(conn, run_id=preempted)
-        losses = {r: metric_points_for_run(conn, r, key="loss") for r in runs}
-        keys = {p["key"] for p in metric_points_for_run(conn, preempted)}
+        losses = {r: Reader.over(conn).metric_points(r, key="loss") for r in runs}
+        keys = {p["key"] for p in Reader.over(conn).metric_points(preempted)}
     ledger.dispose()
     assert sent
     assert states == {reference: "completed", preempted: "completed"}, [dict(a) for a in attempts]

@@ -15,7 +15,7 @@ from sqlalchemy import func, select
 
 from trackway.ledger import open_ledger
 from trackway.ledger.ingest import ingest_attempt
-from trackway.ledger.metrics import metric_points_for_run
+from trackway.ledger.reader import Reader
 from trackway.ledger.records import get_attempt, latest_attempt, resolve_run
 from trackway.ledger.schema import attempt_events, metric_points
 from trackway.settings import load_settings
@@ -62,7 +62,7 @@ def test_logged_metrics_land_in_the_ledger_once(env):
     assert attempt["last_heartbeat_at"] is not None
     _, ledger, _ = env
     with ledger.read() as conn:
-        losses = metric_points_for_run(conn, run_id, key="loss")
+        losses = Reader.over(conn).metric_points(run_id, key="loss")
         total = conn.execute(select(func.count()).select_from(metric_points)).scalar_one()
     assert [p["step"] for p in losses] == list(range(200))
     assert losses[3]["value"] == pytest.approx(0.25) and losses[3]["attempt_number"] == 1
@@ -129,7 +129,7 @@ def test_a_script_run_alone_records_its_own_run(home, ledger_url):
     with ledger.read() as conn:
         run = resolve_run(conn, "alone")
         attempt = latest_attempt(conn, run["run_id"])
-        points = metric_points_for_run(conn, run["run_id"], key="lr")
+        points = Reader.over(conn).metric_points(run["run_id"], key="lr")
     ledger.dispose()
     assert run["state"] == "completed" and run["executor"] == "inline" and run["config_sha256"]
     assert attempt["termination_reason"] == "completed" and attempt["environment_sha256"]

@@ -15,7 +15,7 @@ import psutil
 from sqlalchemy import func, select
 
 from trackway.ledger import open_ledger
-from trackway.ledger.metrics import metric_points_for_run
+from trackway.ledger.reader import Reader
 from trackway.ledger.records import latest_attempt, resolve_run
 from trackway.ledger.registration import register_pending
 from trackway.ledger.schema import metric_points, runs
@@ -47,7 +47,7 @@ def test_a_script_alone_never_imports_the_ledger_and_reads_packages_once(home, l
                 run = resolve_run(conn, probe["run_id"])
                 attempt = latest_attempt(conn, probe["run_id"])
                 assert run["state"] == "completed" and attempt["termination_reason"] == "completed"
-                assert len(metric_points_for_run(conn, probe["run_id"], key="loss")) == steps
+                assert len(Reader.over(conn).metric_points(probe["run_id"], key="loss")) == steps
             first_env, second_env = (latest_attempt(conn, p["run_id"])["environment_sha256"] for p in (first, second))
         assert first_env and first_env == second_env
     finally:

@@ -24,7 +24,7 @@ from sqlalchemy import select
 
 from trackway.executors.slurm import job_name
 from trackway.ledger import open_ledger
-from trackway.ledger.metrics import metric_points_for_run
+from trackway.ledger.reader import Reader
 from trackway.ledger.records import list_attempts, resolve_run
 from trackway.ledger.schema import attempt_events
 from trackway.settings import load_settings
@@ -107,7 +107,7 @@ class Project:
 
     def final_loss(self, run_id: str) -> float:
         with self.ledger.read() as conn:
-            return metric_points_for_run(conn, run_id, key="loss")[-1]["value"]
+            return Reader.over(conn).metric_points(run_id, key="loss")[-1]["value"]
 
     def evidence(self, attempt) -> dict:
         return json.loads(attempt["termination_evidence"])

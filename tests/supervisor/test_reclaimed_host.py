@@ -19,7 +19,7 @@ import pytest
 
 from trackway.checkpoints.object_store import RemoteCheckpointStore
 from trackway.ledger import open_ledger
-from trackway.ledger.metrics import metric_points_for_run
+from trackway.ledger.reader import Reader
 from trackway.ledger.records import list_attempts, resolve_run
 from trackway.settings import load_settings
 from trackway.supervisor.launch import RunSpec, start_attempt, submit_run
@@ -109,7 +109,7 @@ def test_a_reclaimed_pod_resumes_on_another_host_from_s3_to_the_same_final_loss(
 
     with ledger.read() as conn:
         first, second = list_attempts(conn, run_id=pod_run)
-        final = {r: metric_points_for_run(conn, r, key="loss")[-1]["value"] for r in (reference, pod_run)}
+        final = {r: Reader.over(conn).metric_points(r, key="loss")[-1]["value"] for r in (reference, pod_run)}
     assert reclaimed_at, "host A was never reclaimed: no checkpoint reached S3"
     assert first["host"] == host_a.spec and second["host"] == host_b.spec
     assert first["termination_reason"] == "preempted"

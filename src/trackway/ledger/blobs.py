@@ -6,7 +6,7 @@ import hashlib
 import zlib
 from datetime import datetime, timezone
 
-from sqlalchemy import Connection, func, select
+from sqlalchemy import Connection
 
 from trackway.ledger.reader import Reader
 from trackway.ledger.schema import blobs
@@ -38,9 +38,3 @@ def put_blob(conn: Connection, content: bytes, kind: str) -> str:
 def get_blob(conn: Connection, digest: str) -> bytes:
     return Reader.over(conn).blob(digest)
 
-
-def count_blobs(conn: Connection, kind: str | None = None) -> int:
-    query = select(func.count()).select_from(blobs)
-    if kind:
-        query = query.where(blobs.c.kind == kind)
-    return int(conn.execute(query).scalar_one())

@@ -1,22 +1,10 @@
-"""Reading metric points back: one run's series on the run's continuous step axis."""
+"""The newest metric points one attempt logged, for the supervisor's watchers (Reader reads a run's whole series)."""
 
 from __future__ import annotations
 
 from sqlalchemy import Connection, RowMapping, select
 
-from trackway.ledger.reader import Reader
 from trackway.ledger.schema import metric_points, metric_series
-
-
-def metric_keys(conn: Connection, run_id: str) -> list[str]:
-    return Reader.over(conn).metric_keys(run_id)
-
-
-def metric_points_for_run(
-    conn: Connection, run_id: str, key: str | None = None, limit: int | None = None, first: bool = False
-) -> list[dict]:
-    """(key, step, value, attempt_number, logged_at) rows ordered by key, then step (see `Reader.metric_points`)."""
-    return Reader.over(conn).metric_points(run_id, key=key, limit=limit, first=first)
 
 
 def recent_points(conn: Connection, run_id: str, key: str, attempt_number: int, limit: int) -> list[RowMapping]:

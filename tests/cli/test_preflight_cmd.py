@@ -187,6 +187,26 @@ def test_calibration_from_recorded_peaks_corrects_later_estimates(cli_sqlite, tm
     assert refused.code == 2 and "no measured GPU peak" in refused.err
 
 
+def test_a_run_without_a_preflight_is_calibrated_from_the_shape_given_on_the_command_line(cli_sqlite, tmp_path):
+    Path("trackway.toml").write_text(RESOURCES)
+    script = tmp_path / "peak.py"
+    script.write_text(
+        "import trackway\nrun = trackway.init()\n"
+        "run._writer.event('cuda_memory', devices=[{'device': 0, 'name': 'NVIDIA H200', 'total_bytes': 150754820096,"
+        " 'max_allocated_bytes': 85 * 2**30, 'max_reserved_bytes': 91 * 2**30}])\n"
+        "run.log({'loss': 1.0}, step=1)\nrun.finish()\n")
+    assert cli_sqlite("submit", "--name", "bare", "--model-family", "llama2", "--", PY, str(script)).code == 0
+    # A bad value is named as typed on this command line.
+    bad = [("0" if previous == "--batch-size" else word) for previous, word in zip(["", *SHAPE], SHAPE)]
+    refused = cli_sqlite("preflight", "--calibrate", "bare", *bad, "--max-length", "4096")
+    assert refused.code == 2 and refused.err.count("\n") == 1 and "--batch-size" in refused.err, refused.err
+    result = cli_sqlite("preflight", "--calibrate", "bare", *SHAPE, "--max-length", "4096", "--json")
+    assert result.code == 0, result.err
+    facts = result.json()
+    assert abs(facts["estimated_gib"] - 87.541) < 1e-3  # the same shape as the recorded one above
+    assert abs(facts["factor"] - 91 / facts["estimated_gib"]) < 1e-9
+
+
 def test_explain_puts_an_ooms_numbers_beside_the_estimate(cli_sqlite, tmp_path):
     Path("trackway.toml").write_text(RESOURCES)
     script = tmp_path / "oom.py"

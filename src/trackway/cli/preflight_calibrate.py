@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,13 @@ from trackway.resources.memory_model import GIB
 LENGTH_KEYS = ("seq_lengths", "data", "length_field", "steps")
 
 
-def calibrate_run(app: AppContext, ref: str, options: dict[str, Any], at_length: int | None, as_json: bool) -> None:
+def calibrate_run(app: AppContext, ref: str, options: dict[str, Any], at_length: int | None, as_json: bool,
+                  option_name: Callable[[str], str]) -> None:
+    """Record the correction a run's measured GPU peak gives its family; `option_name` names a key as typed here.
+
+    `option_name` comes from the command (preflight_cmd.py), which owns its options' spelling, so this
+    module never imports the command that imports it.
+    """
     from trackway.ledger.records import resolve_run
     from trackway.resources.calibration import measured_peak, record_calibration
 
@@ -25,7 +32,7 @@ def calibrate_run(app: AppContext, ref: str, options: dict[str, Any], at_length:
         raise InputError(f"--calibrate {ref}: no measured GPU peak: its attempts recorded no cuda_memory event (the SDK "
                          "records torch.cuda's max_memory_allocated/reserved when the script uses CUDA)")
     recorded = json.loads(run["preflight"]) if run["preflight"] else None
-    estimated, row_length, precision, family_given = _estimate(recorded, options, at_length, ref)
+    estimated, row_length, precision, family_given = _estimate(recorded, options, at_length, ref, option_name)
     family = options.get("model_family") or run["model_family"] or family_given
     if not family:
         raise InputError(f"--model-family: expected the model family to keep the correction for (run {ref} has none)")
@@ -50,7 +57,7 @@ def calibrate_run(app: AppContext, ref: str, options: dict[str, Any], at_length:
 
 
 def _estimate(
-    recorded: dict | None, options: dict[str, Any], at_length: int | None, ref: str,
+    recorded: dict | None, options: dict[str, Any], at_length: int | None, ref: str, option_name: Callable[[str], str],
 ) -> tuple[float, int, str, str | None]:
     """Bytes estimated (uncorrected, without the context), the padded length, the precision and the family."""
     from trackway.resources.preflight_spec import read_spec
@@ -67,8 +74,7 @@ def _estimate(
         def name(key: str) -> str:
             return f"run {ref}'s [preflight] {key}"
     else:
-        from trackway.cli.preflight_cmd import option_name as name
-
+        name = option_name
         values = {k: v for k, v in options.items() if v is not None and k != "model_family"}
         base_dir = Path.cwd()
         if "layers" not in values and "model_config" not in values:

@@ -64,7 +64,7 @@ def preflight(
     if calibrate is not None:
         from trackway.cli.preflight_calibrate import calibrate_run
 
-        calibrate_run(app, calibrate, options, at_length, as_json)
+        calibrate_run(app, calibrate, options, at_length, as_json, option_name)
         return
     from trackway.cli.render import err_console
     from trackway.resources.reading_progress import reading_progress

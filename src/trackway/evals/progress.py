@@ -9,6 +9,10 @@ its results are written together or not at all:
                           └► any other end, or the budget spent: the seed failed
     every queued seed ended ──► escalation pending: judge the first seeds; clear → queue the rest
                            └──► otherwise the evaluation is completed (every seed completed) or failed
+
+A seed whose evaluator or task set changed before it launched ends here too: it continues as the
+evaluation of the new versions (`continue_as_new_evaluation`), and its old evaluation finishes with
+what its own versions produced.
 """
 
 from __future__ import annotations
@@ -18,27 +22,31 @@ from datetime import datetime, timezone
 
 from sqlalchemy import Connection, RowMapping, delete, insert, select, update
 
-from trackway.evals.launch import queue_seeds
+from trackway.evals.launch import PinnedCheckpoint, VersionChange, eval_key, queue_seeds
 from trackway.evals.outputs import EvaluatorOutput
 from trackway.evals.passk import summarize, task_set_pass_at_k
 from trackway.evals.records import (
     COMPLETED,
     FAILED,
+    IN_FLIGHT,
     SEED_COMPLETED,
     SEED_FAILED,
+    new_eval_id,
     seed_metrics_of,
 )
-from trackway.ledger.blobs import put_blob
-from trackway.ledger.records import resolve_run
+from trackway.evals.spec import spec_from_record
+from trackway.ledger.blobs import get_blob, put_blob
+from trackway.ledger.records import latest_attempt, resolve_run
 from trackway.ledger.schema import (
     eval_metrics,
     eval_seed_metrics,
     eval_task_results,
     evaluation_seeds,
     evaluations,
+    runs,
 )
 from trackway.settings import Settings
-from trackway.taxonomy import TerminationReason
+from trackway.taxonomy import RunState, TerminationReason
 
 
 def after_eval_attempt(
@@ -132,3 +140,52 @@ def _holds(condition: str, value: float) -> bool:
 
     _, op, threshold = condition.split()
     return COMPARATORS[op](value, float(threshold))
+
+
+def continue_as_new_evaluation(conn: Connection, settings: Settings, eval_run_id: str, change: VersionChange) -> str:
+    """Move a seed whose evaluator changed to the evaluation of the new versions (found or made); its id.
+
+    The new evaluation gets a seed run of its own (queued for the supervisor); the old seed run
+    ends failed, its last attempt saying where the seed went, and the old evaluation finishes with
+    what its own versions produced.
+    """
+    from trackway.ledger.ingest import add_supervisor_event
+
+    now = datetime.now(timezone.utc)
+    seed_row = conn.execute(select(evaluation_seeds).where(evaluation_seeds.c.eval_run_id == eval_run_id)).mappings().one()
+    old = conn.execute(select(evaluations).where(evaluations.c.eval_id == seed_row["eval_id"])).mappings().one()
+    run = resolve_run(conn, old["run_id"])
+    spec = spec_from_record(json.loads(get_blob(conn, old["spec_sha256"])))
+    pinned = PinnedCheckpoint(old["run_id"], int(old["checkpoint_step"]), old["checkpoint_name"],
+                              old["checkpoint_path"], old["checkpoint_manifest_sha256"])
+    key = eval_key(pinned, spec, *change.after)
+    seed = int(seed_row["seed"])
+    target = conn.execute(select(evaluations).where(evaluations.c.eval_key == key)).mappings().first()
+    if target is None:
+        values = {k: old[k] for k in ("run_id", "checkpoint_step", "checkpoint_name", "checkpoint_path",
+                                      "checkpoint_manifest_sha256", "spec_name", "spec_sha256", "decoding",
+                                      "primary_metric", "trigger")}
+        values.update(eval_id=new_eval_id(), evaluator_version=change.after[0], task_set_sha256=change.after[1],
+                      eval_key=key, state=IN_FLIGHT, escalation=None, created_at=now)
+        conn.execute(insert(evaluations).values(**values))
+        target = values
+    have = set(conn.execute(select(evaluation_seeds.c.seed).where(
+        evaluation_seeds.c.eval_id == target["eval_id"])).scalars())
+    if seed not in have:
+        queue_seeds(conn, settings, target, run, [seed], now)
+        conn.execute(update(evaluations).where(evaluations.c.eval_id == target["eval_id"])
+                     .values(state=IN_FLIGHT, ended_at=None))
+    last = latest_attempt(conn, eval_run_id)
+    message = (f"the {change.text()} since evaluation {old['eval_id']} was requested: this seed is not run again "
+               f"under it; it continues as evaluation {target['eval_id']}")
+    if last is not None:
+        add_supervisor_event(conn, last["attempt_id"], "evaluator_changed", {
+            "message": message, "from": old["eval_id"], "to": target["eval_id"],
+            "before": list(change.before), "after": list(change.after)})
+    conn.execute(update(runs).where(runs.c.run_id == eval_run_id)
+                 .values(state=RunState.FAILED.value, not_before=None, ended_at=now))
+    conn.execute(update(evaluation_seeds).where(evaluation_seeds.c.eval_run_id == eval_run_id)
+                 .values(state=SEED_FAILED, ended_at=now,
+                         termination_reason=seed_row["termination_reason"] or (last or {}).get("termination_reason")))
+    advance(conn, settings, old["eval_id"], now)
+    return str(target["eval_id"])

@@ -779,7 +779,7 @@ def _data_change_stops(conn, settings: Settings, run, previous, data) -> bool:
 def _evaluator_moved(conn, settings: Settings, run, moved, from_queue: bool) -> None:
     """A seed whose evaluator changed is never run under its evaluation: a queued one continues as the
     evaluation of the new versions; a person asking to resume it is told how to ask for that evaluation."""
-    from trackway.evals.launch import continue_as_new_evaluation
+    from trackway.evals.progress import continue_as_new_evaluation
 
     if not from_queue:
         raise InputError(

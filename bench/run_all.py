@@ -41,6 +41,7 @@ BENCHES = [
     "bench_api.py",
     "bench_server_auth.py",
     "bench_server_load.py",
+    "bench_sql_limits.py",
 ]
 
 

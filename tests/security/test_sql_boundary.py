@@ -14,16 +14,17 @@ import os
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, inspect, text
+from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from api_server import Api, serving
+from ledger_state import ledger_state
+from waiting import wait_for
 from trackway.errors import InputError, LedgerError, ReadOnlyViolation
 from trackway.ledger import Ledger, open_ledger
 from trackway.ledger.sql.readonly import _execute, reader_role_names, run_readonly_query
@@ -105,15 +106,6 @@ def filled(ledger: Ledger) -> Ledger:
     return ledger
 
 
-def _snapshot(ledger: Ledger):
-    with ledger.read() as conn:
-        inspector = inspect(conn)
-        tables, views = sorted(inspector.get_table_names()), sorted(inspector.get_view_names())
-        counts = {name: conn.execute(text(f"select count(*) from {name}")).scalar_one() for name in tables}
-        states = conn.execute(text("select run_id, state from runs order by run_id")).all()
-    return tables, views, counts, states
-
-
 def _one_line(message: str) -> bool:
     return bool(message) and "\n" not in message and "Traceback" not in message
 
@@ -122,19 +114,19 @@ def _one_line(message: str) -> bool:
 def test_every_bypass_is_refused_and_the_ledger_is_unchanged(filled, tmp_path: Path, query):
     scratch = tmp_path / "scratch"
     scratch.mkdir()
-    before = _snapshot(filled)
+    before = ledger_state(filled)
     with pytest.raises(InputError) as info:  # ReadOnlyViolation is one, and so is a query the database rejects
         run_readonly_query(filled, query.format(tmp=scratch))
     assert _one_line(str(info.value))
-    assert _snapshot(filled) == before
+    assert ledger_state(filled) == before
     assert list(scratch.iterdir()) == []
 
 
 def test_a_comment_hides_nothing(filled):
-    before = _snapshot(filled)
+    before = ledger_state(filled)
     assert run_readonly_query(filled, "select 1 /* ; delete from runs */").rows == [(1,)]
     assert run_readonly_query(filled, "select 1 -- ; delete from runs").rows == [(1,)]
-    assert _snapshot(filled) == before
+    assert ledger_state(filled) == before
 
 
 # --- the database, not the name list, is what refuses (PostgreSQL) --------------------------------
@@ -165,12 +157,12 @@ DATABASE_REFUSES = [  # sent past the name check, straight to the database as `t
 def test_the_reader_role_refuses_what_the_name_check_would_miss(pg_url, sql):
     ledger = open_ledger(pg_url)
     try:
-        before = _snapshot(ledger)
+        before = ledger_state(ledger)
         with pytest.raises(ReadOnlyViolation) as info:
             _execute(ledger, sql)
         message = str(info.value)
         assert _one_line(message) and ("permission denied" in message or "must be superuser" in message)
-        assert _snapshot(ledger) == before
+        assert ledger_state(ledger) == before
     finally:
         ledger.dispose()
 
@@ -197,11 +189,9 @@ def test_other_sessions_sql_is_not_visible(pg_url):
     try:
         sleeper.start()
         with psycopg.connect(dsn, autocommit=True) as admin:  # the superuser sees it: it is running
-            deadline = time.monotonic() + 10
-            while not admin.execute("select count(*) from pg_stat_activity where query like %s",
-                                    (f"%as {SECRET_MARKER}%",)).fetchone()[0]:
-                assert time.monotonic() < deadline, "the other session's query never showed up"
-                time.sleep(0.05)
+            wait_for(lambda: admin.execute("select count(*) from pg_stat_activity where query like %s",
+                                           (f"%as {SECRET_MARKER}%",)).fetchone()[0],
+                     "the other session's query in pg_stat_activity", timeout=10, interval=0.05)
         for query in ("select query from pg_stat_activity", "select pg_stat_get_backend_activity(s) "
                       "from pg_stat_get_backend_idset() s"):
             result = run_readonly_query(ledger, query)
@@ -224,14 +214,13 @@ BLOW_UPS = [
 
 @pytest.mark.parametrize("query", BLOW_UPS, ids=["nested-plus", "nested-star", "alternation", "per-row"])
 def test_a_regular_expression_cannot_outrun_the_time_limit(filled, query):
-    started = time.monotonic()
+    # How long it takes is bench/bench_sql_limits.py's figure (target: --timeout plus one second).
     try:
         result = run_readonly_query(filled, query, timeout_s=1)
     except InputError as exc:  # stopped by the limit is fine too; running past it is not
         assert "longer than --timeout 1s" in str(exc) or "regular expression" in str(exc)
     else:
         assert result.rows in ([(0,)], [(False,)], [])
-    assert time.monotonic() - started < 1 + 1  # the contract: --timeout plus one second
 
 
 def test_a_backreference_on_sqlite_is_one_line_naming_re2(sqlite_url):
@@ -248,31 +237,28 @@ def test_a_backreference_on_sqlite_is_one_line_naming_re2(sqlite_url):
 
 # One call of a SQLite built-in over megabytes is one step of its virtual machine: no progress
 # handler or interrupt() breaks into it (78 s for this instr with --timeout 1). Its caller still
-# has the answer within --timeout + 1 s: the CLI's process ends, the API's worker is killed.
+# has the answer within --timeout + 1 s: the CLI's process ends, the API's worker is killed. The
+# tests hold what the caller gets; bench/bench_sql_limits.py measures how soon (its target: that bound).
 ONE_STEP_BLOW_UPS = {
     "instr": "select instr(hex(zeroblob(2000000)), hex(zeroblob(1000000)) || '1')",
     "replace": "select length(replace(hex(zeroblob(2000000)), hex(zeroblob(1000000)) || '1', 'x'))",
 }
 
 
-def _trackway(env: dict[str, str], *args: str) -> tuple[subprocess.CompletedProcess, float]:
-    started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "trackway", *args], env=env, capture_output=True, text=True,
-                          timeout=120)
-    return done, time.monotonic() - started
+def _trackway(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "trackway", *args], env=env, capture_output=True, text=True,
+                          timeout=120)  # a hang guard: left to itself the query runs for minutes
 
 
 @pytest.mark.parametrize("query", list(ONE_STEP_BLOW_UPS.values()), ids=list(ONE_STEP_BLOW_UPS))
 def test_one_uninterruptible_step_ends_the_cli_within_the_timeout(home, sqlite_url, query):
     env = {**os.environ, "TRACKWAY_HOME": str(home), "TRACKWAY_DB": sqlite_url}
-    _trackway(env, "sql", "select 1")  # the ledger made and migrated
-    warm, startup = _trackway(env, "sql", "select 1")
+    warm = _trackway(env, "sql", "select 1")  # the ledger made and migrated
     assert warm.returncode == 0, warm.stderr
-    done, elapsed = _trackway(env, "sql", "--timeout", "1", query)
+    done = _trackway(env, "sql", "--timeout", "1", query)
     assert done.returncode == 2 and done.stdout == "", (done.returncode, done.stdout, done.stderr)
     assert done.stderr.startswith("trackway: error: trackway sql: the query ran longer than --timeout 1s")
     assert _one_line(done.stderr.strip())
-    assert elapsed < 1 + 1 + startup, (elapsed, startup)
 
 
 def _children(pid: int) -> set[int]:
@@ -283,21 +269,14 @@ def _children(pid: int) -> set[int]:
 def test_one_uninterruptible_step_answers_the_api_within_the_timeout(home, sqlite_url):
     with serving(home, sqlite_url) as (base, process):
         api = Api(base)
-        started = time.monotonic()
         assert api.post("/api/sql", {"query": "select 1"})[0] == 200  # a worker started and warm
-        startup = time.monotonic() - started
         workers = _children(process.pid)
         for query in ONE_STEP_BLOW_UPS.values():
-            started = time.monotonic()
             status, answer, _ = api.post("/api/sql", {"query": query, "timeout_s": 1})
-            elapsed = time.monotonic() - started
             assert status == 400 and answer["error"]["type"] == "InputError", (status, answer)
             assert answer["error"]["message"].startswith("trackway sql: the query ran longer than --timeout 1s")
-            assert elapsed < 1 + 1 + startup, (elapsed, startup)
-            started = time.monotonic()
-            status, answer, _ = api.post("/api/sql", {"query": "select 1"})
+            status, answer, _ = api.post("/api/sql", {"query": "select 1"})  # the server still answers
             assert status == 200 and answer["rows"] == [[1]]
-            assert time.monotonic() - started < 1 + startup
         replaced = _children(process.pid)
         assert replaced and not (workers & replaced), (workers, replaced)  # each killed worker gave way to a fresh one
 
@@ -462,7 +441,7 @@ def test_a_postgresql_entry_is_a_marker_and_a_forged_one_meets_the_reader_role(p
     remember = tmp_path / "cache"
     ledger = open_ledger(pg_url)
     try:
-        before = _snapshot(ledger)
+        before = ledger_state(ledger)
         assert run_readonly_query(ledger, "select 1 as one;", remember_in=remember).rows == [(1,)]
         entry = entry_path("select 1 as one;", "postgresql", remember)
         assert entry.read_text() == ""  # no SQL text: the query itself is what runs
@@ -473,7 +452,7 @@ def test_a_postgresql_entry_is_a_marker_and_a_forged_one_meets_the_reader_role(p
         entry_path(refused, "postgresql", remember).write_text("")
         with pytest.raises(ReadOnlyViolation, match="permission denied for function set_config"):
             run_readonly_query(ledger, refused, remember_in=remember)
-        assert _snapshot(ledger) == before
+        assert ledger_state(ledger) == before
     finally:
         ledger.dispose()
 

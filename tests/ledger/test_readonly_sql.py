@@ -6,8 +6,9 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
-from sqlalchemy import inspect, text
+from sqlalchemy import text
 
+from ledger_state import ledger_state
 from trackway.errors import InputError, ReadOnlyViolation
 from trackway.ledger import Ledger, open_ledger
 from trackway.ledger.sql.readonly import QueryResult, _execute, check_timeout, run_readonly_query
@@ -62,17 +63,6 @@ def filled(ledger: Ledger) -> Ledger:
                 ended_at=now - ago + timedelta(minutes=30), gpu_seconds=gpu_seconds, termination_reason=reason,
             ))  # fmt: skip
     return ledger
-
-
-def _snapshot(ledger: Ledger):
-    """Everything a refused query must leave as it was: schema, row counts, SQLite's journal mode."""
-    with ledger.read() as conn:
-        inspector = inspect(conn)
-        tables, views = sorted(inspector.get_table_names()), sorted(inspector.get_view_names())
-        columns = {name: [c["name"] for c in inspector.get_columns(name)] for name in tables + views}
-        counts = {name: conn.execute(text(f"select count(*) from {name}")).scalar_one() for name in tables}
-        journal = conn.exec_driver_sql("pragma journal_mode").scalar() if ledger.dialect == "sqlite" else None
-    return tables, views, columns, counts, journal
 
 
 def _one_line(message: str) -> bool:
@@ -255,13 +245,13 @@ REFUSED = {
 def test_refused_and_nothing_changes(filled, tmp_path: Path, query):
     scratch = tmp_path / "scratch"  # where ATTACH and COPY would write
     scratch.mkdir()
-    before = _snapshot(filled)
+    before = ledger_state(filled)
     with pytest.raises(ReadOnlyViolation) as info:
         run_readonly_query(filled, query.format(tmp=scratch))
     message = str(info.value)
     assert _one_line(message)
     assert message.startswith("trackway sql is read-only: ") and message.endswith(ALLOWED)
-    assert _snapshot(filled) == before
+    assert ledger_state(filled) == before
     assert list(scratch.iterdir()) == []
 
 
@@ -284,11 +274,11 @@ def test_refusal_names_what_was_refused(ledger):
 )
 def test_the_database_refuses_writes_the_classifier_missed(filled, sql):
     """Defense in depth: the read-only transaction alone stops a write that reached the database."""
-    before = _snapshot(filled)
+    before = ledger_state(filled)
     with pytest.raises(ReadOnlyViolation) as info:
         _execute(filled, sql)
     assert _one_line(str(info.value))
-    assert _snapshot(filled) == before
+    assert ledger_state(filled) == before
 
 
 @pytest.mark.parametrize(
@@ -299,11 +289,11 @@ def test_the_database_refuses_writes_the_classifier_missed(filled, sql):
     ],
 )
 def test_the_database_runs_one_statement_at_most(filled, sql):
-    before = _snapshot(filled)
+    before = ledger_state(filled)
     with pytest.raises(InputError) as info:
         _execute(filled, sql)
     assert _one_line(str(info.value))
-    assert _snapshot(filled) == before
+    assert ledger_state(filled) == before
 
 
 def test_queries_run_in_a_transaction_the_database_keeps_read_only(ledger):
@@ -317,11 +307,11 @@ def test_queries_run_in_a_transaction_the_database_keeps_read_only(ledger):
 def test_sqlite_authorizer_refuses_attach_and_pragma_assignment(sqlite_url, tmp_path: Path):
     ledger = open_ledger(sqlite_url)
     try:
-        before = _snapshot(ledger)
+        before = ledger_state(ledger)
         for sql in (f"attach database '{tmp_path}/evil.db' as evil", "pragma query_only=0", "pragma journal_mode=delete"):
             with pytest.raises(ReadOnlyViolation):
                 _execute(ledger, sql)
-        assert _snapshot(ledger) == before
+        assert ledger_state(ledger) == before
         assert not (tmp_path / "evil.db").exists()
     finally:
         ledger.dispose()
@@ -411,14 +401,14 @@ SERVER_SECRETS = [  # (what the refusal names, a query that reads it)
 
 @pytest.mark.parametrize(("named", "query"), SERVER_SECRETS, ids=[f"{n}-{i}" for i, (n, _) in enumerate(SERVER_SECRETS)])
 def test_the_servers_configuration_and_credentials_are_refused_before_running(filled, named, query):
-    before = _snapshot(filled)
+    before = ledger_state(filled)
     with pytest.raises(ReadOnlyViolation) as info:
         run_readonly_query(filled, query)
     message = str(info.value)
     assert _one_line(message)
     assert message.startswith(f"trackway sql: {named} is not allowed: ")
     assert "configuration, files or credentials" in message
-    assert _snapshot(filled) == before
+    assert ledger_state(filled) == before
 
 
 def test_harmless_settings_are_still_readable(pg_url):
@@ -449,10 +439,10 @@ def test_postgresql_runs_the_query_read_only_and_under_the_time_limit(pg_url):
 def test_a_write_that_slips_past_the_parser_fails_in_the_read_only_transaction(pg_url):
     ledger = open_ledger(pg_url)
     try:
-        before = _snapshot(ledger)
+        before = ledger_state(ledger)
         with pytest.raises(ReadOnlyViolation, match="read-only transaction"):
             _execute(ledger, "create table evil as select 1 as a")
-        assert _snapshot(ledger) == before
+        assert ledger_state(ledger) == before
     finally:
         ledger.dispose()
 

@@ -154,15 +154,20 @@ def test_warn_runs_where_it_was_asked_and_says_it_would_oom(cli_sqlite, tmp_path
     assert result.code == 0 and "h100box FITS 0.65" in result.err
 
 
-def test_calibration_from_recorded_peaks_corrects_later_estimates(cli_sqlite, tmp_path):
-    Path("trackway.toml").write_text(RESOURCES)
+def _peak_script(tmp_path: Path) -> Path:
+    """A script that records the event the SDK writes on a GPU (sdk/cuda_memory.py), with an H200 run's numbers."""
     script = tmp_path / "peak.py"
-    # The event the SDK writes on a GPU (sdk/cuda_memory.py), with numbers an H200 run recorded.
     script.write_text(
         "import trackway\nrun = trackway.init()\n"
         "run._writer.event('cuda_memory', devices=[{'device': 0, 'name': 'NVIDIA H200', 'total_bytes': 150754820096,"
         " 'max_allocated_bytes': 85 * 2**30, 'max_reserved_bytes': 91 * 2**30}])\n"
         "run.log({'loss': 1.0}, step=1)\nrun.finish()\n")
+    return script
+
+
+def test_calibration_from_recorded_peaks_corrects_later_estimates(cli_sqlite, tmp_path):
+    Path("trackway.toml").write_text(RESOURCES)
+    script = _peak_script(tmp_path)
     assert cli_sqlite("submit", "--name", "cal", "--model-family", "llama2", "--config", str(_config(tmp_path)),
                       "--", PY, str(script)).code == 0
     result = cli_sqlite("preflight", "--calibrate", "cal", "--json")
@@ -189,12 +194,7 @@ def test_calibration_from_recorded_peaks_corrects_later_estimates(cli_sqlite, tm
 
 def test_a_run_without_a_preflight_is_calibrated_from_the_shape_given_on_the_command_line(cli_sqlite, tmp_path):
     Path("trackway.toml").write_text(RESOURCES)
-    script = tmp_path / "peak.py"
-    script.write_text(
-        "import trackway\nrun = trackway.init()\n"
-        "run._writer.event('cuda_memory', devices=[{'device': 0, 'name': 'NVIDIA H200', 'total_bytes': 150754820096,"
-        " 'max_allocated_bytes': 85 * 2**30, 'max_reserved_bytes': 91 * 2**30}])\n"
-        "run.log({'loss': 1.0}, step=1)\nrun.finish()\n")
+    script = _peak_script(tmp_path)
     assert cli_sqlite("submit", "--name", "bare", "--model-family", "llama2", "--", PY, str(script)).code == 0
     # A bad value is named as typed on this command line.
     bad = [("0" if previous == "--batch-size" else word) for previous, word in zip(["", *SHAPE], SHAPE)]

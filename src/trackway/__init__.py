@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "Api": "trackway.api",
+    "Api": "trackway.read_api",
     "BadData": "trackway.sdk.exceptions",
     "NonFiniteLoss": "trackway.sdk.exceptions",
     "SpoolPointsLost": "trackway.sdk.exceptions",
@@ -23,7 +23,7 @@ _EXPORTS = {
 __all__ = ["Api", "BadData", "EXIT_PREEMPTED", "NonFiniteLoss", "Run", "SpoolPointsLost", "__version__", "init"]
 
 if TYPE_CHECKING:
-    from trackway.api import Api
+    from trackway.read_api import Api
     from trackway.sdk.exceptions import BadData, NonFiniteLoss, SpoolPointsLost
     from trackway.sdk.run import EXIT_PREEMPTED, Run, init
 

@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import text
 
 from trackway.ledger.blobs import get_blob
-from trackway.ledger.store import open_ledger
+from trackway.ledger.open import open_ledger
 
 TRAIN = """\
 import trackway

@@ -90,7 +90,7 @@ def test_explain_answers_from_the_ledger_alone(cli, tmp_path):
 
 
 def test_explain_shows_config_changes_between_attempts(cli, tmp_path):
-    from trackway.supervisor.explain import config_diff, data_diff
+    from trackway.reports.explain import config_diff, data_diff
 
     assert config_diff({"train": {"lr": 0.1, "bs": 8}}, {"train": {"lr": 0.2, "bs": 8}, "new": 1}) == [
         'new: "<absent>" → 1',

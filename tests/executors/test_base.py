@@ -8,7 +8,8 @@ import sys
 import pytest
 
 from trackway.errors import InputError
-from trackway.executors.base import Executor, JobPhase, get_executor
+from trackway.executors.base import Executor, JobPhase
+from trackway.executors.registry import get_executor
 from trackway.executors.local import LocalExecutor
 
 
@@ -60,7 +61,7 @@ def test_poll_many_of_the_base_loops_over_poll(tmp_path):
 
 def test_slurm_is_registered_and_imported_on_use(tmp_path):
     code = (
-        "import sys; from trackway.executors.base import get_executor; "
+        "import sys; from trackway.executors.registry import get_executor; "
         "assert 'trackway.executors.slurm' not in sys.modules; "
         f"print(type(get_executor('slurm', __import__('pathlib').Path({str(tmp_path)!r}))).__name__)"
     )

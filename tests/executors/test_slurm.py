@@ -19,9 +19,10 @@ from pathlib import Path
 import pytest
 
 from trackway.errors import ExecutorError
-from trackway.executors.base import JobHandle, JobPhase, JobStatus, get_executor
+from trackway.executors.base import JobHandle, JobPhase, JobStatus
+from trackway.executors.registry import get_executor
 from trackway.executors.slurm import JOB_ID_FILE, SlurmExecutor, render_script
-from trackway.resources.registry import QosTier, Resource
+from trackway.settings.resources import QosTier, Resource
 
 from .conftest import log_lines, python, wait_for
 

@@ -14,7 +14,7 @@ from trackway.executors.base import JobPhase, LaunchRequest
 from trackway.executors.code_snapshot import build_snapshot
 from trackway.executors.ssh import SshExecutor
 from trackway.receipts.code import capture_code
-from trackway.resources.registry import Resource, parse_resources
+from trackway.settings.resources import Resource, parse_resources
 
 NO_HOST_KEYS = ("-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null")
 

@@ -16,7 +16,7 @@ from sqlalchemy import event, func, select
 from trackway.ledger.ingest import ingest_attempt, ingester_event_key
 from trackway.ledger.schema import attempt_events, metric_points, metric_series, spool_cursors
 from trackway.spool import QUARANTINE_FILE, encode_metric_rows
-from trackway.supervisor.explain import incidents
+from trackway.reports.explain import incidents
 
 from .conftest import attempt_with_spool
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from trackway.ledger.migrate import HEAD_REVISION, head_revision
+from trackway.ledger.migrate import head_revision
+from trackway.ledger.revision import HEAD_REVISION
 from trackway.ledger.schema import metadata
 
 
@@ -20,4 +21,4 @@ def test_migrated_schema_matches_schema_py(ledger):
 
 
 def test_head_constant_names_the_newest_migration():
-    assert HEAD_REVISION == head_revision(), "set HEAD_REVISION in ledger/migrate.py to the new migration's id"
+    assert HEAD_REVISION == head_revision(), "set HEAD_REVISION in ledger/revision.py to the new migration's id"

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from trackway.resources.availability import availability, gres_gpus, look_up
-from trackway.resources.registry import Resource
+from trackway.settings.resources import Resource
 
 
 def test_a_slurm_partition_shows_its_gpus_and_jobs(slurm_node):

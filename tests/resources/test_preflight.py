@@ -14,7 +14,7 @@ from trackway.resources.gpu_catalog import KNOWN_GPUS, Target, known_gpu, target
 from trackway.resources.memory_model import FITS_BELOW
 from trackway.resources.preflight import Correction, run_preflight
 from trackway.resources.preflight_spec import read_spec
-from trackway.resources.registry import Resource
+from trackway.settings.resources import Resource
 
 
 def motivating_report(targets=None, correction=None):

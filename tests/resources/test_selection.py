@@ -8,7 +8,7 @@ import pytest
 
 from trackway.errors import InputError
 from trackway.resources.availability import Availability
-from trackway.resources.registry import QosTier, Resource
+from trackway.settings.resources import QosTier, Resource
 from trackway.resources.selection import Need, NoResourceFits, Selection, select
 
 TIERS = (QosTier("gpu-test", 1), QosTier("gpu-short", 24), QosTier("gpu-medium", 72))

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from trackway.sdk.run import AttemptContext
+from trackway.sdk.context import AttemptContext
 from trackway.spool import EVENTS_FILE
 
 SCRIPT = Path(__file__).parents[1] / "checkpoints" / "scripts" / "sdk_resume.py"

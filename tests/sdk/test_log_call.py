@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trackway.sdk.run import AttemptContext, Run
+from trackway.sdk.context import AttemptContext
+from trackway.sdk.run import Run
 from trackway.sdk.writer import SLICE_ROWS, LossKeys, SpoolWriter
 from trackway.spool import decode_metric_line, read_complete_lines
 

@@ -13,7 +13,8 @@ import pytest
 from waiting import wait_for
 
 from trackway.sdk.exceptions import NonFiniteLoss
-from trackway.sdk.run import AttemptContext, Run
+from trackway.sdk.context import AttemptContext
+from trackway.sdk.run import Run
 from trackway.sdk.writer import LossKeys
 from trackway.spool import NOTE_FILE
 
@@ -95,7 +96,8 @@ def test_a_torch_save_after_a_non_finite_loss_is_refused_before_writing(make_run
 def test_a_script_that_exits_without_finish_after_a_non_finite_loss_ends_as_nan_loss(tmp_path):
     script = f"""
 from pathlib import Path
-from trackway.sdk.run import AttemptContext, Run
+from trackway.sdk.context import AttemptContext
+from trackway.sdk.run import Run
 context = AttemptContext(run_id="r1", attempt_id="r1/1", attempt_number=1,
                          spool_dir=Path({str(tmp_path / "spool")!r}), checkpoint_dir=Path({str(tmp_path / "ckpt")!r}))
 run = Run(context, {{}}, install_hooks=False)

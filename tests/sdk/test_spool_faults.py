@@ -23,7 +23,7 @@ from trackway.ledger.ingest import ingest_attempt
 from trackway.ledger.records import get_attempt, insert_attempt, insert_run
 from trackway.ledger.schema import attempt_events, metric_points, metric_series
 from trackway.spool import decode_metric_line
-from trackway.supervisor.explain import incidents
+from trackway.reports.explain import incidents
 
 SCRIPT = str(Path(__file__).parent / "scripts" / "spool_full_script.py")
 KEYS = 2  # the script logs loss and acc

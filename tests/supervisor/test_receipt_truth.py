@@ -27,7 +27,7 @@ from trackway.ledger import open_ledger
 from trackway.ledger.records import list_attempts, resolve_run
 from trackway.ledger.schema import attempt_events
 from trackway.settings import load_settings
-from trackway.supervisor.explain import explain
+from trackway.reports.explain import explain
 from trackway.supervisor.launch import RunSpec, start_attempt, submit_run
 from trackway.supervisor.loop import Supervisor
 

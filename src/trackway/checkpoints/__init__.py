@@ -11,7 +11,6 @@
     object_fs    the storage operations it needs, on fsspec and on local or mounted filesystems
     uploader     committed checkpoints uploaded there on a background thread
     manager      `run.checkpoints` in the SDK
-    mirror       the ledger's copy of what storage holds (storage is the truth)
 
 The public entry point is `trackway.checkpoints.load(path)` (for evaluators and notebooks).
 Nothing is imported at module level, so `import trackway.checkpoints.protocol` never pulls in torch.

@@ -19,7 +19,7 @@ def _store(app: AppContext, run):
         from trackway.checkpoints.object_store import RemoteCheckpointStore
 
         return RemoteCheckpointStore(run["checkpoint_root"])
-    from trackway.checkpoints.mirror import checkpoint_root
+    from trackway.ledger.checkpoint_mirror import checkpoint_root
     from trackway.checkpoints.protocol import CheckpointStore
 
     return CheckpointStore(checkpoint_root(app.settings.runs_dir, run["run_id"]))
@@ -27,7 +27,7 @@ def _store(app: AppContext, run):
 
 def _reconcile(app: AppContext, run_id: str, store) -> list:
     """Mirror storage into the ledger for one run; what storage holds, by step."""
-    from trackway.checkpoints.mirror import reconcile_remote_checkpoints, reconcile_run_checkpoints
+    from trackway.ledger.checkpoint_mirror import reconcile_remote_checkpoints, reconcile_run_checkpoints
     from trackway.checkpoints.protocol import CheckpointStore
 
     if isinstance(store, CheckpointStore):

@@ -79,9 +79,9 @@ class AppContext:
             self.supervisor().tick()
 
     def supervisor(self) -> Supervisor:
-        from trackway.supervisor.loop import Supervisor
+        from trackway.supervision import supervisor_for
 
-        return Supervisor(self.ledger, self.settings)
+        return supervisor_for(self.ledger, self.settings)
 
     def command(self, *words: str) -> str:
         """`trackway WORDS...` as a person can paste it: with the --db/--home this command was given."""

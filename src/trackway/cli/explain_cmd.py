@@ -23,8 +23,8 @@ def explain(
     """A run's attempts and decisions, then one attempt in full: config, data, placement, checkpoints,
     retries, evaluations and what happens next."""
     from trackway.cli.runs_cmd import reconcile
-    from trackway.supervisor.explain_layout import document, to_markdown
-    from trackway.supervisor.explain import explain as gather
+    from trackway.reports.explain_layout import document, to_markdown
+    from trackway.reports.explain import explain as gather
     from trackway.validation import attempt_ref
 
     attempt_ref(ref)
@@ -77,7 +77,7 @@ def text_lines(blocks: list[tuple], width: int | None) -> list[tuple[str, str]]:
 
 def _timeline(rows: list[dict], add) -> None:
     """Each attempt as one entry: number, ending and decision on the first line, the rest under it."""
-    from trackway.supervisor.explain_layout import timeline_entry
+    from trackway.reports.explain_layout import timeline_entry
 
     number_width = len(str(max((row["number"] for row in rows), default=1)))
     for row in rows:

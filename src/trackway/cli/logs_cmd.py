@@ -68,9 +68,9 @@ def logs(
 def _supervisor(app: AppContext):
     """The control loop, ticked while following: ends are recorded and retries start even with no other
     trackway command running."""
-    from trackway.supervisor.loop import Supervisor  # on use: only following needs the control loop
+    from trackway.supervision import supervisor_for  # on use: only following needs the control loop
 
-    return Supervisor(app.ledger, app.settings)
+    return supervisor_for(app.ledger, app.settings)
 
 
 def _until_interrupted(follow: Callable[[Interrupt], None]) -> None:

@@ -14,7 +14,7 @@ def resources(
 ) -> None:
     """List the resources runs may go to, with live availability (free GPUs, jobs running and pending)."""
     from trackway.resources.availability import look_up, resource_record
-    from trackway.supervisor.placement import candidates
+    from trackway.resources.placement import candidates
 
     app = app_context(ctx)
     declared = candidates(app.settings)

@@ -67,7 +67,7 @@ def submit(
     """Submit COMMAND as a run: capture its receipt, start an attempt and follow it (exit 0 iff it completed)."""
     # Imported on use, so that the other commands do not pay for receipts and executors at start-up.
     from trackway.supervisor.launch import RunSpec, command_by, submit_run
-    from trackway.supervisor.loop import Supervisor
+    from trackway.supervision import supervisor_for
     from trackway.validation import existing_file
 
     for path in eval_specs:
@@ -96,7 +96,7 @@ def submit(
         checkpoint_root=checkpoint_root,
         preflight_strict=strict,
     )
-    supervisor = Supervisor(app.ledger, app.settings)
+    supervisor = supervisor_for(app.ledger, app.settings)
     run_id = submit_run(app.ledger, app.settings, spec, console=err_console)
     attempt_id = _start(
         app, run_id, supervisor.executor, first=True, started_by=command_by("trackway submit"),
@@ -186,10 +186,10 @@ def resume(
     from trackway.errors import InputError
     from trackway.redaction import redact
     from trackway.supervisor.launch import command_by
-    from trackway.supervisor.loop import Supervisor
+    from trackway.supervision import supervisor_for
 
     app = app_context(ctx)
-    supervisor = Supervisor(app.ledger, app.settings)
+    supervisor = supervisor_for(app.ledger, app.settings)
     supervisor.tick()
     with app.ledger.read() as conn:
         record = resolve_run(conn, run)

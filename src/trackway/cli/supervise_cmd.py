@@ -60,9 +60,9 @@ def _refuse_mixed(*, once: bool, status: bool, stop: bool, background_child: boo
 def _foreground(app: AppContext, once: bool, interval: float) -> None:
     """The loop in this terminal, printing each end as it is recorded."""
     from trackway.supervisor.background import running
-    from trackway.supervisor.loop import Supervisor
+    from trackway.supervision import supervisor_for
 
-    supervisor = Supervisor(app.ledger, app.settings)
+    supervisor = supervisor_for(app.ledger, app.settings)
     if not once:
         holder = _safe(lambda: running(app.settings))
         if holder is not None:
@@ -70,7 +70,7 @@ def _foreground(app: AppContext, once: bool, interval: float) -> None:
             say(err_console, f"a background supervisor (pid {holder.pid}) also drives this ledger; log: {holder.log}")
     if once:
         tell(supervisor.tick())
-        supervisor.notifier.wait(timeout=30)  # what this pass recorded is sent before it exits
+        supervisor.settle(timeout=30)  # what this pass recorded is sent before it exits
     else:
         supervisor.run(lambda: False, interval_s=interval, on_ends=tell)
 
@@ -189,7 +189,7 @@ def _background_child(app: AppContext, interval: float, lock_fd: int | None, idl
     install_stop_handlers(stop_requested)
     log_line(f"pid {os.getpid()}: supervising {place_of(app.settings).ledger} from {os.getcwd()} "
              f"(exits after {idle:g} s with nothing in flight)")
-    why = serve(app.ledger, app.settings, idle, interval, stop_requested,
+    why = serve(app.supervisor(), idle, interval, stop_requested,
                 on_ends=lambda ends: [log_line(describe_end(end)) for end in ends])
     log_line(f"pid {os.getpid()}: {why}")
     return 0

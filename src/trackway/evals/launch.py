@@ -367,7 +367,7 @@ def _seed_command(settings: Settings, spec: EvalSpec, checkpoint_path: str, trai
         return list(spec.command)
     import sys
 
-    from trackway.executors.base import is_remote
+    from trackway.executors.registry import is_remote
 
     resource = settings.resource(spec.resource or training_resource)
     python = "python3" if is_remote(resource.executor) else sys.executable

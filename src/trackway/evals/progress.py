@@ -149,7 +149,7 @@ def continue_as_new_evaluation(conn: Connection, settings: Settings, eval_run_id
     ends failed, its last attempt saying where the seed went, and the old evaluation finishes with
     what its own versions produced.
     """
-    from trackway.ledger.ingest import add_supervisor_event
+    from trackway.ledger.supervisor_events import add_supervisor_event
 
     now = datetime.now(timezone.utc)
     seed_row = conn.execute(select(evaluation_seeds).where(evaluation_seeds.c.eval_run_id == eval_run_id)).mappings().one()

@@ -18,18 +18,17 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trackway.errors import InputError
 
 if TYPE_CHECKING:
     from trackway.executors.code_snapshot import CodeSnapshot
-    from trackway.resources.registry import Resource
+    from trackway.settings.resources import Resource
 
 
 @dataclass(frozen=True)
@@ -198,48 +197,3 @@ class Executor(ABC):
     def adopt(self, state_dir: Path) -> Submission | None:
         """The job a launcher started in `state_dir` but died before recording, if this executor can find it."""
         return None
-
-
-def _local(home: Path) -> Executor:
-    from trackway.executors.local import LocalExecutor
-
-    return LocalExecutor(home)
-
-
-# Factories import their module on use, so that naming an executor never loads the others.
-def _inline(home: Path) -> Executor:
-    from trackway.executors.inline import InlineExecutor
-
-    return InlineExecutor(home)
-
-
-def _slurm(home: Path) -> Executor:
-    from trackway.executors.slurm import SlurmExecutor
-
-    return SlurmExecutor(home)
-
-
-def _ssh(home: Path) -> Executor:
-    from trackway.executors.ssh import SshExecutor
-
-    return SshExecutor(home)
-
-
-_REGISTRY: dict[str, Callable[[Path], Executor]] = {"local": _local, "inline": _inline, "slurm": _slurm, "ssh": _ssh}
-
-
-def is_remote(name: str) -> bool:
-    """Whether the executor called `name` runs commands on another machine (without importing it)."""
-    return name == "ssh"
-
-
-def known_executors() -> list[str]:
-    return sorted(_REGISTRY)
-
-
-def get_executor(name: str, home: Path) -> Executor:
-    """The executor called `name`, keeping its state under `home`."""
-    factory = _REGISTRY.get(name)
-    if factory is None:
-        raise InputError(f"executor {name!r}: expected one of {', '.join(known_executors())}")
-    return factory(home)

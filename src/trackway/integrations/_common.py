@@ -17,9 +17,9 @@ def current_run(run: Any = None, **init_kwargs: Any) -> Any:
         _RUN = run
         return run
     if _RUN is None:
-        import trackway
+        from trackway.sdk.run import init
 
-        _RUN = trackway.init(**init_kwargs)
+        _RUN = init(**init_kwargs)
     return _RUN
 
 

@@ -11,12 +11,17 @@ from typing import TYPE_CHECKING
 __all__ = ["Ledger", "open_ledger"]
 
 if TYPE_CHECKING:
-    from trackway.ledger.store import Ledger, open_ledger
+    from trackway.ledger.open import open_ledger
+    from trackway.ledger.store import Ledger
 
 
 def __getattr__(name: str):
-    if name in __all__:
-        from trackway.ledger import store
+    if name == "Ledger":
+        from trackway.ledger.store import Ledger
 
-        return getattr(store, name)
+        return Ledger
+    if name == "open_ledger":
+        from trackway.ledger.open import open_ledger
+
+        return open_ledger
     raise AttributeError(f"module 'trackway.ledger' has no attribute {name!r}")

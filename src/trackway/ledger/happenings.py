@@ -14,7 +14,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from trackway.ledger.ingest import SUPERVISOR_RANK
+from trackway.ledger.supervisor_events import SUPERVISOR_RANK
 from trackway.ledger.schema import attempt_events, attempts, checkpoints, eval_metrics, evaluations, experiments, runs
 
 Happening = tuple[datetime, str, str, dict[str, Any]]  # (time, kind, key, data)

@@ -29,12 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Connection, RowMapping, case, func, select, update
-from sqlalchemy.dialects import postgresql, sqlite
 
 from trackway.ledger import rollups
+from trackway.ledger.checkpoint_mirror import mirror_checkpoint, mirror_restored
 from trackway.ledger.schema import attempt_events, attempts, checkpoints, metric_series, spool_cursors
 from trackway.ledger.script_config import merge_script_config
-from trackway.ledger.store import Ledger
+from trackway.ledger.store import Ledger, dialect_insert
 from trackway.redaction import redact, redact_structure
 from trackway.spool import (
     EVENTS_FILE,
@@ -85,10 +85,6 @@ class _Source:
 
 def spool_dir_of(attempt: RowMapping) -> Path:
     return Path(attempt["state_dir"]) / "spool"
-
-
-def _insert(conn: Connection):
-    return postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
 
 
 def ingest_attempt(ledger: Ledger, attempt: RowMapping,
@@ -178,7 +174,7 @@ def _has_news(sources: list[_Source], offsets: dict[str, int], attempt: RowMappi
 
 def _save_offset(conn: Connection, attempt_id: str, name: str, offset: int) -> None:
     """Store how far `name` was read; a concurrent ingester that got further is never moved back."""
-    statement = _insert(conn)(spool_cursors).values(attempt_id=attempt_id, file=name, byte_offset=offset)
+    statement = dialect_insert(conn)(spool_cursors).values(attempt_id=attempt_id, file=name, byte_offset=offset)
     furthest = func.greatest if conn.dialect.name == "postgresql" else func.max
     conn.execute(
         statement.on_conflict_do_update(
@@ -238,7 +234,7 @@ def _quarantine(conn: Connection, attempt: RowMapping, source: _Source, offset: 
     if copy_error:
         payload["copy_error"] = copy_error
     rank, seq = ingester_event_key(source.cursor, offset)
-    statement = _insert(conn)(attempt_events).values(
+    statement = dialect_insert(conn)(attempt_events).values(
         attempt_id=attempt["attempt_id"], rank=rank, seq=seq, kind="spool_line_quarantined", at=now,
         payload=json.dumps(payload),
     )
@@ -279,7 +275,7 @@ def _series_ids(conn: Connection, run_id: str, keys: set[str]) -> dict[str, int]
     missing = keys - known.keys()
     if not missing:
         return known
-    statement = _insert(conn)(metric_series).on_conflict_do_nothing(index_elements=["run_id", "key"])
+    statement = dialect_insert(conn)(metric_series).on_conflict_do_nothing(index_elements=["run_id", "key"])
     conn.execute(statement, [{"run_id": run_id, "key": key} for key in sorted(missing)])
     return _series_ids(conn, run_id, set())
 
@@ -423,7 +419,7 @@ def _ingest_events(conn: Connection, attempt: RowMapping, records: list[dict[str
         }
         for r in records
     ]
-    statement = _insert(conn)(attempt_events).on_conflict_do_nothing(index_elements=["attempt_id", "rank", "seq"])
+    statement = dialect_insert(conn)(attempt_events).on_conflict_do_nothing(index_elements=["attempt_id", "rank", "seq"])
     conn.execute(statement, rows)
     committed = []
     for record in records:
@@ -446,8 +442,6 @@ def _ingest_events(conn: Connection, attempt: RowMapping, records: list[dict[str
                 .values(path=record["url"], updated_at=datetime.now(timezone.utc))
             )
         elif kind == "checkpoint_restored":
-            from trackway.checkpoints.mirror import mirror_restored  # mirror.py imports this module
-
             mirror_restored(conn, attempt["run_id"], attempt["attempt_id"], record)
         elif kind == "init_config":
             # Read fresh: an earlier event in this batch (or an earlier pass) may have merged already.
@@ -461,24 +455,6 @@ def _ingest_events(conn: Connection, attempt: RowMapping, records: list[dict[str
         ).scalar_one()
         conn.execute(update(attempts).where(attempts.c.attempt_id == attempt["attempt_id"]).values(checkpoints_committed=count))
     return len(rows), committed
-
-
-def mirror_checkpoint(conn: Connection, run_id: str, attempt_id: str | None, record: dict[str, Any]) -> None:
-    """Upsert the ledger's row for one checkpoint from what storage (or the SDK's event) says."""
-    committed_at = record.get("committed_at")
-    values = {
-        "name": record["name"],
-        "state": record.get("state", "committed"),
-        "path": record["path"],
-        "size_bytes": record.get("size_bytes"),
-        "attempt_id": attempt_id,
-        "parent": record.get("parent"),
-        "metrics": json.dumps(record.get("metrics")) if record.get("metrics") is not None else None,
-        "committed_at": datetime.fromisoformat(committed_at) if isinstance(committed_at, str) else committed_at,
-        "updated_at": datetime.now(timezone.utc),
-    }
-    statement = _insert(conn)(checkpoints).values(run_id=run_id, step=int(record["step"]), **values)
-    conn.execute(statement.on_conflict_do_update(index_elements=["run_id", "step"], set_=values))
 
 
 def _beat_time(beat: dict[str, Any] | None) -> datetime | None:
@@ -504,22 +480,3 @@ def _ingest_heartbeat(conn: Connection, attempt: RowMapping, beat: dict[str, Any
         )
         .values(last_heartbeat_at=at)
     )
-
-
-SUPERVISOR_RANK = -1  # attempt_events rows the supervisor wrote, not a training process
-
-
-def add_supervisor_event(conn: Connection, attempt_id: str, kind: str, payload: dict[str, Any]) -> bool:
-    """Record what the supervisor noticed about an attempt, once per kind; False if already recorded."""
-    mine = (attempt_events.c.attempt_id == attempt_id) & (attempt_events.c.rank == SUPERVISOR_RANK)
-    if conn.execute(select(attempt_events.c.seq).where(mine, attempt_events.c.kind == kind)).first() is not None:
-        return False
-    seq = conn.execute(select(func.coalesce(func.max(attempt_events.c.seq), -1)).where(mine)).scalar_one() + 1
-    now = datetime.now(timezone.utc)
-    conn.execute(
-        attempt_events.insert().values(
-            attempt_id=attempt_id, rank=SUPERVISOR_RANK, seq=seq, kind=kind, at=now,
-            payload=json.dumps({"kind": kind, "t": now.timestamp(), **payload}),
-        )
-    )
-    return True

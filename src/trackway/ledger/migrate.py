@@ -3,17 +3,17 @@
 Every trackway command opens the ledger, so the up-to-date check must be cheap: it reads
 `alembic_version` with one query and compares it with `HEAD_REVISION`, importing Alembic
 only when there is something to migrate. `tests/ledger/test_schema.py` keeps the constant
-(in `reader.py`, which reads a current ledger without SQLAlchemy) equal to the newest migration.
+(in `revision.py`, which `reader.py` reads a current ledger with, without SQLAlchemy) equal to the newest migration.
 """
 
 from __future__ import annotations
 
 from sqlalchemy import Connection, inspect, text
 
-from trackway.ledger.reader import HEAD_REVISION
+from trackway.ledger.revision import HEAD_REVISION
 from trackway.ledger.store import Ledger
 
-__all__ = ["HEAD_REVISION", "upgrade_to_head"]
+__all__ = ["upgrade_to_head"]
 
 SCRIPT_LOCATION = "trackway.ledger:migrations"
 # Any constant works; it only has to be the same for every trackway process.

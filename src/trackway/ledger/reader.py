@@ -12,7 +12,6 @@ what the SQLAlchemy `UTCDateTime` type gives (`tests/ledger/test_reader.py` hold
 
 from __future__ import annotations
 
-import os
 import sqlite3
 import zlib
 from collections.abc import Iterator, Sequence
@@ -22,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from trackway.errors import Ambiguous, InputError, NotFound
+from trackway.ledger.busy_timeout import sqlite_busy_timeout
+from trackway.ledger.revision import HEAD_REVISION
 from trackway.taxonomy import AttemptState, RunState
 
-# The newest migration: a ledger at another revision is migrated (through SQLAlchemy) before it is read.
-HEAD_REVISION = "0016"
 
 # Every column stored as `UTCDateTime` in schema.py (a test keeps this set equal to the schema's).
 TIMESTAMP_COLUMNS = frozenset({
@@ -34,10 +33,6 @@ TIMESTAMP_COLUMNS = frozenset({
 })
 DRIVEN_RUN_STATES = (RunState.QUEUED.value, RunState.RUNNING.value)
 EVALUATION_IN_FLIGHT = "running"  # evals.records.IN_FLIGHT (a test holds the two equal)
-SQLITE_BUSY_TIMEOUT_S = 30.0
-# How long a SQLite connection waits for another process's lock before giving up (seconds).
-BUSY_TIMEOUT_ENV = "TRACKWAY_SQLITE_BUSY_TIMEOUT"
-MAX_BUSY_TIMEOUT_S = 3600.0
 # Points handed out per fetch when streaming a series: large enough to amortize the call, small
 # enough that a million points never sit in memory at once.
 CHUNK_POINTS = 20_000
@@ -352,7 +347,7 @@ def open_reader(db_url: str) -> Iterator[Reader]:
     """A reader over the ledger at `db_url`, in one read transaction (migrated first when it is not current)."""
     path = sqlite_file(db_url)
     if path is None or not path.exists() or not _current(path):
-        from trackway.ledger.store import open_ledger
+        from trackway.ledger.open import open_ledger
 
         ledger = open_ledger(db_url)
         if path is None:
@@ -377,20 +372,6 @@ def open_reader(db_url: str) -> Iterator[Reader]:
         raise mapped from exc
     finally:
         conn.close()
-
-
-def sqlite_busy_timeout() -> float:
-    """The SQLite busy timeout in seconds: $TRACKWAY_SQLITE_BUSY_TIMEOUT, else 30."""
-    from trackway.validation import finite
-
-    text = os.environ.get(BUSY_TIMEOUT_ENV, "").strip()
-    if not text:
-        return SQLITE_BUSY_TIMEOUT_S
-    try:
-        value = float(text)
-    except ValueError:
-        raise InputError(f"{BUSY_TIMEOUT_ENV} {text!r}: expected a number of seconds from 0 to {MAX_BUSY_TIMEOUT_S:g}") from None
-    return finite(value, BUSY_TIMEOUT_ENV, 0.0, MAX_BUSY_TIMEOUT_S, "seconds")
 
 
 def _connect(path: Path) -> sqlite3.Connection:

@@ -367,7 +367,7 @@ experiments = Table(
 )
 
 
-# -- notifications: what needs a person, sent once (supervisor/notify.py) ------------------------------
+# -- notifications: what needs a person, sent once (reports/notify.py) ------------------------------
 
 notifications = Table(
     "notifications",

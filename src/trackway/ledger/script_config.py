@@ -19,6 +19,7 @@ from sqlalchemy import Connection, RowMapping, update
 
 from trackway.ledger.blobs import get_blob, put_blob
 from trackway.ledger.schema import attempts
+from trackway.ledger.supervisor_events import add_supervisor_event
 from trackway.receipts.canonical import canonical_json
 from trackway.redaction import redact_structure
 
@@ -28,8 +29,6 @@ ABSENT = object()
 
 def merge_script_config(conn: Connection, attempt: RowMapping, said: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Store the merge of the attempt's config and `said` as its config; return the conflicting keys."""
-    from trackway.ledger.ingest import add_supervisor_event  # ingest imports this module
-
     current = attempt["config_sha256"]
     submitted = json.loads(get_blob(conn, current)) if current else {}
     if not isinstance(submitted, dict):

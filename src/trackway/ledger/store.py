@@ -26,13 +26,14 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.pool import QueuePool
 
 from trackway.errors import InputError, LedgerError, LedgerUnavailable
-from trackway.ledger.reader import BUSY_TIMEOUT_ENV, sqlite_busy_timeout
+from trackway.ledger.busy_timeout import BUSY_TIMEOUT_ENV, sqlite_busy_timeout
 from trackway.redaction import redact, redact_url
 
 # Below this much free space, a SQLite I/O error is taken for the full disk it almost always is
@@ -272,11 +273,6 @@ def _first_line(exc: BaseException) -> str:
     return message.splitlines()[0] if message else type(exc).__name__
 
 
-def open_ledger(url: str, migrate: bool = True) -> Ledger:
-    """Open (and, on first use, migrate) the ledger at `url`."""
-    ledger = Ledger(create_ledger_engine(url))
-    if migrate:
-        from trackway.ledger.migrate import upgrade_to_head
-
-        upgrade_to_head(ledger)
-    return ledger
+def dialect_insert(conn: Connection):
+    """The INSERT of this connection's dialect: both SQLite's and PostgreSQL's know ON CONFLICT."""
+    return postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert

@@ -50,7 +50,7 @@ _HEADER = (
 
 
 def default_home(cwd: Path | None = None) -> Path:
-    """trackway's home as settings.py derives it without a --home: $TRACKWAY_HOME, else ./.trackway."""
+    """trackway's home as trackway/settings derives it without a --home: $TRACKWAY_HOME, else ./.trackway."""
     home = os.environ.get("TRACKWAY_HOME")
     return Path(home).expanduser().resolve() if home else (Path(cwd or Path.cwd()) / ".trackway").resolve()
 

@@ -14,7 +14,7 @@ import subprocess
 import time
 from dataclasses import asdict, dataclass
 
-from trackway.resources.registry import Resource
+from trackway.settings.resources import Resource
 
 LOOKUP_TIMEOUT_S = float(os.environ.get("TRACKWAY_RESOURCE_TIMEOUT_S", "5"))
 

@@ -10,7 +10,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from trackway.resources.registry import Resource
+from trackway.settings.resources import Resource
 
 # Name → GiB usable (nvidia-smi's total MiB / 1024), in the order `trackway preflight` lists them.
 KNOWN_GPUS: dict[str, float] = {

@@ -16,15 +16,10 @@ from typing import Any
 
 from trackway import validation
 from trackway.errors import InputError
+from trackway.settings.preflight import KEYS
 from trackway.resources.memory_model import OPTIMIZERS, PRECISIONS, SHARDINGS, ModelShape, TrainingSetup
 from trackway.resources.seq_lengths import PADDINGS, Lengths, Progress, read_jsonl_lengths, read_lengths_file
 
-KEYS = (
-    "model_config", "params", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "gated_mlp", "tied_embeddings",
-    "optimizer", "precision", "batch_size", "grad_accum", "seq_lengths", "data", "length_field", "max_length",
-    "padding", "group_by_length", "activation_checkpointing", "flash_attention", "fused_cross_entropy", "sharding",
-    "world_size", "lora_rank", "lora_modules", "base_bits", "steps", "model_family",
-)
 LORA_MODULES = ("q", "k", "v", "o", "gate", "up", "down")
 # Hugging Face config keys for each shape field, in the order tried (Llama/Mistral/Qwen, GPT-2, T5/BART).
 _HF_KEYS = {

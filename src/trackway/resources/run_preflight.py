@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trackway.errors import InputError
-from trackway.resources.registry import Resource
+from trackway.settings.resources import Resource
 
 if TYPE_CHECKING:
     from trackway.resources.preflight import Correction, Report
@@ -27,11 +27,10 @@ if TYPE_CHECKING:
 # The estimate itself (resources/preflight.py and what it imports) is imported where a preflight runs:
 # placement reads recorded verdicts through this module on every supervisor's start-up.
 
-MODES = ("warn", "strict", "off")
 
 
 # The attempt event holding the preflight for a config `resume --set` changed (supervisor/launch.py writes it,
-# supervisor/memory_facts.py reads it): the run's own `preflight` judged the submitted config.
+# reports/memory_facts.py reads it): the run's own `preflight` judged the submitted config.
 PREFLIGHT_AT_LAUNCH_EVENT = "preflight_at_launch"
 
 def preflight_values(
@@ -115,17 +114,3 @@ def summary_of(recorded: str | None) -> str | None:
             f"({longest['tokens']:,.0f} tokens, rows of {longest['row_length']:,.0f})"
             + (f": {verdicts}" if verdicts else ": no resource declares its GPU memory")
             + (" (calibrated)" if report.get("correction") else ""))
-
-
-def check_keys(keys: Any, where: str) -> dict[str, str]:
-    """trackway.toml's `[preflight] keys`: preflight key → dotted config key."""
-    from trackway.resources.preflight_spec import KEYS
-
-    if not isinstance(keys, Mapping):
-        raise InputError(f"{where}: expected a table of preflight key = \"dotted.config.key\"")
-    for key, dotted in keys.items():
-        if key not in KEYS:
-            raise InputError(f"{where} {key}: unknown key; expected some of {', '.join(KEYS)}")
-        if not isinstance(dotted, str) or not dotted:
-            raise InputError(f"{where} {key}: expected a dotted config key such as \"train.batch_size\"")
-    return dict(keys)

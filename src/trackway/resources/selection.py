@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from trackway.errors import InputError
 from trackway.resources.availability import Availability
 from trackway.resources.gpu_catalog import KNOWN_GPUS, known_gpu, resource_capacity_gib
-from trackway.resources.registry import QosTier, Resource
+from trackway.settings.resources import QosTier, Resource
 from trackway.resources.selection_record import Selection
 
 AUTO = "auto"

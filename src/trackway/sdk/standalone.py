@@ -64,7 +64,7 @@ class StandaloneSession:
         from trackway.receipts.code import capture_code
         from trackway.receipts.environment import capture_environment
         from trackway.receipts.placement import host_name
-        from trackway.sdk.run import AttemptContext
+        from trackway.sdk.context import AttemptContext
 
         settings = load_settings()
         ingester = _start_ingester()  # first: its start-up (imports) overlaps the captures below

@@ -42,12 +42,12 @@ class State:
 
     def __init__(self, settings: Settings, workdir: Path) -> None:
         from trackway.ledger import open_ledger
-        from trackway.supervisor.loop import Supervisor
+        from trackway.supervision import supervisor_for
 
         self.settings = settings
         self.workdir = workdir
         self.ledger = open_ledger(settings.db_url)
-        self.supervisor = Supervisor(self.ledger, settings)
+        self.supervisor = supervisor_for(self.ledger, settings)
 
     def after_submit(self) -> None:
         """A job was started: make sure a background supervisor drives it (as `submit --detach` does)."""

@@ -21,7 +21,7 @@ router = APIRouter(prefix="/api", tags=["reads"])
 def resources(request: Request) -> list[dict[str, Any]]:
     """Each resource runs may go to, with free GPUs and jobs running and pending now."""
     from trackway.resources.availability import look_up, resource_record
-    from trackway.supervisor.placement import candidates
+    from trackway.resources.placement import candidates
 
     declared = candidates(request.app.state.settings)
     found = look_up(declared)
@@ -69,7 +69,7 @@ def explain_attempt(run_id: str, request: Request,
                     number: int = PathParam(ge=1, le=1_000_000_000, description="The attempt's number, from 1.")
                     ) -> dict[str, Any]:
     """The 15-minute answer for one attempt: the same facts as `trackway explain RUN/N --json`."""
-    from trackway.supervisor.explain import explain
+    from trackway.reports.explain import explain
 
     with request.app.state.ledger.read() as conn:
         return explain(conn, f"{run_id}/{number}")
@@ -78,7 +78,7 @@ def explain_attempt(run_id: str, request: Request,
 @router.get("/runs/{run_id}/explain")
 def explain_run(run_id: str, request: Request) -> dict[str, Any]:
     """The run's latest attempt explained (`trackway explain RUN --json`)."""
-    from trackway.supervisor.explain import explain
+    from trackway.reports.explain import explain
 
     with request.app.state.ledger.read() as conn:
         return explain(conn, run_id)

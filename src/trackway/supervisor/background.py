@@ -32,12 +32,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trackway.errors import InputError, TrackwayError
 from trackway.ledger.reader import Reader
 from trackway.settings import Settings
 from trackway.supervisor.lock_file import held, ledger_key, lock_path, sqlite_database
 from trackway.validation import finite
+
+if TYPE_CHECKING:
+    from trackway.supervisor.loop import Supervisor
 
 AUTOSTART_ENV = "TRACKWAY_BACKGROUND_SUPERVISOR"  # "0", "off", "no" or "false": commands start none
 IDLE_ENV = "TRACKWAY_SUPERVISOR_IDLE_S"
@@ -327,18 +331,15 @@ def log_line(message: str) -> None:
 
 
 def serve(
-    ledger,
-    settings: Settings,
+    supervisor: Supervisor,
     idle_exit_s: float,
     interval_s: float = DEFAULT_INTERVAL_S,
     stop_requested: threading.Event | None = None,
     on_ends: Callable[[list], None] | None = None,
 ) -> str:
-    """Tick until nothing has been in flight for `idle_exit_s` (or a stop is requested); return why it ended."""
-    from trackway.supervisor.loop import Supervisor
-
+    """Tick `supervisor` until nothing has been in flight for `idle_exit_s` (or a stop is requested); return why it ended."""
+    ledger, settings = supervisor.ledger, supervisor.settings
     stop_requested = stop_requested or threading.Event()
-    supervisor = Supervisor(ledger, settings)
     idle_since: float | None = None
     failing_since: float | None = None
     errors = _ErrorLog()

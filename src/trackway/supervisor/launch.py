@@ -20,7 +20,8 @@ from rich.console import Console
 from sqlalchemy import select, update
 
 from trackway.errors import ExecutorError, InputError, TrackwayError
-from trackway.executors.base import Executor, LaunchRequest, get_executor
+from trackway.executors.base import Executor, LaunchRequest
+from trackway.executors.registry import get_executor
 from trackway.ledger import Ledger
 from trackway.ledger.blobs import get_blob, put_blob
 from trackway.ledger.schema import attempts, runs
@@ -45,7 +46,7 @@ from trackway.receipts.environment import capture_environment
 from trackway.redaction import known_values
 from trackway.resources.selection import NoResourceFits
 from trackway.settings import Settings
-from trackway.supervisor.placement import place, project_settings
+from trackway.resources.placement import place, project_settings
 from trackway.taxonomy import AttemptState, RunKind, RunState, TerminationReason
 
 
@@ -152,7 +153,7 @@ def submit_run(ledger: Ledger, settings: Settings, spec: RunSpec, console: Conso
     """Capture the run's receipt and record the run (state queued); return its id."""
     _validate(spec)
     config = load_config(spec.config_path, spec.overrides)
-    from trackway.supervisor.submit_preflight import submit_preflight
+    from trackway.resources.submit_preflight import submit_preflight
 
     preflight = submit_preflight(
         ledger, settings, config.values if config else None, strict=spec.preflight_strict, resource=spec.resource,
@@ -390,7 +391,7 @@ def start_attempt(
 ) -> str | None:
     """Record a new attempt of `run_id` and hand it to its executor; return the attempt id.
 
-    The attempt goes where supervisor/placement.py places it (its resource, QoS tier and the
+    The attempt goes where resources/placement.py places it (its resource, QoS tier and the
     reasons are recorded on it). `executor` is the executor to use, or a function from an
     executor's name to one (Supervisor.executor); an executor whose name is not the chosen
     resource's is replaced by the right one.
@@ -517,7 +518,7 @@ def start_attempt(
         )
         update_run(conn, run_id, state=RunState.RUNNING.value, not_before=None, ended_at=None)
         if preflight is not None:
-            from trackway.ledger.ingest import add_supervisor_event
+            from trackway.ledger.supervisor_events import add_supervisor_event
 
             from trackway.resources.run_preflight import PREFLIGHT_AT_LAUNCH_EVENT
 
@@ -525,7 +526,7 @@ def start_attempt(
                 "message": "memory preflight run again for this attempt's config (--set changed it)",
                 "preflight": preflight})
         if previous is not None and data is not None and (data.changes or data.problem):
-            from trackway.ledger.ingest import add_supervisor_event
+            from trackway.ledger.supervisor_events import add_supervisor_event
 
             add_supervisor_event(conn, attempt_id, "data_changed", {
                 "message": data.message(previous["attempt_id"]), "changes": data.changes, "problem": data.problem,
@@ -593,7 +594,7 @@ def start_attempt(
             )
         )
         if restored is not None and (restored.restored or restored.moved_aside):
-            from trackway.ledger.ingest import add_supervisor_event
+            from trackway.ledger.supervisor_events import add_supervisor_event
 
             add_supervisor_event(conn, attempt_id, "checkpoint_path_restored", restored.as_event())
     return attempt_id
@@ -608,7 +609,7 @@ def _hold_unplaced(ledger: Ledger, run, previous, exc: NoResourceFits) -> None:
     it follows, and tried again later rather than every tick."""
     from datetime import timedelta
 
-    from trackway.ledger.ingest import add_supervisor_event
+    from trackway.ledger.supervisor_events import add_supervisor_event
 
     with ledger.write() as conn:
         add_supervisor_event(conn, previous["attempt_id"], "retry_not_placed", {
@@ -737,7 +738,7 @@ def _os_error_text(exc: OSError) -> str:
 
 def _preflight_of(ledger: Ledger, settings: Settings, run, config) -> str | None:
     """The memory preflight for a config `resume --set` changed, as submit runs it (None: nothing to estimate)."""
-    from trackway.supervisor.submit_preflight import submit_preflight
+    from trackway.resources.submit_preflight import submit_preflight
 
     return submit_preflight(ledger, settings, config.values, strict=False, resource=run["resource_request"],
                             cwd=Path(run["workdir"]), gpus=run["gpus"], model_family=run["model_family"])
@@ -753,7 +754,7 @@ def _data_sha(conn, run, data) -> str | None:
 def _data_change_stops(conn, settings: Settings, run, previous, data) -> bool:
     """With `[retry] on_data_change = "stop"`, a policy retry whose data changed is not launched: the decision
     on the attempt it follows becomes a stop that lists the changes, and the run ends failed."""
-    from trackway.ledger.ingest import add_supervisor_event
+    from trackway.ledger.supervisor_events import add_supervisor_event
     from trackway.supervisor.retry import run_policy
 
     try:

@@ -10,18 +10,20 @@ from __future__ import annotations
 import math
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import RowMapping, select, update
 
 from trackway.errors import InputError, TrackwayError
-from trackway.executors.base import Executor, JobHandle, JobPhase, JobStatus, get_executor
+from trackway.executors.base import Executor, JobHandle, JobPhase, JobStatus
+from trackway.executors.registry import get_executor
 from trackway.ledger import Ledger
-from trackway.ledger.ingest import add_supervisor_event, ingest_attempt, spool_dir_of
+from trackway.ledger.ingest import ingest_attempt, spool_dir_of
+from trackway.ledger.supervisor_events import add_supervisor_event
 from trackway.ledger.metrics import recent_points
 from trackway.ledger.registration import register_all_pending
 from trackway.ledger.schema import attempt_events, attempts, runs
@@ -29,7 +31,7 @@ from trackway.ledger.records import active_attempts, get_attempt, record_attempt
 from trackway.settings import Settings
 from trackway.supervisor.classify import Classification, Evidence, classify
 from trackway.supervisor.launch import run_secret_values, start_attempt
-from trackway.supervisor.placement import PLACED_EVENT, project_settings, resource_after_oom
+from trackway.resources.placement import PLACED_EVENT, project_settings, resource_after_oom
 from trackway.supervisor.policy import Decision
 from trackway.supervisor.retry import decide_after_end, due_retries
 from trackway.supervisor.log_metrics import LogReport, NonFiniteLoss, ingest_log_metrics
@@ -45,7 +47,6 @@ from trackway.supervisor.watchers import (
     throughput_falling,
 )
 from trackway.receipts.placement import gpu_utilization
-from trackway.supervisor.notify import Notifier
 from trackway.spool import HEARTBEAT_FILE, read_json, write_json_atomic
 from trackway.taxonomy import AttemptState, RunKind, RunState, TerminationReason
 
@@ -94,6 +95,20 @@ def handle_of(attempt: RowMapping) -> JobHandle:
     return JobHandle(executor=attempt["executor"], job_id=attempt["executor_job_id"] or "", state_dir=Path(attempt["state_dir"]))
 
 
+class Duty(Protocol):
+    """Work a layer above the control loop asks of every tick (experiments moved on, notifications sent).
+
+    The loop knows its duties only through this: `supervisor/` imports nothing from the packages
+    that give them (trackway/supervision.py puts them together).
+    """
+
+    def tick(self, supervisor: Supervisor) -> Iterable[tuple[str, str]]:
+        """Do this tick's share; return (attempt, what was noticed) lines for the live status."""
+
+    def settle(self, timeout: float) -> None:
+        """Finish what the ticks started (a message being sent) before the process exits."""
+
+
 class Supervisor:
     """Drives attempts to their ends and writes each end into the ledger."""
 
@@ -102,6 +117,7 @@ class Supervisor:
         ledger: Ledger,
         settings: Settings,
         executor_for: Callable[[str], Executor] | None = None,
+        duties: Sequence[Duty] = (),
     ):
         self.ledger = ledger
         self.settings = settings
@@ -120,7 +136,7 @@ class Supervisor:
         self._outside_sdk: dict[str, RowMapping] = {}
         self.outside_checkpoints = OutsideCheckpoints()
         self._executor_for = executor_for or (lambda name: get_executor(name, settings.home))
-        self.notifier = Notifier(ledger, settings)  # [notify]: what needs a person, told once
+        self.duties = tuple(duties)
         self._resume_checked: set[str] = set()  # attempts whose first logged step was compared with their resume
 
     def executor(self, name: str) -> Executor:
@@ -180,15 +196,14 @@ class Supervisor:
             self._look_at_checkpoint_paths(run, attempt)
         self.launch_due_retries(deadline)
         self.start_evaluations(deadline)
-        self.advance_experiments()
-        self.notifier.tick()
+        for duty in self.duties:
+            self.findings.extend(duty.tick(self))
         return ends
 
-    def advance_experiments(self) -> None:
-        """Gate experiments whose test run ended and judge those whose full run did (experiments/progress.py)."""
-        from trackway.experiments.progress import advance
-
-        self.findings.extend(advance(self.ledger, self.settings, self.executor).lines)
+    def settle(self, timeout: float) -> None:
+        """Let every duty finish what this process's ticks started (see `Duty.settle`)."""
+        for duty in self.duties:
+            duty.settle(timeout)
 
     def _poll(self, pending: list) -> list[tuple[Any, JobStatus]]:
         """Every attempt's status, asked of each executor once for all its jobs (one `squeue` per tick, not per job).

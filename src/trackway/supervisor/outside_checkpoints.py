@@ -50,7 +50,7 @@ from sqlalchemy import RowMapping, func, select, update
 from trackway.checkpoints.protocol import CheckpointInfo, CheckpointStore
 from trackway.errors import InputError
 from trackway.ledger import Ledger
-from trackway.ledger.ingest import mirror_checkpoint
+from trackway.ledger.checkpoint_mirror import mirror_checkpoint
 from trackway.ledger.schema import attempts, checkpoints, metric_points, metric_series
 from trackway.spool import read_json, write_json_atomic
 

@@ -61,7 +61,7 @@ def next_fingerprint(settings: Settings, run: RowMapping, previous: RowMapping |
     """The memory footprint of the run's next attempt: its config, and where it would run.
 
     A retry runs where `previous` ran, unless `moves_to` names the resource an OOM moves it to
-    (supervisor/placement.py's `resource_after_oom`, asked before the ledger's write lock is taken).
+    (resources/placement.py's `resource_after_oom`, asked before the ledger's write lock is taken).
     """
     resource = moves_to or (previous["resource"] if previous is not None else None) or run["resource"]
     return memory_fingerprint(run_config(settings, run["run_id"]), resource, run["gpus"])

@@ -97,7 +97,7 @@ def run_readonly_query(
         with open_reader(ledger) as reader:  # migrated if need be; one read transaction
             return _execute_sqlite(reader.conn, sql, timeout_s, ledger, max_rows, on_start)
     if isinstance(ledger, str):
-        from trackway.ledger.store import open_ledger
+        from trackway.ledger.open import open_ledger
 
         opened = open_ledger(ledger)
         try:

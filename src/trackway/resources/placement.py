@@ -16,7 +16,7 @@ from typing import Any
 
 from trackway.errors import InputError
 from trackway.resources.availability import look_up
-from trackway.resources.registry import Resource
+from trackway.settings.resources import Resource
 from trackway.resources.run_preflight import peak_gib
 from trackway.resources.selection import AUTO, Need, NoResourceFits, Selection, capacity_gib, select
 from trackway.settings import CONFIG_FILE_NAME, Settings, load_settings

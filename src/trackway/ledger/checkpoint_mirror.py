@@ -24,11 +24,11 @@ from sqlalchemy import Connection, select, update
 
 from trackway.checkpoints.protocol import CheckpointInfo, CheckpointState, CheckpointStore, parse_step
 
+from trackway.ledger.schema import attempt_events, attempts, checkpoints
+from trackway.ledger.store import Ledger, dialect_insert
+
 if TYPE_CHECKING:
     from trackway.checkpoints.object_store import RemoteCheckpoint, RemoteCheckpointStore
-from trackway.ledger import Ledger
-from trackway.ledger.ingest import mirror_checkpoint
-from trackway.ledger.schema import attempt_events, attempts, checkpoints
 
 SET_ASIDE = CheckpointState.SET_ASIDE.value
 # Why a checkpoint was set aside goes in this column where the schema has it (see _with_reason).
@@ -37,6 +37,24 @@ REASON_COLUMN = "problem"
 
 def checkpoint_root(runs_dir: Path, run_id: str) -> Path:
     return runs_dir / run_id / "checkpoints"
+
+
+def mirror_checkpoint(conn: Connection, run_id: str, attempt_id: str | None, record: dict[str, Any]) -> None:
+    """Upsert the ledger's row for one checkpoint from what storage (or the SDK's event) says."""
+    committed_at = record.get("committed_at")
+    values = {
+        "name": record["name"],
+        "state": record.get("state", "committed"),
+        "path": record["path"],
+        "size_bytes": record.get("size_bytes"),
+        "attempt_id": attempt_id,
+        "parent": record.get("parent"),
+        "metrics": json.dumps(record.get("metrics")) if record.get("metrics") is not None else None,
+        "committed_at": datetime.fromisoformat(committed_at) if isinstance(committed_at, str) else committed_at,
+        "updated_at": datetime.now(timezone.utc),
+    }
+    statement = dialect_insert(conn)(checkpoints).values(run_id=run_id, step=int(record["step"]), **values)
+    conn.execute(statement.on_conflict_do_update(index_elements=["run_id", "step"], set_=values))
 
 
 def reconcile_run_checkpoints(ledger: Ledger, run_id: str, store: CheckpointStore) -> list[CheckpointInfo]:

@@ -15,7 +15,7 @@ import shlex
 from typing import Any
 
 from trackway import display as d
-from trackway.supervisor.memory_facts import memory_lines
+from trackway.reports.memory_facts import memory_lines
 from trackway.taxonomy import RunState
 from trackway.taxonomy import TerminationReason as R
 

@@ -119,7 +119,7 @@ def test_a_bad_notify_section_is_refused_naming_the_key(cli_sqlite, section, sai
 
 
 def test_what_each_happening_says():
-    from trackway.supervisor.notify import message_for
+    from trackway.reports.notify import message_for
 
     link = "http://dash:8080"
     verdict = message_for("experiment_concluded", "x1", {"experiment_id": "x1", "title": "double lr", "status": "concluded",

@@ -1,7 +1,7 @@
 """The memory preflight at submit: run it on the resources the run may go to, say it, refuse under --strict.
 
 What it says goes to the submitter's console and into the run's receipt (`runs.preflight`);
-placement (supervisor/placement.py) then passes over the resources it predicts to OOM. A strict
+placement (resources/placement.py) then passes over the resources it predicts to OOM. A strict
 refusal happens before anything is recorded: the user sees one line, the ledger nothing.
 """
 
@@ -58,7 +58,7 @@ def submit_preflight(
 
 
 def _pool(settings: Settings, resource: str | None):
-    from trackway.supervisor.placement import candidates
+    from trackway.resources.placement import candidates
 
     if resource and resource != "auto":
         return [settings.resource(resource)]

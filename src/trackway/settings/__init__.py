@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from trackway.errors import InputError
-from trackway.resources.registry import Resource, default_local, parse_resources, parse_selection
+from trackway.settings.resources import Resource, default_local, parse_resources, parse_selection
+from trackway.settings.preflight import preflight_section
 from trackway.validation import finite
 
 CONFIG_FILE_NAME = "trackway.toml"
@@ -230,7 +231,7 @@ def load_settings(home: str | Path | None = None, db: str | None = None, cwd: Pa
         raise InputError(f"{toml_path}: [evals] max_running: expected a whole number ≥ 1")
     resources = parse_resources(doc, toml_path, text)
     notify_urls, notify_link, notify_events = _notify(doc.get("notify"), toml_path)
-    preflight_mode, preflight_keys = _preflight(doc.get("preflight"), toml_path)
+    preflight_mode, preflight_keys = preflight_section(doc.get("preflight"), toml_path)
     return Settings(
         home=home_path,
         db_url=url,
@@ -277,23 +278,6 @@ def _notify(section: Any, toml_path: Path) -> tuple[tuple[str, ...], str | None,
     if wrong:
         raise InputError(f"{toml_path}: [notify] events: {wrong[0]!r}: expected some of {', '.join(NOTIFY_EVENTS)}")
     return urls, link.rstrip("/") if link else None, events
-
-
-def _preflight(section: Any, toml_path: Path) -> tuple[str, dict[str, str]]:
-    """[preflight] mode (warn, strict, off) and keys (preflight key = "dotted.config.key")."""
-    if section is None:
-        return "warn", {}
-    if not isinstance(section, dict):
-        raise InputError(f"{toml_path}: [preflight] must be a table")
-    unknown = sorted(set(section) - {"mode", "keys"})
-    if unknown:
-        raise InputError(f"{toml_path}: [preflight] {unknown[0]}: unknown key; expected mode, keys")
-    from trackway.resources.run_preflight import MODES, check_keys
-
-    mode = section.get("mode", "warn")
-    if mode not in MODES:
-        raise InputError(f"{toml_path}: [preflight] mode: expected one of {', '.join(MODES)}, got {mode!r}")
-    return mode, check_keys(section.get("keys", {}), f"{toml_path}: [preflight] keys")
 
 
 def _strings(value: Any, field: str, what: str) -> tuple[str, ...]:

@@ -2,7 +2,7 @@
 
 `explain()` gathers the facts as plain data (what `--json` prints: full hashes, every value):
 the run, every attempt's timeline row, and one attempt in full, with what changed since the
-attempt before it. `trackway.supervisor.explain_layout` lays them out for a person; it reads
+attempt before it. `trackway.reports.explain_layout` lays them out for a person; it reads
 nothing from the ledger.
 """
 
@@ -16,15 +16,15 @@ from sqlalchemy import Connection, RowMapping, select
 
 from trackway import display as d
 from trackway.ledger.blobs import get_blob
-from trackway.ledger.ingest import SUPERVISOR_RANK
-from trackway.supervisor.placement import PLACED_EVENT
+from trackway.ledger.supervisor_events import SUPERVISOR_RANK
+from trackway.resources.placement import PLACED_EVENT
 from trackway.ledger.script_config import CONFLICTS_EVENT
 from trackway.ledger.records import list_attempts, resolve_attempt, resolve_run
 from trackway.ledger.schema import attempt_events, checkpoints, run_eval_specs
 from trackway.receipts import submitted_env
 from trackway.receipts.config_diff import change_text, changes, flatten
 from trackway.redaction import MASK, redact_argv, redact_structure
-from trackway.supervisor.memory_facts import memory_facts
+from trackway.reports.memory_facts import memory_facts
 from trackway.supervisor.outside_sdk import visibility
 from trackway.taxonomy import RunState
 from trackway.taxonomy import TerminationReason as R

@@ -1,0 +1,50 @@
+"""The supervisor as trackway's commands run it: the control loop (supervisor/) with the duties of the layers above it.
+
+The loop drives attempts; two things it does each tick belong to packages that build on it:
+experiments are moved on (a test run that ended is gated, a full run that ended is judged:
+experiments/progress.py) and what needs a person is told (reports/notify.py). They reach the
+loop as `Duty`s from here, so that `supervisor/` never imports the packages above it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from trackway.executors.base import Executor
+from trackway.ledger import Ledger
+from trackway.reports.notify import Notifier
+from trackway.settings import Settings
+from trackway.supervisor.loop import Supervisor
+
+
+class AdvanceExperiments:
+    """Gate experiments whose test run ended and judge those whose full run did."""
+
+    def tick(self, supervisor: Supervisor) -> Iterable[tuple[str, str]]:
+        # Imported here: most commands that tick never have an experiment in flight.
+        from trackway.experiments.progress import advance
+
+        return advance(supervisor.ledger, supervisor.settings, supervisor.executor).lines
+
+    def settle(self, timeout: float) -> None:
+        """Nothing outlives a tick here."""
+
+
+class Notify:
+    """What needs a person ([notify] in trackway.toml), recorded each tick and sent on a thread of its own."""
+
+    def __init__(self, ledger: Ledger, settings: Settings) -> None:
+        self.notifier = Notifier(ledger, settings)
+
+    def tick(self, supervisor: Supervisor) -> Iterable[tuple[str, str]]:
+        self.notifier.tick()
+        return ()
+
+    def settle(self, timeout: float) -> None:
+        self.notifier.wait(timeout)
+
+
+def supervisor_for(ledger: Ledger, settings: Settings,
+                   executor_for: Callable[[str], Executor] | None = None) -> Supervisor:
+    """A control loop over `ledger` that also moves experiments on and tells what needs telling."""
+    return Supervisor(ledger, settings, executor_for, duties=(AdvanceExperiments(), Notify(ledger, settings)))

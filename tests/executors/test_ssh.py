@@ -14,7 +14,8 @@ from trackway.executors.base import JobPhase, LaunchRequest
 from trackway.executors.code_snapshot import build_snapshot
 from trackway.executors.ssh import SshExecutor
 from trackway.receipts.code import capture_code
-from trackway.settings.resources import Resource, parse_resources
+from trackway.settings import validate_toml
+from trackway.settings.resources import Resource
 
 NO_HOST_KEYS = ("-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null")
 
@@ -195,7 +196,7 @@ def test_a_bad_ssh_resource_is_refused_naming_the_field(toml, message):
     import tomllib
 
     with pytest.raises(InputError, match=message):
-        parse_resources(tomllib.loads(toml), Path("trackway.toml"), toml)
+        validate_toml(tomllib.loads(toml), Path("trackway.toml"), toml)
 
 
 def test_availability_says_which_hosts_answer(loopback_host):

@@ -52,6 +52,7 @@ COMMANDS: dict[str, Entry] = {
     "serve": Entry("serve_cmd", "Serve the REST API over this ledger: jobs, metrics, checkpoints, evaluations, explain, experiments, SQL, events."),
     "token": Entry("token_cmd", "Named API tokens for `trackway serve`, each with a role: add, list, revoke."),
     "experiments": Entry("experiments_cmd", "List experiments with their status and verdict; --chain EXP prints the iterations around EXP."),
+    "schema": Entry("schema_cmd", "Print the JSON Schema of trackway.toml: every table and field, what each expects, unknown keys refused."),
 }
 
 

@@ -9,12 +9,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trackway.errors import InputError
-from trackway.settings.resources import Resource, default_local, parse_resources, parse_selection
-from trackway.settings.preflight import preflight_section
-from trackway.validation import finite
+from trackway.settings.resources import Resource, default_local, resource_from
+
+if TYPE_CHECKING:
+    from trackway.settings.model import TrackwayToml
+
 
 CONFIG_FILE_NAME = "trackway.toml"
 
@@ -166,21 +168,20 @@ class Settings:
         return self.home / "runs"
 
 
-def _read_toml(path: Path) -> tuple[dict[str, Any], str]:
-    import tomllib  # here: most commands run where there is no trackway.toml, and every command reads settings
-
-    text = path.read_text()
+def _read_text(path: Path) -> str:
     try:
-        return tomllib.loads(text), text
+        return path.read_text()
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: expected a UTF-8 TOML file, found undecodable bytes") from None
+
+
+def _parse_toml(text: str, path: Path) -> dict[str, Any]:
+    import tomllib  # here: most commands run where trackway.toml was checked before, and every command reads settings
+
+    try:
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise InputError(f"{path}: not valid TOML: {exc}") from None
-
-
-def _number(value: Any, field: str, low: float, high: float, unit: str) -> float:
-    """A number from trackway.toml; TOML spells inf and nan, which no timer or cost should take."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InputError(f"{field}: expected a number of {unit} from {low:g} to {high:g}, got {value!r}")
-    return finite(float(value), field, low, high, unit)
 
 
 def load_settings(home: str | Path | None = None, db: str | None = None, cwd: Path | None = None) -> Settings:
@@ -193,97 +194,81 @@ def load_settings(home: str | Path | None = None, db: str | None = None, cwd: Pa
         source = "--home" if home else "TRACKWAY_HOME" if os.environ.get("TRACKWAY_HOME") else "home"
         raise InputError(f"{source} {home_path}: expected a directory, but {existing} is a file")
     toml_path = cwd / CONFIG_FILE_NAME
-    doc, text = _read_toml(toml_path) if toml_path.is_file() else ({}, "")
-    url = db or os.environ.get("TRACKWAY_DB") or (doc.get("ledger") or {}).get("url")
+    text = _read_text(toml_path) if toml_path.is_file() else ""
+    tables = checked_tables(text, toml_path, home_path / "cache" / "settings" if home_path.is_dir() else None)
+    url = db or os.environ.get("TRACKWAY_DB") or tables["ledger"]["url"]
     if not url:
         url = f"sqlite:///{home_path / 'ledger.db'}"
-    retention = doc.get("checkpoints") or {}
-    if not isinstance(retention, dict):
-        raise InputError(f"{toml_path}: [checkpoints] must be a table")
-    retention = dict(retention)
-    checkpoint_paths = _strings(
-        retention.pop("path", []), f"{toml_path}: [checkpoints] path", "paths relative to the run's working directory"
-    )
-    logs = doc.get("logs") or {}
-    if not isinstance(logs, dict):
-        raise InputError(f"{toml_path}: [logs] must be a table")
-    log_metric_patterns = _strings(logs.get("metrics", []), f"{toml_path}: [logs] metrics", "regular expressions")
-    retry = doc.get("retry") or {}
-    if not isinstance(retry, dict):
-        raise InputError(f"{toml_path}: [retry] must be a table")
-    supervisor = doc.get("supervisor") or {}
-    if not isinstance(supervisor, dict):
-        raise InputError(f"{toml_path}: [supervisor] must be a table")
-    stall_seconds = _number(
-        supervisor.get("stall_seconds", 600.0), f"{toml_path}: [supervisor] stall_seconds", 1.0, 7 * 86400.0, "seconds"
-    )
-    idle_exit_seconds = _number(
-        supervisor.get("idle_exit_seconds", 300.0), f"{toml_path}: [supervisor] idle_exit_seconds",
-        0.0, 7 * 86400.0, "seconds",
-    )
-    stop_on = supervisor.get("stop_on", [])
-    known = ("loss_rising", "plateau", "throughput_falling", "memory_growing", "gpu_underused")
-    if not isinstance(stop_on, list) or any(kind not in known for kind in stop_on):
-        raise InputError(f"{toml_path}: [supervisor] stop_on: expected a list of {', '.join(known)}")
-    evals = doc.get("evals") or {}
-    max_running = evals.get("max_running", 2) if isinstance(evals, dict) else None
-    if not isinstance(max_running, int) or isinstance(max_running, bool) or max_running < 1:
-        raise InputError(f"{toml_path}: [evals] max_running: expected a whole number ≥ 1")
-    resources = parse_resources(doc, toml_path, text)
-    notify_urls, notify_link, notify_events = _notify(doc.get("notify"), toml_path)
-    preflight_mode, preflight_keys = preflight_section(doc.get("preflight"), toml_path)
+    checkpoints, supervisor, notify = tables["checkpoints"], tables["supervisor"], tables["notify"]
     return Settings(
         home=home_path,
         db_url=url,
-        resources=resources,
-        selection=parse_selection(doc, toml_path, text, resources),
-        retention=retention,
-        retry=retry,
-        stall_seconds=stall_seconds,
-        stop_on=tuple(stop_on),
-        eval_max_running=max_running,
-        idle_exit_seconds=idle_exit_seconds,
-        log_metric_patterns=log_metric_patterns,
-        checkpoint_paths=checkpoint_paths,
-        notify_urls=notify_urls,
-        notify_link=notify_link,
-        notify_events=notify_events,
-        preflight_mode=preflight_mode,
-        preflight_keys=preflight_keys,
+        resources={name: resource_from(name, table) for name, table in tables["resources"].items()},
+        selection={kind: tuple(dict.fromkeys(names)) for kind, names in tables["selection"].items() if names is not None},
+        # What `trackway gc` applies: only what the file sets, so that its own options fill the rest.
+        retention={key: checkpoints[key] for key in tables["checkpoints_given"] if key != "path"},
+        retry=dict(tables["retry"]),
+        stall_seconds=float(supervisor["stall_seconds"]),
+        stop_on=tuple(supervisor["stop_on"]),
+        eval_max_running=tables["evals"]["max_running"],
+        idle_exit_seconds=float(supervisor["idle_exit_seconds"]),
+        log_metric_patterns=tuple(tables["logs"]["metrics"]),
+        checkpoint_paths=tuple(checkpoints["path"]),
+        notify_urls=tuple(notify["urls"]),
+        notify_link=notify["link"].rstrip("/") if notify["link"] else None,
+        notify_events=tuple(notify["events"]),
+        preflight_mode=tables["preflight"]["mode"],
+        preflight_keys={key: value for key, value in tables["preflight"]["keys"].items() if value is not None},
     )
 
 
-NOTIFY_EVENTS = ("attempts", "watchers", "evaluations", "experiments")
+def checked_tables(text: str, path: Path, remember_in: Path | None) -> dict[str, Any]:
+    """trackway.toml's tables, checked (settings/model.py) and with every default filled in, as plain values.
+
+    Checking imports pydantic and builds the models: more CPU than the rest of a command such as
+    `runs`. So the tables of a file checked once are remembered under the home, by the file's
+    bytes and the model's own (trackway/remembered.py), and an unchanged project reads them back
+    as JSON. A file that is refused is checked, and refused, every time.
+    """
+    import json
+
+    from trackway.remembered import entry_path, read_entry, write_entry
+
+    entry = None
+    if remember_in is not None:
+        rules = [Path(__file__).with_name(name) for name in ("model.py", "preflight.py")]
+        entry = entry_path(remember_in, [text], rules + _pydantic_files(), ".json")
+        remembered = read_entry(entry) if entry is not None else None
+        if remembered is not None:
+            try:
+                return json.loads(remembered)
+            except ValueError:
+                pass
+    doc = _parse_toml(text, path)
+    toml = validate_toml(doc, path, text)
+    tables = toml.model_dump(mode="json", by_alias=True)
+    tables["checkpoints_given"] = sorted(toml.checkpoints.model_fields_set)
+    if entry is not None:
+        write_entry(entry, json.dumps(tables).encode())
+    return tables
 
 
-def _notify(section: Any, toml_path: Path) -> tuple[tuple[str, ...], str | None, tuple[str, ...]]:
-    """[notify] urls (apprise URLs: json://, slack://, mailto://, ...), link (the dashboard's address), events."""
-    if section is None:
-        return (), None, NOTIFY_EVENTS
-    if not isinstance(section, dict):
-        raise InputError(f"{toml_path}: [notify] must be a table")
-    unknown = sorted(set(section) - {"urls", "link", "events"})
-    if unknown:
-        raise InputError(f"{toml_path}: [notify] {unknown[0]}: unknown key; expected urls, link, events")
-    urls = _strings(section.get("urls", []), f"{toml_path}: [notify] urls", "notification URLs (json://, slack://, mailto://)")
-    for url in urls:
-        if "://" not in url:
-            raise InputError(f"{toml_path}: [notify] urls: {url.split(':')[0]!r}: expected a URL such as "
-                             "json://host/path, slack://TOKEN_A/TOKEN_B/TOKEN_C or mailto://user:pass@host")
-    link = section.get("link")
-    if link is not None and (not isinstance(link, str) or not link.startswith(("http://", "https://"))):
-        raise InputError(f"{toml_path}: [notify] link: expected the dashboard's http(s):// address, got {link!r}")
-    events = _strings(section.get("events", list(NOTIFY_EVENTS)), f"{toml_path}: [notify] events", "event kinds")
-    wrong = [e for e in events if e not in NOTIFY_EVENTS]
-    if wrong:
-        raise InputError(f"{toml_path}: [notify] events: {wrong[0]!r}: expected some of {', '.join(NOTIFY_EVENTS)}")
-    return urls, link.rstrip("/") if link else None, events
+def _pydantic_files() -> list[Path]:
+    """pydantic's installed version, as a file whose stamp changes with it (found without importing it)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("pydantic")
+    return [Path(spec.origin)] if spec is not None and spec.origin else []
 
 
-def _strings(value: Any, field: str, what: str) -> tuple[str, ...]:
-    """A string or a list of strings from trackway.toml (checked further where they are used)."""
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, list) or not all(isinstance(item, str) and item for item in value):
-        raise InputError(f"{field}: expected a string or a list of {what}")
-    return tuple(value)
+def validate_toml(doc: dict[str, Any], path: Path, text: str) -> TrackwayToml:
+    """trackway.toml checked whole against settings/model.py; the first thing wrong refused in one line."""
+    from pydantic import ValidationError
+
+    from trackway.settings.model import TrackwayToml
+    from trackway.settings.refusal import refusal
+
+    try:
+        return TrackwayToml.model_validate(doc)
+    except ValidationError as exc:
+        raise refusal(exc, TrackwayToml, doc, path, text) from None

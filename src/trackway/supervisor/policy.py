@@ -397,3 +397,20 @@ def memory_fingerprint(config: Mapping[str, Any] | None, resource: str, gpus: in
     walk(config or {}, "")
     payload = json.dumps({"config": found, "resource": resource, "gpus": gpus}, sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def policy_json_schema() -> dict[str, Any]:
+    """The JSON Schema of a policy table (`[retry]` in trackway.toml, a `--retry-policy` file), for editors."""
+    schema = _PolicyTop.model_json_schema()
+    rule = _RuleOverride.model_json_schema()
+    for name, text in EXPECTED.items():
+        for model_schema in (schema, rule):
+            if name in model_schema["properties"]:
+                model_schema["properties"][name]["description"] = text
+    schema["properties"]["reasons"] = {
+        "type": "object",
+        "description": EXPECTED["reasons"],
+        "propertyNames": {"enum": [reason.value for reason in R]},
+        "additionalProperties": rule,
+    }
+    return schema

@@ -12,18 +12,15 @@ an entry says, the database's own layer (the reader role; query_only and the aut
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
-import os
-import stat
 from pathlib import Path
 
 from trackway.ledger.sql.rules import as_given
+from trackway.remembered import entry_path as remembered_entry
+from trackway.remembered import read_entry, write_entry
 
 __all__ = ["checked", "entry_path"]
 
-_REMEMBERED_MAX = 500
-_REMEMBERED_MAX_BYTES = 1 << 20
 # The modules whose change can change what a query is checked or transpiled into.
 _RULES = ("remembered.py", "rules.py", "functions.py", "dialect.py")
 
@@ -38,7 +35,7 @@ def checked(query: str, dialect: str, remember_in: Path | None) -> str:
 
     sql = checked_sql(query, dialect)
     if entry is not None:
-        _remember(entry, sql if dialect == "sqlite" else "")
+        write_entry(entry, (sql if dialect == "sqlite" else "").encode("utf-8"))
     return sql
 
 
@@ -50,51 +47,12 @@ def entry_path(query: str, dialect: str, remember_in: Path | None) -> Path | Non
     spec = importlib.util.find_spec("sqlglot")  # finds the package without importing it
     if spec is not None and spec.origin:
         rules.append(Path(spec.origin))
-    try:
-        stamps = [f"{path}:{path.stat().st_mtime_ns}:{path.stat().st_size}" for path in rules]
-    except OSError:
-        return None
-    key = hashlib.sha256("\0".join([dialect, query, *stamps]).encode()).hexdigest()
-    return remember_in / f"{key}.sql"
+    return remembered_entry(remember_in, [dialect, query], rules, ".sql")
 
 
 def _read_remembered(entry: Path) -> str | None:
-    """The entry's text if this user wrote it where only this user can write; None (check again) otherwise."""
-    from trackway.private_dir import check_private
-
+    data = read_entry(entry)
     try:
-        check_private(entry.parent)
-        fd = os.open(entry, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
-    except OSError:
-        return None
-    with os.fdopen(fd, "rb") as file:
-        info = os.fstat(file.fileno())  # of what was opened, not of whatever the name points at by now
-        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o022:
-            return None
-        data = file.read(_REMEMBERED_MAX_BYTES + 1)
-    try:
-        return data.decode("utf-8") if len(data) <= _REMEMBERED_MAX_BYTES else None
+        return data.decode("utf-8") if data is not None else None
     except UnicodeDecodeError:
         return None
-
-
-def _remember(entry: Path, sql: str) -> None:
-    """Write atomically (a reader never sees half a query), 0600 in a 0700 directory; a full, read-only or
-    shared disk only costs the speed-up."""
-    from trackway.private_dir import make_private_dir
-
-    try:
-        entry.parent.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        make_private_dir(entry.parent)
-        temporary = entry.with_suffix(f".{os.getpid()}.tmp")
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "wb") as file:
-            file.write(sql.encode("utf-8"))
-        os.replace(temporary, entry)
-        remembered = sorted(entry.parent.glob("*.sql"), key=lambda path: path.stat().st_mtime)
-        for stale in remembered[: max(0, len(remembered) - _REMEMBERED_MAX)]:
-            stale.unlink(missing_ok=True)
-    except OSError:
-        pass
-
-

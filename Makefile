@@ -30,7 +30,10 @@ test: $(STAMP)
 	TRACKWAY_BACKGROUND_SUPERVISOR=0 $(PY) -m pytest -n 2 --dist loadfile
 
 # The design pages (docs/) as a site under build/docs; --strict: a broken link or an unlisted page fails.
+# First the reference pages are written again from the code (docs/reference/: the CLI from the Typer app,
+# the REST API from its OpenAPI document); tests/docs/test_reference.py fails when the committed ones differ.
 docs: $(STAMP)
+	$(PY) scripts/gen_reference.py
 	$(VENV)/bin/mkdocs build --strict
 
 # One table: figure, value, baseline, ratio, target, met; exits non-zero naming each missed figure.

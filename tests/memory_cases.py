@@ -1,4 +1,4 @@
-"""The memory preflight's motivating case (shared/notes/memory-preflight.md §4), shared by its tests."""
+"""The memory preflight's motivating case (docs/memory-preflight.md §4), shared by its tests."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The memory formulas against the hand-computed cases of shared/notes/memory-preflight.md, to their stated precision."""
+"""The memory formulas against the hand-computed cases of docs/memory-preflight.md, to their stated precision."""
 
 from __future__ import annotations
 

@@ -530,8 +530,8 @@ def test_without_a_reader_role_sql_refuses_and_names_the_fix(owned_database, cap
         with pytest.raises(LedgerError) as info:
             run_readonly_query(ledger, "select 1")
         message = str(info.value)
-        assert _one_line(message) and reader in message and "README.md" in message
-        # What docs/guide/sql.md (where README.md points) tells a database administrator to run, then the owner:
+        assert _one_line(message) and reader in message and "docs/guide/sql.md" in message
+        # What docs/guide/sql.md tells a database administrator to run, then the owner:
         admin = create_engine(make_url(url).set(username="postgres"), isolation_level="AUTOCOMMIT")
         with admin.connect() as conn:
             conn.execute(text(f'CREATE ROLE "{reader}" NOLOGIN'))

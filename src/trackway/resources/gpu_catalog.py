@@ -1,7 +1,7 @@
 """GPU memory as the driver reports it, for the GPUs our users rent and own, and a resource's capacity from it.
 
 A card sold as "80 GB" shows 81,920 MiB (A100) or 81,559 MiB (H100) in nvidia-smi: the preflight
-compares its estimate with the second kind of number, in GiB (shared/notes/memory-preflight.md).
+compares its estimate with the second kind of number, in GiB (docs/memory-preflight.md).
 """
 
 from __future__ import annotations

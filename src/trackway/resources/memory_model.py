@@ -3,7 +3,7 @@
     peak = context + states + gathered layers + activations + logits
 
 The peak comes at the loss, at the start of backward, when every saved activation and the logits
-are live. Sources and hand-computed cases: shared/notes/memory-preflight.md.
+are live. Sources and hand-computed cases: docs/memory-preflight.md.
 
     states       bytes/param = w + g + m + K·n_states (bf16-mixed AdamW: 2+2+4+4·2 = 16), split by
                  ZeRO stage: 1 shards m and the optimizer states, 2 also g, 3/FSDP everything

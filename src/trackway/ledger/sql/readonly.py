@@ -28,7 +28,7 @@ on the ledger's schema and SELECT on its tables and views. A session whose user 
 leave any role again, with `SET ROLE` or `set_config('role', …)`: one statement per transaction
 makes a bare SET useless, and the migration revokes from PUBLIC, in the ledger's database, the two
 ways one statement could do it (set_config, and DO blocks through plpgsql). Where the owner may not
-create roles, a database administrator creates it (README, "trackway sql on PostgreSQL"); until
+create roles, a database administrator creates it (docs/guide/sql.md, "trackway sql on PostgreSQL"); until
 then a query is refused with a LedgerError naming the role to create, and never runs as the owner.
 """
 
@@ -307,7 +307,7 @@ def _reader_role(ledger: Ledger, cursor) -> str:
                    else "it is a superuser or may read the server's files, settings or sessions")
             raise LedgerError(
                 f"trackway sql: will not run as role {name}: {why}; make it a plain NOLOGIN role that reads "
-                f"the ledger only (README.md, \"trackway sql on PostgreSQL\")"
+                f"the ledger only (docs/guide/sql.md, \"trackway sql on PostgreSQL\")"
             )
         if reachable and reads_ledger:
             _reader_roles[ledger.engine] = name
@@ -320,7 +320,7 @@ def _no_reader(name: str, user: str, database: str, found: list) -> str:
     what = f"{user} cannot become it, or it cannot read the ledger" if exists else "it does not exist"
     return (
         f"trackway sql: queries on PostgreSQL run as a read-only role, and database {database} has none for {user} "
-        f"(role {name}: {what}): a database administrator runs the GRANTs in README.md, \"trackway sql on PostgreSQL\""
+        f"(role {name}: {what}): a database administrator runs the GRANTs in docs/guide/sql.md, \"trackway sql on PostgreSQL\""
     )
 
 

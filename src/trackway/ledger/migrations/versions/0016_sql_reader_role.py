@@ -3,7 +3,7 @@ SELECT on its tables and views but api_tokens, which holds the server's token na
 
 A superuser owner makes `trackway_reader` (one for every ledger of the cluster: only superusers and
 its members may become it); an owner with CREATEROLE makes `trackway_reader_<database>` and is
-granted it; an owner with neither is told so, and README.md gives a database administrator the
+granted it; an owner with neither is told so, and docs/guide/sql.md gives a database administrator the
 GRANTs to run. Role creation is idempotent and survives another database's migration creating the
 same role at the same moment. Nothing changes on SQLite.
 
@@ -90,14 +90,14 @@ def _reader_role(bind: Connection, owner: dict) -> str | None:
         role = None
     if role is None:
         _say(f"cannot create role {own} (user {owner['name']} may not create roles); `trackway sql` refuses to run "
-             "until a database administrator creates it: see README.md, \"trackway sql on PostgreSQL\"")
+             "until a database administrator creates it: see docs/guide/sql.md, \"trackway sql on PostgreSQL\"")
         return None
     if role not in existing:
         _create_role(bind, role)
     if not owner["superuser"] and not _is_member(bind, role):
         if not _try(bind, f"GRANT {_quoted(bind, role)} TO CURRENT_USER"):
             _say(f"cannot grant role {role} to {owner['name']}; a database administrator runs "
-                 f"GRANT {role} TO {owner['name']} (README.md, \"trackway sql on PostgreSQL\")")
+                 f"GRANT {role} TO {owner['name']} (docs/guide/sql.md, \"trackway sql on PostgreSQL\")")
     return role
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 
 import pytest
@@ -72,6 +73,89 @@ def test_bad_fields_are_named_in_one_line(write_spec, body, field):
         load_spec(write_spec(body=body))
     message = str(caught.value)
     assert f": {field}: expected" in message and "\n" not in message
+
+
+ALL_KEYS = ("code, command, decoding, escalation, every_n_commits, gpus, image, metrics, name, output, resource, seeds, "
+            "task_set, time_limit_hours, trigger, workdir")
+FIELD_NAME = "the name of the evaluator's field (a non-empty string)"
+
+
+@pytest.mark.parametrize(
+    "body,said",
+    [
+        ('colour = "blue"\n', f"colour: expected one of {ALL_KEYS}"),
+        ('[decoding]\nsamples = 0\n', "decoding.samples: expected a whole number ≥ 1 (samples per task)"),
+        ('[decoding]\nsamples = [4]\n',
+         "decoding: expected a table of scalar decoding parameters, e.g. samples = 4, temperature = 0.8"),
+        ('metrics = ["pass@8"]\n[decoding]\nsamples = 4\n',
+         "metrics: expected pass@K with K ≤ decoding.samples (4); pass@8 needs 8 samples per task"),
+        ('metrics = ["accuracy"]\n', "metrics: expected 'accuracy': expected pass@K with K a whole number ≥ 1"),
+        ('seeds = [0, 1]\n[escalation]\nfirst_seeds = 2\nescalate_if = "pass@1 >= 0.05"\n',
+         "escalation.first_seeds: expected a whole number from 1 to 1 (fewer than the 2 seeds)"),
+        ('seeds = [0, 1]\n[escalation]\nescalate_if = "pass@1 >= 0.05"\nfirst = 1\n',
+         "escalation: expected a table with first_seeds and escalate_if"),
+        ('seeds = [0, 1]\n[escalation]\nescalate_if = "pass@2 >= 0.1"\n',
+         "escalation.escalate_if: expected a metric listed in metrics (pass@1), got pass@2"),
+        ('[output]\ntask_id = "doc_id"\nscore = "acc"\n', "output.score: expected one of task_id, sample, correct, output"),
+        ('[output]\nsample = true\n', f"output.sample: expected {FIELD_NAME} or false (the lines have no such field)"),
+        ('[output]\ntask_id = "correct"\n',
+         "output: expected a different field for each of task_id, sample, correct, output (got ['correct'])"),
+        ('trigger = "on_demand"\nevery_n_commits = 2\n',
+         "every_n_commits: expected no value with trigger = 'on_demand' (use trigger = \"every_n_commits\")"),
+        ('trigger = "every_n_commits"\n',
+         "every_n_commits: expected a whole number ≥ 1 (evaluate every N-th committed checkpoint)"),
+        ('workdir = "nowhere"\n', "workdir: expected a directory (no such directory: {eval_dir}/nowhere)"),
+        ('code = ["missing.py"]\n', "code: expected files or directories that exist (no such path: {eval_dir}/missing.py)"),
+        ('gpus = true\n', "gpus: expected a whole number from 0 to 100000"),
+        ('time_limit_hours = inf\n', "time_limit_hours: expected a number of hours above 0 and at most 87600 (10 years)"),
+        ('resource = "a b"\n', "resource: expected the name of a resource declared in trackway.toml"),
+        # More than one thing wrong: the first in reading order is said. Unknown keys come first, then the
+        # keys in the order they are read (the workdir before the gpus), a table's keys as the file writes them.
+        ('zeta = 1\nseeds = []\n', f"zeta: expected one of {ALL_KEYS}"),
+        ('gpus = -1\nworkdir = "nowhere"\n', "workdir: expected a directory (no such directory: {eval_dir}/nowhere)"),
+        ('[output]\noutput = 3\ntask_id = 4\n', f"output.output: expected {FIELD_NAME} or false (the lines have no such field)"),
+        ('seeds = [0]\nmetrics = ["pass@3"]\n[decoding]\nsamples = 2\n[escalation]\nescalate_if = "pass@1 > 0"\n',
+         "metrics: expected pass@K with K ≤ decoding.samples (2); pass@3 needs 3 samples per task"),
+    ],
+)
+def test_each_refusal_says_the_file_the_key_and_what_was_expected(write_spec, eval_dir, body, said):
+    path = write_spec(body=body)
+    with pytest.raises(InputError) as caught:
+        load_spec(path)
+    assert str(caught.value) == f"{path}: {said.format(eval_dir=eval_dir)}"
+
+
+@pytest.mark.parametrize("body,said", [
+    # A quote left open once ended as an internal error; inf once passed, and failed when the spec was stored.
+    ('command = "python \'evaluator.py"\n', "command: expected the evaluator's command as a list of strings"),
+    ('command = "python evaluator.py"\n[decoding]\ntemperature = inf\n',
+     "decoding: expected a table of scalar decoding parameters"),
+])
+def test_what_could_not_be_run_or_stored_is_refused_as_bad_input(eval_dir, body, said):
+    path = eval_dir / "toy.toml"
+    path.write_text(f'name = "toy"\ntask_set = "tasks.jsonl"\n{body}')
+    with pytest.raises(InputError) as caught:
+        load_spec(path)
+    assert str(caught.value).startswith(f"{path}: {said}")
+
+
+def test_an_image_without_code_files_is_read_back_from_its_record(eval_dir):
+    digest = "ghcr.io/lab/eval@sha256:" + "ab" * 32
+    (eval_dir / "img.toml").write_text(f'name = "img"\ncommand = ["run-eval"]\nimage = "{digest}"\n')
+    spec = load_spec(eval_dir / "img.toml")
+    assert spec.code == [] and spec.task_set is None
+    assert spec_from_record(json.loads(json.dumps(spec.record()))) == spec
+
+
+def test_a_stored_record_reads_back_as_the_spec(write_spec):
+    body = ('seeds = [0, 1, 2]\nmetrics = ["pass@1", "pass@2"]\nevery_n_commits = 2\ntime_limit_hours = 1\ngpus = 1\n'
+            'resource = "box"\n[decoding]\nsamples = 2\ntemperature = 0.5\n[escalation]\nescalate_if = "pass@2 >= 1e-3"\n'
+            '[output]\ntask_id = "doc_id"\nsample = false\n')
+    spec = load_spec(write_spec(body=body))
+    assert spec.trigger == "every_n_commits" and spec.every_n_commits == 2 and spec.time_limit_hours == 1.0
+    assert spec.escalation is not None and spec.escalation.condition == "pass@2 >= 0.001"
+    assert spec.output_fields == {"task_id": "doc_id", "sample": False}
+    assert spec_from_record(json.loads(json.dumps(spec.record()))) == spec
 
 
 def test_missing_file_and_bad_toml(tmp_path):

@@ -88,7 +88,7 @@ def test_evaluations_pin_checkpoints_against_retention(cli, write_spec):
     assert states[20] == "committed" and 10 not in states  # the worse evaluated one followed retention
     Path("trackway.toml").write_text('[checkpoints]\nkeep_evaluated = "some"\n')
     bad = cli("gc", "train")
-    assert bad.code == 2 and "keep_evaluated 'some'" in bad.err
+    assert bad.code == 2 and "[checkpoints] keep_evaluated: expected \"best\" or \"all\", got 'some'" in bad.err
 
 
 def test_compare_lists_the_tasks_that_flipped(cli, write_spec):

@@ -133,3 +133,12 @@ def test_nothing_is_remembered_where_the_home_does_not_exist_yet(tmp_path):
     settings_with(tmp_path, "[evals]\nmax_running = 3\n")
 
     assert not (tmp_path / "home").exists()
+
+
+def test_what_the_retry_policy_checks_later_is_remembered_as_the_file_says_it(tmp_path):
+    (tmp_path / "home").mkdir()
+    text = "[retry.reasons.infra_transient]\nbackoff_seconds = inf\n"
+    first = settings_with(tmp_path, text)
+    again = settings_with(tmp_path, text)  # read back from what was remembered
+
+    assert first.retry == again.retry == {"reasons": {"infra_transient": {"backoff_seconds": float("inf")}}}

@@ -115,18 +115,14 @@ def gc(
 
     app = app_context(ctx)
     reconcile(app)
-    settings = {**app.settings.retention}
+    settings = {**app.settings.retention}  # checked when trackway.toml was read (settings/model.py)
     keep_evaluated = settings.pop("keep_evaluated", "best")
-    if keep_evaluated not in ("best", "all"):
-        raise InputError(f"[checkpoints] keep_evaluated {keep_evaluated!r}: expected \"best\" or \"all\"")
     for key, value in (("keep_last", keep_last), ("keep_every", keep_every), ("keep_best", keep_best),
                        ("best_metric", metric), ("best_mode", mode)):
         if value is not None:
             settings[key] = value
     try:
         policy = RetentionPolicy(**settings)
-    except TypeError as exc:
-        raise InputError(f"[checkpoints] in trackway.toml: {exc}") from None
     except ValueError as exc:
         raise InputError(f"retention: {exc}") from None
     with app.ledger.read() as conn:

@@ -40,7 +40,6 @@ from pathlib import Path
 from typing import Any
 
 from trackway.errors import InputError
-from trackway.evals.spec_model import SpecPlace, read_spec_file
 from trackway.evals.versions import content_version
 
 COMPARATORS = {">=": operator.ge, "<=": operator.le, "==": operator.eq, ">": operator.gt, "<": operator.lt}
@@ -154,6 +153,10 @@ def spec_from_record(record: Mapping[str, Any]) -> EvalSpec:
 
 def spec_from_mapping(doc: Mapping[str, Any], path: Path, placeholders: bool = True) -> EvalSpec:
     """`doc` (the spec at `path`) checked whole (evals/spec_model.py), its paths resolved against its directory."""
+    # Imported here: pydantic and the model are for reading a spec file; records of stored specs, listings
+    # and every command that touches an evaluation import this module without reading one.
+    from trackway.evals.spec_model import SpecPlace, read_spec_file
+
     place = SpecPlace(path.parent, placeholders)
     spec = read_spec_file(dict(doc), path, place)
     workdir = place.workdir(spec.workdir)

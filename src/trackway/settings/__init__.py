@@ -246,10 +246,15 @@ def checked_tables(text: str, path: Path, remember_in: Path | None) -> dict[str,
                 pass
     doc = _parse_toml(text, path)
     toml = validate_toml(doc, path, text)
-    tables = toml.model_dump(mode="json", by_alias=True)
+    # Python values, not pydantic's JSON mode: that writes inf as null, and [retry] is checked later
+    # (by the retry policy) from exactly what the file says.
+    tables = toml.model_dump(by_alias=True)
     tables["checkpoints_given"] = sorted(toml.checkpoints.model_fields_set)
     if entry is not None:
-        write_entry(entry, json.dumps(tables).encode())
+        try:
+            write_entry(entry, json.dumps(tables).encode())
+        except (TypeError, ValueError):
+            pass  # a value JSON cannot hold (a TOML date in [retry]): checked again next time
     return tables
 
 

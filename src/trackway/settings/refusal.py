@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
 from trackway.errors import InputError
-from trackway.settings.model import Table
+
+if TYPE_CHECKING:
+    from trackway.settings.model import Table
 
 
 def refusal(exc: ValidationError, model: type[Table], doc: dict[str, Any], path: Path, text: str) -> InputError:
@@ -39,8 +41,8 @@ def refusal(exc: ValidationError, model: type[Table], doc: dict[str, Any], path:
         return where.error(table, None, owner.missing.get(key, f"expected {key}"))
     described = fields_of(owner)[key].description or "a valid value"
     if deeper and key in owner.items:
-        return where.error(table, key, f"expected {owner.items[key]}, got {_shown(error['input'])}")
-    return where.error(table, key, f"expected {described}, got {_shown(_value_at(doc, (*table, key)))}")
+        return where.error(table, key, f"expected {owner.items[key]}, got {shown(error['input'])}")
+    return where.error(table, key, f"expected {described}, got {shown(_value_at(doc, (*table, key)))}")
 
 
 def _field_at(model: type[Table], loc: tuple[str, ...]) -> tuple[type[Table], tuple[str, ...], str | None, tuple[str, ...]]:
@@ -97,7 +99,7 @@ def _value_at(doc: Any, path: tuple[str, ...]) -> Any:
     return doc
 
 
-def _shown(value: Any) -> str:
+def shown(value: Any) -> str:
     """A value as trackway.toml spells it where that differs from Python (true, a table)."""
     if isinstance(value, bool):
         return "true" if value else "false"

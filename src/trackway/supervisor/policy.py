@@ -33,6 +33,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from trackway.errors import InputError
+from trackway.settings.refusal import shown
 from trackway.supervisor.classify import DiskFull
 from trackway.taxonomy import TerminationReason as R
 
@@ -270,7 +271,7 @@ def _validate(doc: Any, source: str) -> _Layer:
         except ValueError:
             raise InputError(f"{source}: [reasons.{name}]: expected one of {', '.join(r.value for r in R)}") from None
         if not isinstance(body, Mapping):
-            raise InputError(f"{source}: [reasons.{name}]: expected a table, got {_shown(body)}")
+            raise InputError(f"{source}: [reasons.{name}]: expected a table, got {shown(body)}")
         rule = _checked(_RuleOverride, body, source, f"[reasons.{name}] ")
         overrides[reason] = rule.model_dump(exclude_unset=True)
     return _Layer(overrides, top.gpu_hours_budget, "gpu_hours_budget" in doc, top.on_data_change)
@@ -285,16 +286,7 @@ def _checked(model: type[BaseModel], doc: Mapping[str, Any], source: str, where:
         if error["type"] == "extra_forbidden":
             known = ", ".join(model.model_fields)
             raise InputError(f"{source}: {where}{field}: unknown key; expected one of {known}") from None
-        raise InputError(f"{source}: {where}{field} {_shown(error['input'])}: expected {EXPECTED[field]}") from None
-
-
-def _shown(value: Any) -> str:
-    """A value as the policy file spelled it (TOML's true, 'text', inf)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, Mapping):
-        return "a table"
-    return repr(value)
+        raise InputError(f"{source}: {where}{field} {shown(error['input'])}: expected {EXPECTED[field]}") from None
 
 
 def disk_full_advice(full: DiskFull, run_ref: str) -> str:

@@ -66,7 +66,8 @@ def submit(
 ) -> None:
     """Submit COMMAND as a run: capture its receipt, start an attempt and follow it (exit 0 iff it completed)."""
     # Imported on use, so that the other commands do not pay for receipts and executors at start-up.
-    from trackway.supervisor.launch import RunSpec, command_by, submit_run
+    from trackway.supervisor.launch import command_by
+    from trackway.supervisor.submit import RunSpec, submit_run
     from trackway.supervisor.loop import Supervisor
     from trackway.validation import existing_file
 

@@ -247,6 +247,6 @@ def _eval_specs_of(conn, run_id: str) -> list[dict[str, Any]]:
 
 
 def _eval_specs(paths: Sequence[str], settings: Settings):
-    from trackway.supervisor.launch import load_eval_specs
+    from trackway.supervisor.submit import load_eval_specs
 
     return load_eval_specs(paths, settings)

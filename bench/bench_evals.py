@@ -29,7 +29,7 @@ from trackway.evals.records import seeds_of  # noqa: E402
 from trackway.evals.spec import load_spec  # noqa: E402
 from trackway.ledger import open_ledger  # noqa: E402
 from trackway.settings import load_settings  # noqa: E402
-from trackway.supervisor.launch import RunSpec, submit_run  # noqa: E402
+from trackway.supervisor.submit import RunSpec, submit_run  # noqa: E402
 from trackway.taxonomy import TerminationReason  # noqa: E402
 
 TASKS, SAMPLES = 164, 200

@@ -36,7 +36,8 @@ from trackway.checkpoints.object_store import RemoteCheckpointStore  # noqa: E40
 from trackway.ledger import open_ledger  # noqa: E402
 from trackway.ledger.records import list_attempts, resolve_run  # noqa: E402
 from trackway.settings import load_settings  # noqa: E402
-from trackway.supervisor.launch import RunSpec, start_attempt, submit_run  # noqa: E402
+from trackway.supervisor.launch import start_attempt  # noqa: E402
+from trackway.supervisor.submit import RunSpec, submit_run  # noqa: E402
 from trackway.supervisor.loop import Supervisor  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

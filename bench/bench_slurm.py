@@ -59,7 +59,8 @@ from trackway.executors.slurm import SlurmExecutor, _slurm_time  # noqa: E402
 from trackway.ledger import open_ledger  # noqa: E402
 from trackway.ledger.records import list_attempts, resolve_run  # noqa: E402
 from trackway.settings import load_settings  # noqa: E402
-from trackway.supervisor.launch import RunSpec, start_attempt, submit_run  # noqa: E402
+from trackway.supervisor.launch import start_attempt  # noqa: E402
+from trackway.supervisor.submit import RunSpec, submit_run  # noqa: E402
 from trackway.supervisor.loop import Supervisor  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent

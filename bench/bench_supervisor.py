@@ -35,7 +35,8 @@ from _common import figure  # noqa: E402
 from trackway.ledger import open_ledger  # noqa: E402
 from trackway.ledger.records import latest_attempt  # noqa: E402
 from trackway.settings import load_settings  # noqa: E402
-from trackway.supervisor.launch import RunSpec, start_attempt, submit_run  # noqa: E402
+from trackway.supervisor.launch import start_attempt  # noqa: E402
+from trackway.supervisor.submit import RunSpec, submit_run  # noqa: E402
 from trackway.supervisor.loop import Supervisor  # noqa: E402
 
 RUNS = int(os.environ.get("BENCH_RUNS", "500"))

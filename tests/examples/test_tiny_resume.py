@@ -15,7 +15,8 @@ from trackway.ledger import open_ledger
 from trackway.ledger.reader import Reader
 from trackway.ledger.records import list_attempts, resolve_run
 from trackway.settings import load_settings
-from trackway.supervisor.launch import RunSpec, start_attempt, submit_run
+from trackway.supervisor.launch import start_attempt
+from trackway.supervisor.submit import RunSpec, submit_run
 from trackway.supervisor.loop import Supervisor
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

@@ -17,7 +17,7 @@ from sqlalchemy import event
 from trackway.ledger import open_ledger
 from trackway.ledger.reader import open_reader
 from trackway.settings import load_settings
-from trackway.supervisor.launch import RunSpec, submit_run
+from trackway.supervisor.submit import RunSpec, submit_run
 from trackway.supervisor.loop import Supervisor
 
 HISTORY = ("attempts", "runs")

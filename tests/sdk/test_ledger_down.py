@@ -17,7 +17,8 @@ from trackway.ledger import open_ledger
 from trackway.ledger.records import get_attempt, latest_attempt, resolve_run
 from trackway.ledger.schema import metric_points
 from trackway.settings import load_settings
-from trackway.supervisor.launch import RunSpec, start_attempt, submit_run
+from trackway.supervisor.launch import start_attempt
+from trackway.supervisor.submit import RunSpec, submit_run
 from trackway.supervisor.loop import Supervisor, handle_of
 
 from tcp_proxy import TcpProxy  # noqa: E402  (tests/sdk is on sys.path under importlib mode via conftest)

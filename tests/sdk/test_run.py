@@ -19,7 +19,8 @@ from trackway.ledger.reader import Reader
 from trackway.ledger.records import get_attempt, latest_attempt, resolve_run
 from trackway.ledger.schema import attempt_events, metric_points
 from trackway.settings import load_settings
-from trackway.supervisor.launch import RunSpec, start_attempt, submit_run
+from trackway.supervisor.launch import start_attempt
+from trackway.supervisor.submit import RunSpec, submit_run
 from trackway.supervisor.loop import Supervisor
 
 SCRIPT = str(Path(__file__).parent / "scripts" / "sdk_script.py")

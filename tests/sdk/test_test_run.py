@@ -14,7 +14,8 @@ from trackway.ledger import open_ledger
 from trackway.ledger.records import get_attempt
 from trackway.ledger.schema import attempt_events
 from trackway.settings import load_settings
-from trackway.supervisor.launch import RunSpec, start_attempt, submit_run
+from trackway.supervisor.launch import start_attempt
+from trackway.supervisor.submit import RunSpec, submit_run
 from trackway.supervisor.loop import Supervisor
 
 SCRIPT = str(Path(__file__).parent / "scripts" / "gated_loop.py")

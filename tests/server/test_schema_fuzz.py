@@ -17,7 +17,8 @@ from trackway.server.app import create_app
 from trackway.server.auth import Access
 from trackway.server.guard import allowed_hosts
 from trackway.settings import load_settings
-from trackway.supervisor.launch import RunSpec, start_attempt, submit_run
+from trackway.supervisor.launch import start_attempt
+from trackway.supervisor.submit import RunSpec, submit_run
 from trackway.supervisor.loop import Supervisor
 
 

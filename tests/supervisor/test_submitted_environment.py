@@ -22,7 +22,8 @@ from waiting import wait_for
 from trackway.ledger import open_ledger
 from trackway.ledger.schema import attempts, blobs, runs
 from trackway.settings import load_settings
-from trackway.supervisor.launch import RunSpec, start_attempt, submit_run
+from trackway.supervisor.launch import start_attempt
+from trackway.supervisor.submit import RunSpec, submit_run
 from trackway.supervisor.loop import Supervisor
 
 SCRIPT = str(Path(__file__).resolve().parent / "scripts" / "env_echo.py")

@@ -107,7 +107,7 @@ def test_a_launch_interrupted_before_the_executor_took_it_is_ended_and_retried(h
 
     from trackway.ledger.records import insert_attempt, list_attempts
     from trackway.settings import load_settings
-    from trackway.supervisor.launch import RunSpec, submit_run
+    from trackway.supervisor.submit import RunSpec, submit_run
     from trackway.supervisor.loop import Supervisor
 
     monkeypatch.setenv("TRACKWAY_DB", sqlite_url)

@@ -56,7 +56,7 @@ def eval_run(
     from trackway.evals.launch import request_evaluation, seeds_for
     from trackway.evals.records import parse_checkpoint_ref
     from trackway.evals.spec import load_spec
-    from trackway.supervisor.launch import check_eval_resource
+    from trackway.supervisor.submit import check_eval_resource
 
     app = app_context(ctx)
     loaded = load_spec(spec)

@@ -66,12 +66,10 @@ def submit(
 ) -> None:
     """Submit COMMAND as a run: capture its receipt, start an attempt and follow it (exit 0 iff it completed)."""
     # Imported on use, so that the other commands do not pay for receipts and executors at start-up.
-    from trackway.supervisor.launch import RunSpec, command_by, submit_run
     from trackway.supervision import supervisor_for
-    from trackway.validation import existing_file
+    from trackway.supervisor.submit import RunSpec, submit_run
 
-    for path in eval_specs:
-        existing_file(path, "--eval", "an eval spec file (TOML)")
+    _check_eval_files(eval_specs)
     app = app_context(ctx)
     spec = RunSpec(
         command=list(command or []),
@@ -98,6 +96,22 @@ def submit(
     )
     supervisor = supervisor_for(app.ledger, app.settings)
     run_id = submit_run(app.ledger, app.settings, spec, console=err_console)
+    attempt_id = _first_attempt(app, supervisor, run_id)
+    _say_submitted_and_follow(app, supervisor, run_id, attempt_id, detach=detach, evaluated=bool(eval_specs))
+
+
+def _check_eval_files(paths: list[str]) -> None:
+    """Each `--eval` names a file: refused before anything else is read or written."""
+    from trackway.validation import existing_file
+
+    for path in paths:
+        existing_file(path, "--eval", "an eval spec file (TOML)")
+
+
+def _first_attempt(app: AppContext, supervisor, run_id: str) -> str:
+    """Start the submitted run's attempt 1; the one a supervisor started instead, when it took the launch over."""
+    from trackway.supervisor.launch import command_by
+
     attempt_id = _start(
         app, run_id, supervisor.executor, first=True, started_by=command_by("trackway submit"),
     )
@@ -105,6 +119,12 @@ def submit(
         # A supervisor took over a launch it judged abandoned (this process was stopped that long).
         with app.ledger.read() as conn:
             attempt_id = latest_attempt(conn, run_id)["attempt_id"]
+    return attempt_id
+
+
+def _say_submitted_and_follow(app: AppContext, supervisor, run_id: str, attempt_id: str, *, detach: bool,
+                              evaluated: bool) -> None:
+    """Print the run id and where its attempt went; with `detach` return, else follow it and exit with its code."""
     console.print(run_id, highlight=False)
     if app.settings.resources:
         _say_placement(app, attempt_id)
@@ -115,7 +135,7 @@ def submit(
         ensure_background_supervisor(app)
         return
     code = follow(app, supervisor, run_id, attempt_id)
-    if eval_specs or code == INTERRUPTED or _pending_evaluations(app, run_id):
+    if evaluated or code == INTERRUPTED or _pending_evaluations(app, run_id):
         # Evaluations (and, after Ctrl-C, the run itself) go on after this command returns.
         ensure_background_supervisor(app)
     raise typer.Exit(code)

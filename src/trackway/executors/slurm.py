@@ -471,6 +471,31 @@ def job_name(attempt_id: str) -> str:
 
 def render_script(request: LaunchRequest) -> str:
     """The sbatch script for one attempt: Slurm options, the run's environment, setup, then the shim."""
+    state_dir = Path(request.state_dir)
+    lines = [
+        "#!/bin/bash",
+        f"# trackway attempt {request.attempt_id}: written by trackway's Slurm executor and submitted with",
+        "# `sbatch --parsable`; the batch step runs the command through the local shim (output.log, exit.json).",
+        *(f"#SBATCH {_sbatch_option(option)}" for option in _sbatch_options(request)),
+        "",
+        "# A notice (USR1) before the shim's handler is up must not kill the job: ignored until then.",
+        "trap '' USR1",
+        "",
+        *_environment_lines(request),
+        *_setup_lines(request),
+        "",
+        "# The shim is stdlib-only Python: this interpreter where the node has it, else python3.",
+        f"trackway_python={shlex.quote(sys.executable)}",
+        "[ -x \"$trackway_python\" ] || trackway_python=$(command -v python3) || {",
+        "  echo 'trackway: no python3 on this node to run the executor shim' >&2; exit 127; }",
+        f"exec \"$trackway_python\" {shlex.quote(str(state_dir / SHIM))} --foreground {shlex.quote(str(state_dir))}",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _sbatch_options(request: LaunchRequest) -> list[str]:
+    """The #SBATCH options: where the job's files go, how it is told to stop, and what the resource asks for."""
     resource = request.resource
     state_dir = Path(request.state_dir)
     options = [
@@ -501,16 +526,12 @@ def render_script(request: LaunchRequest) -> str:
             options.append(f"--gres=gpu:{request.gpus // nodes if nodes > 1 else request.gpus}")
     if resource is not None:
         options.extend(resource.sbatch)
-    lines = [
-        "#!/bin/bash",
-        f"# trackway attempt {request.attempt_id}: written by trackway's Slurm executor and submitted with",
-        "# `sbatch --parsable`; the batch step runs the command through the local shim (output.log, exit.json).",
-        *(f"#SBATCH {_sbatch_option(option)}" for option in options),
-        "",
-        "# A notice (USR1) before the shim's handler is up must not kill the job: ignored until then.",
-        "trap '' USR1",
-        "",
-    ]
+    return options
+
+
+def _environment_lines(request: LaunchRequest) -> list[str]:
+    """The run's variables exported, over what the job inherited or (a complete environment) instead of it."""
+    lines: list[str] = []
     skipped = sorted(name for name in request.env if not _ENV_NAME.match(name) or SLURM_OWNED_ENV.match(name))
     if request.env_is_complete:
         lines += [
@@ -529,35 +550,33 @@ def render_script(request: LaunchRequest) -> str:
               if name not in skipped]
     if not request.gpus:
         lines.append("export CUDA_VISIBLE_DEVICES=  # no GPU asked: none to be taken")
+    return lines
+
+
+def _setup_lines(request: LaunchRequest) -> list[str]:
+    """The resource's setup prologue, run in the batch shell; its failure is written to output.log and ends the job."""
+    resource = request.resource
+    if resource is None or not resource.setup:
+        return []
+    state_dir = Path(request.state_dir)
     log_q = shlex.quote(str(request.log_path))
-    if resource is not None and resource.setup:
-        lines += [
-            "",
-            f"# The setup prologue of resource {resource.name}, in this shell (module loads, venv activation).",
-            "trackway_setup() {",
-            resource.setup,
-            "}",
-            "trackway_setup || {",
-            "  trackway_rc=$?",
-            f"  mkdir -p {shlex.quote(str(Path(request.log_path).parent))}",
-            "  printf '%s err trackway: the setup prologue of resource %s failed with exit code %d;'\\",
-            "' its output is in %s\\n' \\",
-            f"    \"$(date -u +%Y-%m-%dT%H:%M:%S.%6NZ)\" {shlex.quote(resource.name)} \"$trackway_rc\" "
-            f"{shlex.quote(str(state_dir / SLURM_OUT))} >>{log_q}",
-            "  exit \"$trackway_rc\"",
-            "}",
-            "unset -f trackway_setup",
-        ]
-    lines += [
+    return [
         "",
-        "# The shim is stdlib-only Python: this interpreter where the node has it, else python3.",
-        f"trackway_python={shlex.quote(sys.executable)}",
-        "[ -x \"$trackway_python\" ] || trackway_python=$(command -v python3) || {",
-        "  echo 'trackway: no python3 on this node to run the executor shim' >&2; exit 127; }",
-        f"exec \"$trackway_python\" {shlex.quote(str(state_dir / SHIM))} --foreground {shlex.quote(str(state_dir))}",
-        "",
+        f"# The setup prologue of resource {resource.name}, in this shell (module loads, venv activation).",
+        "trackway_setup() {",
+        resource.setup,
+        "}",
+        "trackway_setup || {",
+        "  trackway_rc=$?",
+        f"  mkdir -p {shlex.quote(str(Path(request.log_path).parent))}",
+        "  printf '%s err trackway: the setup prologue of resource %s failed with exit code %d;'\\",
+        "' its output is in %s\\n' \\",
+        f"    \"$(date -u +%Y-%m-%dT%H:%M:%S.%6NZ)\" {shlex.quote(resource.name)} \"$trackway_rc\" "
+        f"{shlex.quote(str(state_dir / SLURM_OUT))} >>{log_q}",
+        "  exit \"$trackway_rc\"",
+        "}",
+        "unset -f trackway_setup",
     ]
-    return "\n".join(lines)
 
 
 def _sbatch_option(option: str) -> str:

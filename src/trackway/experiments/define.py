@@ -75,19 +75,7 @@ class Recorded:
 
 def new_experiment(ledger: Ledger, settings: Settings, spec: ExperimentSpec) -> Recorded:
     """Record the experiment (status planned); bad input is refused before anything is written."""
-    from trackway import validation
-
-    for text, name in ((spec.title, "--title"), (spec.hypothesis, "--hypothesis")):
-        if not text or not text.strip():
-            raise InputError(f"{name}: expected a non-empty text")
-    validation.printable_text(spec.title, "--title")
-    if spec.name is not None:
-        validation.run_name(spec.name)
-    parsed = [criteria_language.parse(text) for text in spec.criteria]
-    if spec.gpus is not None:
-        validation.whole(spec.gpus, "--gpus", 0, validation.MAX_GPUS)
-    if spec.time_limit_hours is not None:
-        validation.finite(spec.time_limit_hours, "--time-limit", 0, validation.TEN_YEARS_HOURS, "hours", low_open=True)
+    parsed = _validated_criteria(spec)
     with ledger.read() as conn:
         parent, baseline, note = _baseline(conn, spec)
         if spec.name is not None and conn.execute(
@@ -101,6 +89,52 @@ def new_experiment(ledger: Ledger, settings: Settings, spec: ExperimentSpec) -> 
     if spec.resource and spec.resource not in settings.resources and spec.resource not in ("local", "auto"):
         raise InputError(f"--resource {spec.resource!r}: not declared in trackway.toml "
                          f"(declared: {', '.join(sorted(settings.resources)) or 'none'}, or auto)")
+    config, command, changes = _against_baseline(settings, spec, baseline, submitted_blob, effective)
+    if len(changes) > 1 and not spec.allow_multiple_changes:
+        listed = "; ".join(change_text(c) for c in changes[:6]) + ("; ..." if len(changes) > 6 else "")
+        raise InputError(
+            f"--set: this changes {len(changes)} things against the baseline ({listed}); one change at a time "
+            "tells what worked. Split it, or pass --allow-multiple-changes to record that it is meant"
+        )
+    if spec.no_evals and spec.eval_spec_paths:
+        raise InputError("--no-evals: cannot go with --eval; give one or the other")
+    eval_specs = _eval_specs(spec.eval_spec_paths, settings) if spec.eval_spec_paths else None
+    experiment_id = new_experiment_id()
+    folder = experiment_dir(settings, experiment_id)
+    try:
+        _keep_experiment_files(folder, command, config)
+        with ledger.write() as conn:
+            config_sha = put_blob(conn, submitted_config.recorded(config.values), "config") if config else None
+            specs = _specs_for(conn, spec, eval_specs, inherited_specs)
+            _insert_planned(conn, spec, experiment_id, parent, baseline, config_sha, command, changes, parsed, specs)
+    except BaseException:
+        for kept in (submitted_argv.SECRET_FILE, submitted_config.CONFIG_FILE):
+            (folder / kept).unlink(missing_ok=True)
+        raise
+    return Recorded(experiment_id, baseline["run_id"], changes, note)
+
+
+def _validated_criteria(spec: ExperimentSpec) -> list:
+    """The spec's criteria parsed, after its title, hypothesis, name, GPUs and time limit are checked (in that order)."""
+    from trackway import validation
+
+    for text, name in ((spec.title, "--title"), (spec.hypothesis, "--hypothesis")):
+        if not text or not text.strip():
+            raise InputError(f"{name}: expected a non-empty text")
+    validation.printable_text(spec.title, "--title")
+    if spec.name is not None:
+        validation.run_name(spec.name)
+    parsed = [criteria_language.parse(text) for text in spec.criteria]
+    if spec.gpus is not None:
+        validation.whole(spec.gpus, "--gpus", 0, validation.MAX_GPUS)
+    if spec.time_limit_hours is not None:
+        validation.finite(spec.time_limit_hours, "--time-limit", 0, validation.TEN_YEARS_HOURS, "hours", low_open=True)
+    return parsed
+
+
+def _against_baseline(settings: Settings, spec: ExperimentSpec, baseline, submitted_blob: bytes | None,
+                      effective: dict | None):
+    """(the experiment's config as given or None, its command, its changes against the baseline as it really ran)."""
     # The baseline's config as given, not as recorded: the experiment's script must get its real API key.
     submitted = _given_config(settings, baseline, submitted_blob, needed=not spec.config_path)
     base = load_config(spec.config_path).values if spec.config_path else json.loads(json.dumps(submitted or {}))
@@ -119,60 +153,55 @@ def new_experiment(ledger: Ledger, settings: Settings, spec: ExperimentSpec) -> 
         # Said as recorded: a changed token reads `--token *** → --token ***`, a change all the same.
         changes.append({"key": "command", "before": " ".join(baseline_command.recorded),
                         "after": " ".join(command.recorded)})
-    if len(changes) > 1 and not spec.allow_multiple_changes:
-        listed = "; ".join(change_text(c) for c in changes[:6]) + ("; ..." if len(changes) > 6 else "")
-        raise InputError(
-            f"--set: this changes {len(changes)} things against the baseline ({listed}); one change at a time "
-            "tells what worked. Split it, or pass --allow-multiple-changes to record that it is meant"
-        )
-    if spec.no_evals and spec.eval_spec_paths:
-        raise InputError("--no-evals: cannot go with --eval; give one or the other")
-    eval_specs = _eval_specs(spec.eval_spec_paths, settings) if spec.eval_spec_paths else None
-    experiment_id = new_experiment_id()
-    folder = experiment_dir(settings, experiment_id)
-    try:
-        if command.needs_file:
-            make_private_dirs(folder)
-            submitted_argv.write_secret_file(folder, command)
-        if config:
-            make_private_dirs(folder)
-            submitted_config.write_file(folder / submitted_config.CONFIG_FILE, config.canonical)
-        with ledger.write() as conn:
-            config_sha = put_blob(conn, submitted_config.recorded(config.values), "config") if config else None
-            if eval_specs is not None:
-                from trackway.evals.records import store_spec
+    return config, command, changes
 
-                specs = [{"name": s.name, "spec_sha256": store_spec(conn, s), "trigger": s.trigger} for s in eval_specs]
-            else:
-                specs = [] if spec.no_evals else inherited_specs
-            insert_experiment(conn, dict(
-                experiment_id=experiment_id,
-                name=spec.name,
-                project=spec.project or baseline["project"],
-                title=spec.title.strip(),
-                hypothesis=spec.hypothesis.strip(),
-                baseline_run_id=baseline["run_id"],
-                parent_experiment_id=parent["experiment_id"] if parent else None,
-                command=json.dumps(command.recorded),
-                workdir=str(spec.cwd if spec.command else Path(baseline["workdir"])),
-                config_sha256=config_sha,
-                overrides=json.dumps([redact(item) for item in spec.overrides]),  # `--set api_key=***`
-                changes=json.dumps(changes),
-                allow_multiple_changes=bool(spec.allow_multiple_changes),
-                criteria=json.dumps([c.source for c in parsed]),
-                eval_specs=json.dumps(specs) if specs else None,
-                data_paths=json.dumps(spec.data_paths if spec.data_paths is not None
-                                      else json.loads(baseline["data_paths"] or "[]")),
-                gpus=spec.gpus if spec.gpus is not None else baseline["gpus"],
-                time_limit_s=spec.time_limit_hours * 3600 if spec.time_limit_hours else baseline["time_limit_s"],
-                resource_request=spec.resource or baseline["resource_request"],
-                status=ExperimentStatus.PLANNED.value,
-            ))
-    except BaseException:
-        for kept in (submitted_argv.SECRET_FILE, submitted_config.CONFIG_FILE):
-            (folder / kept).unlink(missing_ok=True)
-        raise
-    return Recorded(experiment_id, baseline["run_id"], changes, note)
+
+def _keep_experiment_files(folder: Path, command: submitted_argv.SubmittedCommand, config) -> None:
+    """What the ledger must not hold, kept in the experiment's folder: the command's hidden words, the config as given."""
+    if command.needs_file:
+        make_private_dirs(folder)
+        submitted_argv.write_secret_file(folder, command)
+    if config:
+        make_private_dirs(folder)
+        submitted_config.write_file(folder / submitted_config.CONFIG_FILE, config.canonical)
+
+
+def _specs_for(conn, spec: ExperimentSpec, eval_specs, inherited: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The eval specs the full run gets: those given (stored now), none with --no-evals, else the baseline's."""
+    if eval_specs is not None:
+        from trackway.evals.records import store_spec
+
+        return [{"name": s.name, "spec_sha256": store_spec(conn, s), "trigger": s.trigger} for s in eval_specs]
+    return [] if spec.no_evals else inherited
+
+
+def _insert_planned(conn, spec: ExperimentSpec, experiment_id: str, parent, baseline, config_sha: str | None,
+                    command: submitted_argv.SubmittedCommand, changes: list[dict[str, Any]], parsed: list,
+                    specs: list[dict[str, Any]]) -> None:
+    """The experiment's row, status planned; what the spec leaves out is the baseline's."""
+    insert_experiment(conn, dict(
+        experiment_id=experiment_id,
+        name=spec.name,
+        project=spec.project or baseline["project"],
+        title=spec.title.strip(),
+        hypothesis=spec.hypothesis.strip(),
+        baseline_run_id=baseline["run_id"],
+        parent_experiment_id=parent["experiment_id"] if parent else None,
+        command=json.dumps(command.recorded),
+        workdir=str(spec.cwd if spec.command else Path(baseline["workdir"])),
+        config_sha256=config_sha,
+        overrides=json.dumps([redact(item) for item in spec.overrides]),  # `--set api_key=***`
+        changes=json.dumps(changes),
+        allow_multiple_changes=bool(spec.allow_multiple_changes),
+        criteria=json.dumps([c.source for c in parsed]),
+        eval_specs=json.dumps(specs) if specs else None,
+        data_paths=json.dumps(spec.data_paths if spec.data_paths is not None
+                              else json.loads(baseline["data_paths"] or "[]")),
+        gpus=spec.gpus if spec.gpus is not None else baseline["gpus"],
+        time_limit_s=spec.time_limit_hours * 3600 if spec.time_limit_hours else baseline["time_limit_s"],
+        resource_request=spec.resource or baseline["resource_request"],
+        status=ExperimentStatus.PLANNED.value,
+    ))
 
 
 def _typed_command(settings: Settings, baseline) -> submitted_argv.SubmittedCommand:
@@ -247,6 +276,6 @@ def _eval_specs_of(conn, run_id: str) -> list[dict[str, Any]]:
 
 
 def _eval_specs(paths: Sequence[str], settings: Settings):
-    from trackway.supervisor.launch import load_eval_specs
+    from trackway.supervisor.submit import load_eval_specs
 
     return load_eval_specs(paths, settings)

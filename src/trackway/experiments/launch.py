@@ -78,7 +78,7 @@ def experiment_config(ledger: Ledger, experiment) -> dict | None:
 
 def run_spec(ledger: Ledger, settings: Settings, experiment, kind: str, **extra: Any):
     """The RunSpec of one of the experiment's runs."""
-    from trackway.supervisor.launch import RunSpec
+    from trackway.supervisor.submit import RunSpec
 
     folder = experiment_dir(settings, experiment["experiment_id"])
     config_path = _given_config(ledger, experiment, folder) if experiment["config_sha256"] else None
@@ -144,7 +144,7 @@ def full_spec(ledger: Ledger, settings: Settings, experiment, environ: dict[str,
 
 def record(ledger: Ledger, settings: Settings, spec, experiment) -> str:
     """Record the run (a full run with its eval specs attached); return its id. Nothing is started yet."""
-    from trackway.supervisor.launch import submit_run
+    from trackway.supervisor.submit import submit_run
 
     run_id = submit_run(ledger, settings, spec)
     if spec.kind == RunKind.FULL.value and experiment["eval_specs"]:
@@ -180,7 +180,7 @@ def environ_of_run(ledger: Ledger, settings: Settings, run_id: str) -> dict[str,
 def preview(settings: Settings, spec) -> dict[str, Any]:
     """Where a run like `spec` would go now and why, with the chosen resource's free GPUs and queue."""
     from trackway.resources.availability import look_up
-    from trackway.supervisor.launch import preview_placement
+    from trackway.supervisor.submit import preview_placement
 
     selection = preview_placement(settings, spec)
     resource = settings.resource(selection.resource)

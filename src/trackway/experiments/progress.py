@@ -174,7 +174,7 @@ def _after_test(ledger: Ledger, settings: Settings, experiment, executor_for, pr
 
 
 def _executor_name(settings: Settings, spec) -> str:
-    from trackway.supervisor.launch import preview_placement
+    from trackway.supervisor.submit import preview_placement
 
     return settings.resource(preview_placement(settings, spec).resource).executor
 

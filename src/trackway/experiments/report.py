@@ -146,126 +146,143 @@ def _evaluations(conn: Connection, run_id: str) -> list[dict[str, Any]]:
 
 
 def markdown(d: dict[str, Any]) -> str:
-    """The report of a described experiment."""
-    out: list[str] = []
-    add = out.append
-    add(f"# Experiment {d['experiment_id']}: {d['title']}")
-    add("")
-    add(f"- **Hypothesis:** {d['hypothesis']}")
-    add(f"- **Status:** {d['status']}" + (f" ({d['stop_reason']})" if d["stop_reason"] else ""))
-    add(f"- **Verdict:** {d['verdict'] or 'not yet'}")
-    add(f"- **Baseline run:** `{d['baseline_run_id']}`" + (f"; follows experiment `{d['parent_experiment_id']}`"
-                                                            if d["parent_experiment_id"] else ""))
-    add(f"- **Command:** `{' '.join(d['command'])}`")
-    add("")
-    add("## Changes against the baseline")
-    add("")
-    if d["changes"]:
-        for change in d["changes"]:
-            add(f"- `{change_text(change)}`")
-        if len(d["changes"]) > 1:
-            add("- (more than one change, recorded as meant: --allow-multiple-changes)")
-    else:
-        add("- none in the config or the command (the code may differ: see the runs' commits below)")
-    add("")
+    """The report of a described experiment: its header, then one section per part (each helper below writes one)."""
     detail = d["verdict_detail"] or {}
-    add("## Expected vs observed")
-    add("")
+    parts = (_header(d), _changes(d), _expected_vs_observed(d, detail), _test_run(d), _attempts(d),
+             _evaluations_table(d) if d["evaluations"] else [], _verdict(d, detail))
+    return "\n".join(line for part in parts for line in part)
+
+
+def _header(d: dict[str, Any]) -> list[str]:
+    """The title and what the experiment is: hypothesis, status, verdict, baseline, command."""
+    return [
+        f"# Experiment {d['experiment_id']}: {d['title']}",
+        "",
+        f"- **Hypothesis:** {d['hypothesis']}",
+        f"- **Status:** {d['status']}" + (f" ({d['stop_reason']})" if d["stop_reason"] else ""),
+        f"- **Verdict:** {d['verdict'] or 'not yet'}",
+        f"- **Baseline run:** `{d['baseline_run_id']}`" + (f"; follows experiment `{d['parent_experiment_id']}`"
+                                                           if d["parent_experiment_id"] else ""),
+        f"- **Command:** `{' '.join(d['command'])}`",
+        "",
+    ]
+
+
+def _changes(d: dict[str, Any]) -> list[str]:
+    """## Changes against the baseline."""
+    out = ["## Changes against the baseline", ""]
+    if d["changes"]:
+        out += [f"- `{change_text(change)}`" for change in d["changes"]]
+        if len(d["changes"]) > 1:
+            out.append("- (more than one change, recorded as meant: --allow-multiple-changes)")
+    else:
+        out.append("- none in the config or the command (the code may differ: see the runs' commits below)")
+    return out + [""]
+
+
+def _expected_vs_observed(d: dict[str, Any], detail: dict[str, Any]) -> list[str]:
+    """## Expected vs observed: each criterion's outcome, then each quantity beside the baseline's."""
+    out = ["## Expected vs observed", ""]
     if detail.get("provisional"):
-        add("_Provisional: the experiment has not concluded._")
-        add("")
+        out += ["_Provisional: the experiment has not concluded._", ""]
     outcomes = detail.get("criteria") or []
     if outcomes:
-        add("| criterion | observed | holds | quantities read |")
-        add("|---|---|---|---|")
+        out += ["| criterion | observed | holds | quantities read |", "|---|---|---|---|"]
         for o in outcomes:
             observed = (f"{_n(o['left'])} vs {_n(o['right'])}" if o["missing"] is None else f"missing: {o['missing']}")
             values = ", ".join(f"`{k}` = {_n(v)}" for k, v in o["values"].items()) or "-"
             holds = {True: "yes", False: "**no**", None: "undecided"}[o["holds"]]
-            add(f"| `{o['criterion']}` | {observed} | {holds} | {values} |")
+            out.append(f"| `{o['criterion']}` | {observed} | {holds} | {values} |")
     else:
-        add("No criteria were stated (`--expect`).")
-    add("")
-    add("| quantity | baseline | this experiment | delta |")
-    add("|---|---|---|---|")
+        out.append("No criteria were stated (`--expect`).")
+    out += ["", "| quantity | baseline | this experiment | delta |", "|---|---|---|---|"]
     for q in d["quantities"]:
         pct = f" ({q['delta_pct']:+.1f}%)" if q["delta_pct"] is not None else ""
-        add(f"| `{q['quantity']}` | {_n(q['baseline'])} | {_n(q['run'])} | {_n(q['delta'], signed=True)}{pct} |")
-    add("")
-    add("## Test run")
-    add("")
+        out.append(f"| `{q['quantity']}` | {_n(q['baseline'])} | {_n(q['run'])} | {_n(q['delta'], signed=True)}{pct} |")
+    return out + [""]
+
+
+def _test_run(d: dict[str, Any]) -> list[str]:
+    """## Test run: how it went, its checks, and the full run's estimate taken from it."""
+    out = ["## Test run", ""]
     plan = d["test_plan"] or {}
     if d["skip_test"]:
-        add("Skipped (`--skip-test`, recorded).")
+        out.append("Skipped (`--skip-test`, recorded).")
     elif d["test_run"] is None:
-        add("Not started.")
+        out.append("Not started.")
     else:
-        add(f"Run `{d['test_run']['run_id']}`: max steps {plan.get('max_steps')}, time limit "
-            f"{plan.get('time_limit_hours')} h; ended {d['test_run']['state']}.")
-        add("")
+        out += [f"Run `{d['test_run']['run_id']}`: max steps {plan.get('max_steps')}, time limit "
+                f"{plan.get('time_limit_hours')} h; ended {d['test_run']['state']}.", ""]
         if d["test_checks"]:
-            add("| check | result | detail |")
-            add("|---|---|---|")
+            out += ["| check | result | detail |", "|---|---|---|"]
             for c in d["test_checks"]:
                 mark = {True: "pass", False: "**FAIL**", None: "skipped"}[c["passed"]]
-                add(f"| {c['check']} | {mark} | {_cell(c['detail'])} |")
-            add("")
+                out.append(f"| {c['check']} | {mark} | {_cell(c['detail'])} |")
+            out.append("")
     if d["estimate"]:
         e = d["estimate"]
-        add(f"Full-run estimate from the test run: {_n(e.get('gpu_hours'))} GPU-hours, {_n(e.get('wall_hours'))} "
-            f"wall hours ({e.get('planned_steps')} planned steps at {_n(e.get('steps_per_second'))} steps/s after a "
-            f"{_n(e.get('startup_seconds'))} s start-up; the test run: {e.get('test_steps')} steps, "
-            f"{_n(e.get('test_gpu_hours'))} GPU-hours)"
-            + (f"; budget {plan.get('budget_gpu_hours')} GPU-hours" if plan.get("budget_gpu_hours") else "") + ".")
-        add("")
-    add("## Attempts")
-    add("")
+        out += [f"Full-run estimate from the test run: {_n(e.get('gpu_hours'))} GPU-hours, {_n(e.get('wall_hours'))} "
+                f"wall hours ({e.get('planned_steps')} planned steps at {_n(e.get('steps_per_second'))} steps/s after a "
+                f"{_n(e.get('startup_seconds'))} s start-up; the test run: {e.get('test_steps')} steps, "
+                f"{_n(e.get('test_gpu_hours'))} GPU-hours)"
+                + (f"; budget {plan.get('budget_gpu_hours')} GPU-hours" if plan.get("budget_gpu_hours") else "") + ".",
+                ""]
+    return out
+
+
+def _attempts(d: dict[str, Any]) -> list[str]:
+    """## Attempts: the test and the full run, each with one row per attempt."""
+    out = ["## Attempts", ""]
     for label, run in (("test", d["test_run"]), ("full", d["full_run"])):
         if run is None:
             continue
-        add(f"**{label} run `{run['run_id']}`** ({run['state']}, on {run['resource']}, commit "
-            f"`{(run['code_commit'] or 'none')[:12]}`{' + diff' if run['code_dirty_sha256'] else ''}): "
-            f"{run['gpu_hours']:.4g} GPU-hours, ${run['cost_usd']:.2f}")
-        add("")
-        add("| attempt | ended | exit | steps | resumed from | GPU-h | decision |")
-        add("|---|---|---|---|---|---|---|")
+        out += [f"**{label} run `{run['run_id']}`** ({run['state']}, on {run['resource']}, commit "
+                f"`{(run['code_commit'] or 'none')[:12]}`{' + diff' if run['code_dirty_sha256'] else ''}): "
+                f"{run['gpu_hours']:.4g} GPU-hours, ${run['cost_usd']:.2f}",
+                "",
+                "| attempt | ended | exit | steps | resumed from | GPU-h | decision |",
+                "|---|---|---|---|---|---|---|"]
         for a in run["attempts"]:
             exit_text = f"signal {a['signal']}" if a["signal"] is not None else str(a["exit_code"])
             steps = f"{a['first_step']}..{a['last_step']}" if a["first_step"] is not None else "-"
             decision = f"{a['decision']} ({a['rule']})" if a["decision"] else "-"
-            add(f"| {a['attempt_id']} | {a['termination_reason'] or a['state']} | {exit_text} | {steps} | "
-                f"{a['resumed_from'] or '-'} | {a['gpu_hours']:.4g} | {decision} |")
-        add("")
-    if d["evaluations"]:
-        # The baseline's beside the full run's, so `eval.<metric>` criteria can be checked by hand.
-        add("## Evaluations per checkpoint")
-        add("")
-        rows = [("baseline", r) for r in d["baseline_evaluations"]] + [("this", r) for r in d["evaluations"]]
-        metrics = sorted({r["metric"] for _, r in rows})
-        table: dict[tuple[str, int, str], dict[str, Any]] = {}
-        for label, r in rows:
-            table.setdefault((label, r["checkpoint_step"], r["spec_name"]), {"state": r["state"], "seeds": 0})
-            entry = table[(label, r["checkpoint_step"], r["spec_name"])]
-            entry[r["metric"]] = f"{r['mean']:.4g} ± {r['std']:.2g}"
-            entry["seeds"] = max(entry["seeds"], r["seeds"])
-        add("| run | step | spec | " + " | ".join(metrics) + " | seeds | state |")
-        add("|---|---|---|" + "---|" * len(metrics) + "---|---|")
-        for (label, step, spec), entry in table.items():
-            cells = " | ".join(entry.get(m, "-") for m in metrics)
-            add(f"| {label} | {step} | {spec} | {cells} | {entry['seeds']} | {entry['state']} |")
-        add("")
-    add("## Verdict")
-    add("")
-    add(f"**{(d['verdict'] or detail.get('verdict') or 'not yet').upper()}**"
-        + (" (provisional)" if detail.get("provisional") else "") + f": {detail.get('why') or d['stop_reason'] or ''}")
-    add("")
+            out.append(f"| {a['attempt_id']} | {a['termination_reason'] or a['state']} | {exit_text} | {steps} | "
+                       f"{a['resumed_from'] or '-'} | {a['gpu_hours']:.4g} | {decision} |")
+        out.append("")
+    return out
+
+
+def _evaluations_table(d: dict[str, Any]) -> list[str]:
+    """## Evaluations per checkpoint: the baseline's beside the full run's, so `eval.<metric>` criteria can be checked by hand."""
+    out = ["## Evaluations per checkpoint", ""]
+    rows = [("baseline", r) for r in d["baseline_evaluations"]] + [("this", r) for r in d["evaluations"]]
+    metrics = sorted({r["metric"] for _, r in rows})
+    table: dict[tuple[str, int, str], dict[str, Any]] = {}
+    for label, r in rows:
+        table.setdefault((label, r["checkpoint_step"], r["spec_name"]), {"state": r["state"], "seeds": 0})
+        entry = table[(label, r["checkpoint_step"], r["spec_name"])]
+        entry[r["metric"]] = f"{r['mean']:.4g} ± {r['std']:.2g}"
+        entry["seeds"] = max(entry["seeds"], r["seeds"])
+    out += ["| run | step | spec | " + " | ".join(metrics) + " | seeds | state |",
+            "|---|---|---|" + "---|" * len(metrics) + "---|---|"]
+    for (label, step, spec), entry in table.items():
+        cells = " | ".join(entry.get(m, "-") for m in metrics)
+        out.append(f"| {label} | {step} | {spec} | {cells} | {entry['seeds']} | {entry['state']} |")
+    return out + [""]
+
+
+def _verdict(d: dict[str, Any], detail: dict[str, Any]) -> list[str]:
+    """## Verdict, and the next step it suggests."""
+    out = ["## Verdict", "",
+           f"**{(d['verdict'] or detail.get('verdict') or 'not yet').upper()}**"
+           + (" (provisional)" if detail.get("provisional") else "") + f": {detail.get('why') or d['stop_reason'] or ''}",
+           ""]
     if detail.get("next_step"):
-        add(f"Next: {detail['next_step']}.")
+        out.append(f"Next: {detail['next_step']}.")
     elif d["status"] == "stopped":
-        add(f"Next: fix the bottleneck ({d['stop_reason']}), then plan it again with "
-            f"`trackway experiment new --from {d['experiment_id']}`.")
-    add("")
-    return "\n".join(out)
+        out.append(f"Next: fix the bottleneck ({d['stop_reason']}), then plan it again with "
+                   f"`trackway experiment new --from {d['experiment_id']}`.")
+    return out + [""]
 
 
 def _n(value: Any, signed: bool = False) -> str:

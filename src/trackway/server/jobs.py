@@ -101,7 +101,8 @@ def submit_job(job: JobRequest, request: Request) -> Submitted:
     directory. Needs a token with the role `submit`.
     """
     from trackway.errors import InputError
-    from trackway.supervisor.launch import RunSpec, command_by, start_attempt, submit_run
+    from trackway.supervisor.launch import command_by, start_attempt
+    from trackway.supervisor.submit import RunSpec, submit_run
 
     need(request, "submit")
     state = request.app.state

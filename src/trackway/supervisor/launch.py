@@ -1,8 +1,10 @@
-"""Submitting a run and starting its attempts: capture the receipt, record it, hand the command to an executor.
+"""Starting a run's attempts: place each, claim it under the run's row lock, hand it to an executor, record it.
 
-Bad input is refused before anything is written: the config, the data manifest and the code
-reference are captured first, and the run is recorded in one transaction only when all of
-them succeeded.
+Every attempt, the first and every retry, goes through start_attempt's steps: plan_attempt
+(placement, code and data captured, no write), claim_attempt (recorded `starting`, or nothing
+when another launcher took the run), submit_attempt (its files written, the executor given the
+request; a failure ends the attempt with its reason) and record_started. Runs are submitted
+by supervisor/submit.py.
 """
 
 from __future__ import annotations
@@ -10,38 +12,31 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
 from sqlalchemy import select, update
 
 from trackway.errors import ExecutorError, InputError, TrackwayError
-from trackway.executors.base import Executor, LaunchRequest
+from trackway.executors.base import Executor, LaunchRequest, Submission
 from trackway.executors.registry import get_executor
 from trackway.ledger import Ledger
 from trackway.ledger.blobs import get_blob, put_blob
 from trackway.ledger.schema import attempts, runs
-from trackway.ledger.store import make_private_dirs
 from trackway.ledger.records import (
     attempt_count,
     get_attempt,
     insert_attempt,
-    insert_run,
     latest_attempt,
-    name_taken,
-    new_run_id,
     resolve_run,
     record_attempt_end,
     update_run,
 )
 from trackway.receipts import submitted_argv, submitted_config, submitted_env
-from trackway.receipts.code import CodeRef, capture_code, clone_branch
 from trackway.receipts.config import load_config
-from trackway.receipts.data_manifest import build_data_manifest
 from trackway.receipts.environment import capture_environment
 from trackway.redaction import known_values
 from trackway.resources.selection import NoResourceFits
@@ -49,259 +44,14 @@ from trackway.settings import Settings
 from trackway.resources.placement import place, project_settings
 from trackway.taxonomy import AttemptState, RunKind, RunState, TerminationReason
 
-
-@dataclass
-class RunSpec:
-    """What `trackway submit` was asked to run."""
-
-    command: list[str]
-    cwd: Path
-    name: str | None = None
-    project: str = "default"
-    model_family: str | None = None
-    kind: str = RunKind.FULL.value
-    config_path: str | None = None
-    overrides: list[str] = field(default_factory=list)
-    data_paths: list[str] = field(default_factory=list)
-    gpus: int = 0
-    time_limit_hours: float | None = None
-    repo_url: str | None = None
-    branch: str | None = None
-    resource: str | None = None  # a declared resource's name, or "auto"; None: auto once any is declared
-    gpu_memory_min_gb: float | None = None  # per GPU; resources with less are passed over
-    retry_policy_path: str | None = None
-    eval_spec_paths: list[str] = field(default_factory=list)  # evaluate committed checkpoints with these
-    environ: dict[str, str] | None = None  # the submitter's environment variables; None: this process's
-    # Scripts without the SDK; None: trackway.toml's [logs] metrics / [checkpoints] path.
-    metric_patterns: list[str] | None = None  # regexes read from output.log (supervisor/log_metrics.py)
-    checkpoint_paths: list[str] | None = None  # globs committed as checkpoints (supervisor/outside_checkpoints.py)
-    # Where checkpoints outlive the machine (an fsspec URL; the run's id is appended); None: the resource's, if any.
-    checkpoint_root: str | None = None
-    # Extra environment for every attempt (an experiment's test run: TRACKWAY_MAX_STEPS, TRACKWAY_RESTORE_CHECK).
-    env: dict[str, str] | None = None
-    # Refuse, before recording anything, a run the memory preflight predicts to OOM wherever it may go.
-    preflight_strict: bool = False
-
-
-def _validate(spec: RunSpec) -> None:
-    if not spec.command:
-        raise InputError("COMMAND: expected the command to run after `--`, e.g. trackway submit -- python train.py")
-    if spec.kind not in (RunKind.TEST.value, RunKind.FULL.value):
-        raise InputError(f"--kind {spec.kind!r}: expected 'test' or 'full'")
-    from trackway import validation
-
-    validation.whole(spec.gpus, "--gpus", 0, validation.MAX_GPUS)
-    if spec.time_limit_hours is not None:
-        validation.finite(
-            spec.time_limit_hours, "--time-limit", 0, validation.TEN_YEARS_HOURS, "hours", low_open=True,
-            note=" (10 years)",
-        )
-    if bool(spec.repo_url) != bool(spec.branch):
-        raise InputError("--repo/--branch: expected both together (--repo URL --branch B) or neither")
-    if spec.name is not None:
-        validation.run_name(spec.name)
-    validation.printable_text(spec.project, "--project")
-    if spec.model_family is not None:
-        validation.printable_text(spec.model_family, "--model-family")
-    from trackway.supervisor.log_metrics import compile_patterns
-    from trackway.supervisor.outside_checkpoints import validate_paths
-
-    if spec.metric_patterns:
-        compile_patterns(spec.metric_patterns, "--metric-pattern")
-    if spec.checkpoint_paths:
-        validate_paths(spec.checkpoint_paths, "--checkpoint-path")
-    if spec.gpu_memory_min_gb is not None:
-        validation.finite(spec.gpu_memory_min_gb, "--gpu-memory-min", 0, 10_000, "GB", low_open=True)
-    if spec.checkpoint_root is not None:
-        checkpoint_root_url(spec.checkpoint_root, "--checkpoint-root")
-
-
-def checkpoint_root_url(root: str, field: str) -> str:
-    """A checkpoint root as given (an fsspec URL, or an absolute path: a mounted network volume); InputError if neither."""
-    text = root.strip()
-    if not text or any(c in text for c in "\n\r\0") or not ("://" in text or text.startswith("/")):
-        raise InputError(f"{field} {root!r}: expected an fsspec URL such as s3://bucket/prefix, or an absolute path")
-    return text.rstrip("/")
-
-
-def preview_placement(settings: Settings, spec: RunSpec, preflight: str | None = None):
-    """Where the run's first attempt would go now; InputError (naming each resource's reason) when nowhere fits.
-
-    The attempt itself is placed when it launches (availability may change in between); this
-    refuses, before anything is recorded, a run that no declared resource could ever take.
-    """
-    from trackway.resources.selection import AUTO
-
-    asked = spec.resource or (AUTO if settings.resources else "local")
-    if not settings.resources and spec.gpus > 0:
-        # No resources declared: the run goes to this machine, and the answer is about it.
-        from trackway.receipts.placement import gpu_inventory
-
-        available = len(gpu_inventory())
-        if available < spec.gpus:
-            raise InputError(f"--gpus {spec.gpus}: this machine has {available} GPU(s)")
-    if asked != AUTO and asked not in settings.resources and asked != "local":
-        declared = ", ".join(sorted(settings.resources)) or "none"
-        raise InputError(f"--resource {asked!r}: not declared in trackway.toml (declared: {declared}, or auto)")
-    run = {"resource_request": asked, "resource": asked, "kind": spec.kind, "gpus": spec.gpus,
-           "time_limit_s": spec.time_limit_hours * 3600 if spec.time_limit_hours else None,
-           "gpu_memory_min_gb": spec.gpu_memory_min_gb, "preflight": preflight}
-    return place(settings, run)
-
-
-def submit_run(ledger: Ledger, settings: Settings, spec: RunSpec, console: Console | None = None) -> str:
-    """Capture the run's receipt and record the run (state queued); return its id."""
-    _validate(spec)
-    config = load_config(spec.config_path, spec.overrides)
-    from trackway.resources.submit_preflight import submit_preflight
-
-    preflight = submit_preflight(
-        ledger, settings, config.values if config else None, strict=spec.preflight_strict, resource=spec.resource,
-        cwd=spec.cwd, gpus=spec.gpus, model_family=spec.model_family, console=console,
-    )
-    selection = preview_placement(settings, spec, preflight)
-    if spec.name:
-        with ledger.read() as conn:
-            if name_taken(conn, spec.name):
-                raise InputError(f"--name {spec.name!r}: a run with that name exists; names address runs, so pick another")
-    from trackway.supervisor.policy import load_policy
-    from trackway.supervisor.retry import read_policy_file
-
-    load_policy(None, settings.retry)  # a broken [retry] in trackway.toml is refused now, not after an attempt
-    log_patterns, checkpoint_paths = _outside_sdk(spec, settings)
-    retry_policy = read_policy_file(spec.retry_policy_path)
-    eval_specs = load_eval_specs(spec.eval_spec_paths, settings)
-    data = build_data_manifest(spec.data_paths, console=console)
-    environ = submitted_env.capture(spec.environ)
-    command = submitted_argv.capture(spec.command, list(environ.secret.values()))
-    run_id = new_run_id()
-    run_dir = settings.runs_dir / run_id
-    workdir, code = _prepare_code(spec, run_dir)
-    try:
-        # Before the run exists: a run whose secrets were not kept could never start as submitted.
-        if environ.secret:
-            submitted_env.write_secret_file(run_dir, environ.secret)
-        if command.needs_file:
-            submitted_argv.write_secret_file(run_dir, command)
-        if config:
-            make_private_dirs(run_dir)  # a run's files hold what it printed and was given: only its owner reads them
-            submitted_config.write_file(run_dir / submitted_config.CONFIG_FILE, config.canonical)
-        with ledger.write() as conn:
-            environ_sha = put_blob(conn, environ.canonical(owner=run_id), "environ")
-            config_sha = put_blob(conn, submitted_config.recorded(config.values), "config") if config else None
-            data_sha = put_blob(conn, data.canonical, "data_manifest") if data else None
-            diff_sha = put_blob(conn, code.dirty_diff, "git_diff") if code.dirty_diff else None
-            insert_run(
-                conn,
-                dict(
-                    run_id=run_id,
-                    name=spec.name,
-                    project=spec.project,
-                    model_family=spec.model_family,
-                    kind=spec.kind,
-                    state=RunState.QUEUED.value,
-                    command=json.dumps(command.recorded),
-                    workdir=str(workdir),
-                    resource=selection.resource,
-                    resource_request=selection.requested,
-                    gpu_memory_min_gb=spec.gpu_memory_min_gb,
-                    executor=settings.resource(selection.resource).executor,
-                    gpus=spec.gpus,
-                    time_limit_s=spec.time_limit_hours * 3600 if spec.time_limit_hours else None,
-                    config_sha256=config_sha,
-                    data_manifest_sha256=data_sha,
-                    data_paths=json.dumps(data.roots) if data else None,
-                    code_repo=code.repo,
-                    code_branch=code.branch,
-                    code_commit=code.commit,
-                    code_dirty_sha256=diff_sha,
-                    created_at=datetime.now(timezone.utc),
-                    retry_policy=retry_policy,
-                    environ_sha256=environ_sha,
-                    log_patterns=json.dumps(log_patterns) if log_patterns else None,
-                    checkpoint_paths=json.dumps(checkpoint_paths) if checkpoint_paths else None,
-                    checkpoint_root=_run_checkpoint_root(spec, settings.resource(selection.resource), run_id),
-                    env=json.dumps(spec.env) if spec.env else None,
-                    preflight=preflight,
-                ),
-            )
-            if eval_specs:
-                from trackway.evals.records import attach_specs
-
-                attach_specs(conn, run_id, eval_specs)
-    except BaseException:
-        shutil.rmtree(run_dir, ignore_errors=True)
-        raise
-    return run_id
-
-
-def _outside_sdk(spec: RunSpec, settings: Settings) -> tuple[list[str], list[str]]:
-    """The run's log patterns and checkpoint paths: the submit options, else trackway.toml's, validated."""
-    from trackway.supervisor.log_metrics import compile_patterns
-    from trackway.supervisor.outside_checkpoints import validate_paths
-
-    patterns = list(spec.metric_patterns) if spec.metric_patterns else list(settings.log_metric_patterns)
-    compile_patterns(patterns, "--metric-pattern" if spec.metric_patterns else "[logs] metrics")
-    paths = list(spec.checkpoint_paths) if spec.checkpoint_paths else list(settings.checkpoint_paths)
-    paths = validate_paths(paths, "--checkpoint-path" if spec.checkpoint_paths else "[checkpoints] path")
-    return patterns, paths
-
-
-def load_eval_specs(paths: Sequence[str], settings: Settings):
-    if not paths:
-        return []
-    from trackway.evals.spec import load_spec
-
-    specs = [load_spec(p) for p in paths]
-    for spec in specs:
-        spec.evaluator_version()  # an evaluator or task set that cannot be hashed is refused now
-        spec.task_set_version()
-        check_eval_resource(spec, settings)
-    return specs
-
-
-def check_eval_resource(spec, settings: Settings) -> None:
-    """An eval spec's `resource` must be declared: refused at submit, not when the first checkpoint commits."""
-    if spec.resource and spec.resource not in settings.resources and spec.resource != "local":
-        declared = ", ".join(sorted(settings.resources)) or "none"
-        raise InputError(f"{spec.path}: resource: {spec.resource!r} is not declared in trackway.toml "
-                         f"(declared: {declared})")
-
-
-def _prepare_code(spec: RunSpec, run_dir: Path) -> tuple[Path, CodeRef]:
-    """Where the command runs and the code reference it runs with (cloning `--repo` when given)."""
-    if not spec.repo_url:
-        # run_dir is HOME/runs/RUN: trackway's own home never counts as the user's uncommitted work.
-        return spec.cwd, capture_code(spec.cwd, home=run_dir.parent.parent)
-    make_private_dirs(run_dir.parent)
-    # Clone beside the final place and move it in, so a failed clone leaves no run directory.
-    staging = Path(tempfile.mkdtemp(prefix=f".{run_dir.name}-", dir=run_dir.parent))
-    try:
-        code = clone_branch(spec.repo_url, spec.branch or "", staging / "workspace")
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    make_private_dirs(run_dir)
-    workspace = run_dir / "workspace"
-    (staging / "workspace").rename(workspace)
-    staging.rmdir()
-    return workspace, CodeRef(
-        root=workspace,
-        repo=code.repo,
-        commit=code.commit,
-        branch=code.branch,
-        dirty_diff=code.dirty_diff,
-        dirty_sha256=code.dirty_sha256,
-    )
-
-
-def _run_checkpoint_root(spec: RunSpec, resource, run_id: str) -> str | None:
-    """The run's own checkpoint URL: --checkpoint-root, else the chosen resource's, with the run's id appended."""
-    root = spec.checkpoint_root or resource.checkpoint_root
-    if not root:
-        return None
-    field = "--checkpoint-root" if spec.checkpoint_root else f"[resources.{resource.name}] checkpoint_root"
-    return f"{checkpoint_root_url(root, field)}/{run_id}"
+if TYPE_CHECKING:
+    from trackway.evals.launch import VersionChange
+    from trackway.receipts.config import ConfigSnapshot
+    from trackway.receipts.environment import EnvironmentDigest
+    from trackway.settings.resources import Resource
+    from trackway.resources.selection_record import Selection
+    from trackway.supervisor.launch_inputs import CodeGiven, DataGiven
+    from trackway.supervisor.outside_checkpoints import Restored
 
 
 def remote_resume_target(url: str) -> str | None:
@@ -412,12 +162,67 @@ def start_attempt(
     `receipt` or `work_tree` (default: `receipt` for a retry off the queue, `submit` for a first
     attempt, else `work_tree`). A policy retry whose data changed since the previous attempt goes
     ahead, saying so, or is not launched at all with `[retry] on_data_change = "stop"` (None).
+
+    The steps, each of its own: plan_attempt (read and decide, no write), claim_attempt (record
+    it `starting` under the run's row lock), submit_attempt (write its files, hand it over; a
+    failure ends it with a reason), record_started (what the executor said).
+    """
+    plan = plan_attempt(ledger, settings, run_id, executor, overrides, code_from=code_from, from_queue=from_queue,
+                        first=first)
+    claim = claim_attempt(ledger, settings, plan, from_queue=from_queue, first=first, started_by=started_by)
+    if claim is None:
+        return None
+    launched = submit_attempt(ledger, settings, plan, claim)
+    record_started(ledger, claim, launched)
+    return claim.attempt_id
+
+
+@dataclass(frozen=True)
+class AttemptPlan:
+    """What the next attempt of a run is to be, decided before it is claimed: where it goes, what it runs.
+
+    Everything here is read or computed outside the write lock (placement may ask a cluster, the
+    code capture may rebuild a workspace, an evaluator's files are hashed); claim_attempt records it.
+    """
+
+    run_id: str  # as the launcher named the run
+    run: Mapping[str, Any]  # as read before the claim, with the preflight of this attempt's config when --set changed it
+    previous: Mapping[str, Any] | None  # the run's latest attempt
+    executor: Executor  # the chosen resource's
+    placement: Selection
+    resource: Resource
+    environment: EnvironmentDigest  # this launcher's software environment, captured now
+    config: ConfigSnapshot | None  # the config with this attempt's --set applied; None: no --set
+    config_path: Path | None  # the config file the attempt reads when there is no --set
+    lost_config: bool  # the ledger masks the run's config and its kept file is gone: the attempt ends config_error
+    preflight: str | None  # the memory preflight run again for a config --set changed
+    declared: list[str]  # the run's --checkpoint-path globs
+    checkpoint_root: Path  # the run's local checkpoint directory
+    resume_from: str | None  # the committed checkpoint the attempt resumes from
+    moved: VersionChange | None  # an evaluation seed whose evaluator changed since it was requested
+    evaluation: bool
+    code: CodeGiven
+    data: DataGiven | None  # None: the first attempt, which runs the run's own data manifest
+
+
+def plan_attempt(
+    ledger: Ledger,
+    settings: Settings,
+    run_id: str,
+    executor: Executor | Callable[[str], Executor],
+    overrides: Sequence[str] = (),
+    code_from: str | None = None,
+    from_queue: bool = False,
+    first: bool = False,
+) -> AttemptPlan:
+    """Plan the next attempt of `run_id` (see start_attempt for the arguments), writing nothing but a held retry.
+
+    A retry off the queue that no resource can take now is held (`retry_not_placed` on the attempt
+    it follows, tried again later) and NoResourceFits raised, as for any launch that cannot be placed.
     """
     from trackway.supervisor.launch_inputs import CODE_FROM, code_for_attempt, data_for_attempt
-    from trackway.supervisor.policy import memory_fingerprint
+    from trackway.supervisor.outside_checkpoints import paths_of
     from trackway.supervisor.retry import effective_config_path
-
-    from trackway.supervisor.outside_checkpoints import paths_of, restore_declared, substitute_command
 
     code_from = code_from or ("receipt" if from_queue else "submit" if first else "work_tree")
     if code_from not in CODE_FROM:
@@ -430,158 +235,286 @@ def start_attempt(
         submitted_blob = get_blob(conn, found["config_sha256"]) if found["config_sha256"] else None
     project = project_settings(settings, found)
     config_path = effective_config_path(settings, run_id)
-    # The ledger hides values of the run's config and its file is gone: the attempt ends config_error below.
+    # The ledger hides values of the run's config and its file is gone: the attempt ends config_error at launch.
     lost_config = config_path is None and submitted_config.is_masked(submitted_blob)
     config = load_config(config_path, overrides) if overrides and not lost_config else None
     preflight = _preflight_of(ledger, project, found, config) if config is not None else None
     if preflight is not None:
         found = {**found, "preflight": preflight}  # placement judges the config this attempt runs, not the submitted
-    try:
-        placement = place(project, found, previous)
-    except NoResourceFits as exc:
-        if from_queue and previous is not None:
-            _hold_unplaced(ledger, found, previous, exc)
-        raise
+    placement = _place_or_hold(ledger, project, found, previous, from_queue)
     resource = project.resource(placement.resource)
-    if not isinstance(executor, Executor):
-        executor = executor(resource.executor)
-    elif executor.name != resource.executor:
-        executor = get_executor(resource.executor, settings.home)
+    executor = _executor_for(executor, resource.executor, settings)
     checkpoint_root = settings.runs_dir / run_id / "checkpoints"
-    checkpoint_url = found["checkpoint_root"]
-    if checkpoint_url:
-        resume_from = remote_resume_target(checkpoint_url)
-    else:
-        resume_from = resume_target(checkpoint_root, verify_files=bool(declared))
+    resume_from = _resume_point(found["checkpoint_root"], checkpoint_root, declared)
     evaluation = found["kind"] == RunKind.EVAL.value
-    moved = None
-    if evaluation:
-        from trackway.evals.launch import seed_version_change
-
-        with ledger.read() as conn:
-            moved = seed_version_change(conn, run_id)  # hashes the evaluator's files: before the write lock
+    moved = _seed_moved(ledger, run_id) if evaluation else None
     with ledger.read() as conn:
         # An evaluation's code is its evaluator's, versioned by the evaluation itself (evals/launch.py).
         code = code_for_attempt(conn, settings, found, "submit" if evaluation else code_from, executor.remote)
         data = (data_for_attempt(conn, settings, found, previous["data_manifest_sha256"] if previous else None)
                 if code_from != "submit" else None)
+    return AttemptPlan(
+        run_id=run_id, run=found, previous=previous, executor=executor, placement=placement, resource=resource,
+        environment=environment, config=config, config_path=config_path, lost_config=lost_config,
+        preflight=preflight, declared=declared, checkpoint_root=checkpoint_root, resume_from=resume_from,
+        moved=moved, evaluation=evaluation, code=code, data=data,
+    )
+
+
+def _place_or_hold(ledger: Ledger, settings: Settings, run, previous, from_queue: bool) -> Selection:
+    """Where the attempt goes; a retry off the queue that fits nowhere now is held before NoResourceFits is raised."""
+    try:
+        return place(settings, run, previous)
+    except NoResourceFits as exc:
+        if from_queue and previous is not None:
+            _hold_unplaced(ledger, run, previous, exc)
+        raise
+
+
+def _executor_for(executor: Executor | Callable[[str], Executor], name: str, settings: Settings) -> Executor:
+    """The executor named `name`: the one given when it is that one, else made (by the function given, or anew)."""
+    if not isinstance(executor, Executor):
+        return executor(name)
+    if executor.name != name:
+        return get_executor(name, settings.home)
+    return executor
+
+
+def _resume_point(checkpoint_url: str | None, checkpoint_root: Path, declared: Sequence[str]) -> str | None:
+    """The checkpoint the attempt resumes from: in the run's remote store when it has one, else its local directory."""
+    if checkpoint_url:
+        return remote_resume_target(checkpoint_url)
+    return resume_target(checkpoint_root, verify_files=bool(declared))
+
+
+def _seed_moved(ledger: Ledger, run_id: str) -> VersionChange | None:
+    """How an evaluation seed's evaluator changed since its evaluation was requested (None: it did not)."""
+    from trackway.evals.launch import seed_version_change
+
+    with ledger.read() as conn:
+        return seed_version_change(conn, run_id)  # hashes the evaluator's files: before the write lock
+
+
+@dataclass(frozen=True)
+class ClaimedAttempt:
+    """An attempt recorded `starting` under its run's row lock, and what its launch takes from that transaction."""
+
+    attempt_id: str
+    number: int
+    run: Mapping[str, Any]  # the run as read under its row lock
+    state_dir: Path
+    config_path: Path | None  # the config file the attempt reads: its own (state_dir/config.json) when --set changed it
+    environ_description: dict | None  # the run's submitted environment; None: recorded before environments were
+
+
+def claim_attempt(
+    ledger: Ledger,
+    settings: Settings,
+    plan: AttemptPlan,
+    *,
+    from_queue: bool = False,
+    first: bool = False,
+    started_by: str | None = None,
+) -> ClaimedAttempt | None:
+    """Record the planned attempt `starting` and its run running, in one transaction under the run's row lock.
+
+    None, with nothing recorded, when the claim is lost or refused: another launcher took the
+    run (`from_queue`: it is no longer queued, or an attempt is unfinished; `first`: an attempt
+    exists). None too when a policy retry's data changed under `on_data_change = "stop"` (the
+    stop is recorded on the previous attempt, the run fails), or an evaluation seed's evaluator
+    moved (a queued seed continues as the new evaluation; a person is refused with InputError).
+    """
     with ledger.write() as conn:
-        run = _locked_run(conn, run_id)
-        if from_queue and (run["state"] != RunState.QUEUED.value or _has_unfinished_attempt(conn, run_id)):
+        run = _locked_run(conn, plan.run_id)
+        number = _number_to_claim(conn, settings, plan, run, from_queue, first)
+        if number is None:
             return None
-        number = attempt_count(conn, run_id) + 1
-        if first and number != 1:
-            return None
-        if from_queue and previous is not None and data is not None and (data.changes or data.problem):
-            if _data_change_stops(conn, settings, run, previous, data):
-                return None
-        if moved is not None:
-            return _evaluator_moved(conn, settings, run, moved, from_queue)
         if from_queue and started_by is None:
             started_by = _queued_by(conn, run)
-        state_dir = settings.runs_dir / run_id / "attempts" / str(number)
-        env_sha = put_blob(conn, environment.canonical, "environment")
-        config_sha = put_blob(conn, submitted_config.recorded(config.values), "config") if config else None
-        environ_description, environ_sha = _environ_of(conn, run)
-        if config is not None:
-            config_path = state_dir / "config.json"
-            values = json.loads(config.canonical)
-        else:
-            values = json.loads(config_path.read_text()) if config_path is not None else None
-        attempt_id = insert_attempt(
-            conn,
-            dict(
-                run_id=run_id,
-                attempt_number=number,
-                state=AttemptState.STARTING.value,
-                executor=executor.name,
-                state_dir=str(state_dir),
-                log_path=str(state_dir / "output.log"),
-                gpu_count=run["gpus"],
-                config_sha256=config_sha or _previous_config_sha(conn, run),
-                data_manifest_sha256=_data_sha(conn, run, data),
-                environment_sha256=env_sha,
-                environ_sha256=environ_sha,
-                code_commit=code.commit,
-                code_dirty_sha256=put_blob(conn, code.dirty_diff, "git_diff") if code.dirty_diff else None,
-                code_branch=code.branch,
-                code_capture=None if evaluation else json.dumps(code.record),
-                workdir=str(code.cwd),
-                resumed_from_checkpoint=resume_from,
-                memory_fingerprint=memory_fingerprint(values, resource.name, run["gpus"]),
-                started_at=datetime.now(timezone.utc),  # the launch; replaced by when the command started
-                started_by=started_by,
-                resource=resource.name,
-                qos=placement.qos,
-                selection=placement.to_json(),
-            ),
-        )
-        update_run(conn, run_id, state=RunState.RUNNING.value, not_before=None, ended_at=None)
-        if preflight is not None:
-            from trackway.ledger.supervisor_events import add_supervisor_event
+        return _insert_starting(conn, settings, plan, run, number, started_by)
 
-            from trackway.resources.run_preflight import PREFLIGHT_AT_LAUNCH_EVENT
 
-            add_supervisor_event(conn, attempt_id, PREFLIGHT_AT_LAUNCH_EVENT, {
-                "message": "memory preflight run again for this attempt's config (--set changed it)",
-                "preflight": preflight})
-        if previous is not None and data is not None and (data.changes or data.problem):
-            from trackway.ledger.supervisor_events import add_supervisor_event
+def _number_to_claim(conn, settings: Settings, plan: AttemptPlan, run, from_queue: bool, first: bool) -> int | None:
+    """The new attempt's number, or None where this launcher must not start it (see claim_attempt)."""
+    if from_queue and (run["state"] != RunState.QUEUED.value or _has_unfinished_attempt(conn, plan.run_id)):
+        return None
+    number = attempt_count(conn, plan.run_id) + 1
+    if first and number != 1:
+        return None
+    data, previous = plan.data, plan.previous
+    if from_queue and previous is not None and data is not None and (data.changes or data.problem):
+        if _data_change_stops(conn, settings, run, previous, data):
+            return None
+    if plan.moved is not None:
+        return _evaluator_moved(conn, settings, run, plan.moved, from_queue)
+    return number
 
-            add_supervisor_event(conn, attempt_id, "data_changed", {
-                "message": data.message(previous["attempt_id"]), "changes": data.changes, "problem": data.problem,
-                "since": previous["attempt_id"]})
+
+def _insert_starting(conn, settings: Settings, plan: AttemptPlan, run, number: int,
+                     started_by: str | None) -> ClaimedAttempt:
+    """The attempt's row (state starting) with its receipt's blobs, the run set running, and the launch's events."""
+    from trackway.supervisor.policy import memory_fingerprint
+
+    run_id, config, code = plan.run_id, plan.config, plan.code
+    state_dir = settings.runs_dir / run_id / "attempts" / str(number)
+    env_sha = put_blob(conn, plan.environment.canonical, "environment")
+    config_sha = put_blob(conn, submitted_config.recorded(config.values), "config") if config else None
+    environ_description, environ_sha = _environ_of(conn, run)
+    if config is not None:
+        config_path = state_dir / "config.json"
+        values = json.loads(config.canonical)
+    else:
+        config_path = plan.config_path
+        values = json.loads(config_path.read_text()) if config_path is not None else None
+    attempt_id = insert_attempt(
+        conn,
+        dict(
+            run_id=run_id,
+            attempt_number=number,
+            state=AttemptState.STARTING.value,
+            executor=plan.executor.name,
+            state_dir=str(state_dir),
+            log_path=str(state_dir / "output.log"),
+            gpu_count=run["gpus"],
+            config_sha256=config_sha or _previous_config_sha(conn, run),
+            data_manifest_sha256=_data_sha(conn, run, plan.data),
+            environment_sha256=env_sha,
+            environ_sha256=environ_sha,
+            code_commit=code.commit,
+            code_dirty_sha256=put_blob(conn, code.dirty_diff, "git_diff") if code.dirty_diff else None,
+            code_branch=code.branch,
+            code_capture=None if plan.evaluation else json.dumps(code.record),
+            workdir=str(code.cwd),
+            resumed_from_checkpoint=plan.resume_from,
+            memory_fingerprint=memory_fingerprint(values, plan.resource.name, run["gpus"]),
+            started_at=datetime.now(timezone.utc),  # the launch; replaced by when the command started
+            started_by=started_by,
+            resource=plan.resource.name,
+            qos=plan.placement.qos,
+            selection=plan.placement.to_json(),
+        ),
+    )
+    update_run(conn, run_id, state=RunState.RUNNING.value, not_before=None, ended_at=None)
+    _add_launch_events(conn, plan, attempt_id)
+    return ClaimedAttempt(attempt_id, number, run, state_dir, config_path, environ_description)
+
+
+def _add_launch_events(conn, plan: AttemptPlan, attempt_id: str) -> None:
+    """What the launch noticed, on the new attempt: a preflight run again for its config, its data changed."""
+    from trackway.ledger.supervisor_events import add_supervisor_event
+
+    if plan.preflight is not None:
+        from trackway.resources.run_preflight import PREFLIGHT_AT_LAUNCH_EVENT
+
+        add_supervisor_event(conn, attempt_id, PREFLIGHT_AT_LAUNCH_EVENT, {
+            "message": "memory preflight run again for this attempt's config (--set changed it)",
+            "preflight": plan.preflight})
+    data, previous = plan.data, plan.previous
+    if previous is not None and data is not None and (data.changes or data.problem):
+        add_supervisor_event(conn, attempt_id, "data_changed", {
+            "message": data.message(previous["attempt_id"]), "changes": data.changes, "problem": data.problem,
+            "since": previous["attempt_id"]})
+
+
+@dataclass(frozen=True)
+class BuiltRequest:
+    """A claimed attempt's launch request, and what restoring its declared checkpoint paths did (None: none declared)."""
+
+    request: LaunchRequest
+    restored: Restored | None
+
+
+def build_request(settings: Settings, plan: AttemptPlan, claim: ClaimedAttempt) -> BuiltRequest:
+    """The claimed attempt's LaunchRequest, after writing the files it reads: its state directory, its config.
+
+    Raises InputError where what the run keeps outside the ledger is gone (its config, its secret
+    variables or command words), OSError where a file cannot be written: submit_attempt records either.
+    """
+    from trackway.supervisor.outside_checkpoints import restore_declared, substitute_command
+
+    run, code, resource, executor = claim.run, plan.code, plan.resource, plan.executor
+    state_dir = claim.state_dir
+    state_dir.mkdir(parents=True, exist_ok=True)
+    if plan.lost_config:
+        kept = settings.runs_dir / plan.run_id / submitted_config.CONFIG_FILE
+        raise InputError(str(submitted_config.MissingConfig(kept)))
+    if plan.config is not None:
+        submitted_config.write_file(claim.config_path, plan.config.canonical)
+    submitted = _submitted_environment(settings, run, claim.environ_description)
+    typed = _submitted_command(settings, run)
+    # A script without the SDK finds its own checkpoint file where it left it (or none, if none was committed).
+    restored = (restore_declared(plan.checkpoint_root, code.cwd, plan.declared, plan.resume_from, claim.number)
+                if plan.declared else None)
+    command = substitute_command(typed, restored, plan.checkpoint_root / plan.resume_from if plan.resume_from else None)
+    checkpoint_url = plan.run["checkpoint_root"]
+    own_env = {
+        **({"TRACKWAY_CHECKPOINT_URL": checkpoint_url} if checkpoint_url else {}),
+        **run_environment(run, state_dir),
+        **attempt_environment(
+            settings, plan.run_id, claim.attempt_id, claim.number, state_dir, plan.resume_from, claim.config_path,
+            restored.restored[0] if restored is not None and restored.restored else None,
+        ),
+    }
+    request = LaunchRequest(
+        attempt_id=claim.attempt_id,
+        command=command,
+        cwd=code.cwd,
+        env={**(submitted.variables if submitted is not None else {}), **own_env},
+        state_dir=state_dir,
+        log_path=state_dir / "output.log",
+        gpus=run["gpus"],
+        time_limit_s=run["time_limit_s"],
+        grace_s=resource.grace_seconds,
+        env_is_complete=submitted is not None,
+        resource=resource if resource.declared else None,
+        qos=plan.placement.qos,
+        run_env=own_env if executor.remote else None,
+        code=_code_snapshot(run, code) if executor.remote else None,
+    )
+    return BuiltRequest(request, restored)
+
+
+@dataclass(frozen=True)
+class Launched:
+    """What the executor answered for a claimed attempt, and what its launch restored."""
+
+    submission: Submission
+    restored: Restored | None
+
+
+def submit_attempt(ledger: Ledger, settings: Settings, plan: AttemptPlan, claim: ClaimedAttempt) -> Launched:
+    """Hand the claimed attempt to its executor; a launch that fails ends the attempt with its reason, then raises.
+
+    Building the request is inside: its files are written after the claim's transaction, so a full
+    disk there ends this attempt with a reason (an ExecutorError naming the path) instead of leaving
+    it `starting` until a supervisor declares the launch interrupted. The executor's TrackwayError
+    is recorded and raised as it is (see _record_launch_failure for the reasons).
+    """
     try:
-        # Files after the transaction: a full disk here ends this attempt with a reason instead of
-        # leaving it `starting` until a supervisor declares the launch interrupted.
-        state_dir.mkdir(parents=True, exist_ok=True)
-        if lost_config:
-            kept = settings.runs_dir / run_id / submitted_config.CONFIG_FILE
-            raise InputError(str(submitted_config.MissingConfig(kept)))
-        if config is not None:
-            submitted_config.write_file(config_path, config.canonical)
-        submitted = _submitted_environment(settings, run, environ_description)
-        typed = _submitted_command(settings, run)
-        # A script without the SDK finds its own checkpoint file where it left it (or none, if none was committed).
-        restored = restore_declared(checkpoint_root, code.cwd, declared, resume_from, number) if declared else None
-        command = substitute_command(typed, restored, checkpoint_root / resume_from if resume_from else None)
-        own_env = {
-            **({"TRACKWAY_CHECKPOINT_URL": checkpoint_url} if checkpoint_url else {}),
-            **run_environment(run, state_dir),
-            **attempt_environment(
-                settings, run_id, attempt_id, number, state_dir, resume_from, config_path,
-                restored.restored[0] if restored is not None and restored.restored else None,
-            ),
-        }
-        request = LaunchRequest(
-            attempt_id=attempt_id,
-            command=command,
-            cwd=code.cwd,
-            env={**(submitted.variables if submitted is not None else {}), **own_env},
-            state_dir=state_dir,
-            log_path=state_dir / "output.log",
-            gpus=run["gpus"],
-            time_limit_s=run["time_limit_s"],
-            grace_s=resource.grace_seconds,
-            env_is_complete=submitted is not None,
-            resource=resource if resource.declared else None,
-            qos=placement.qos,
-            run_env=own_env if executor.remote else None,
-            code=_code_snapshot(run, code) if executor.remote else None,
-        )
-        submission = executor.submit(request)
+        built = build_request(settings, plan, claim)
+        submission = plan.executor.submit(built.request)
     except TrackwayError as exc:
-        _record_launch_failure(ledger, settings, attempt_id, run_id, exc)
+        _record_launch_failure(ledger, settings, claim.attempt_id, plan.run_id, exc)
         raise
     except OSError as exc:
-        failure = ExecutorError(f"attempt {attempt_id}: the launch failed: {_os_error_text(exc)}")
-        _record_launch_failure(ledger, settings, attempt_id, run_id, failure, _disk_full(exc, state_dir))
+        failure = ExecutorError(f"attempt {claim.attempt_id}: the launch failed: {_os_error_text(exc)}")
+        _record_launch_failure(ledger, settings, claim.attempt_id, plan.run_id, failure,
+                               _disk_full(exc, claim.state_dir))
         raise failure from exc
+    return Launched(submission, built.restored)
+
+
+def record_started(ledger: Ledger, claim: ClaimedAttempt, launched: Launched) -> None:
+    """Record what the executor said of the started attempt (job id, host, GPUs, start) and set it running.
+
+    Only a still-starting attempt: one whose launch a supervisor declared interrupted meanwhile
+    stays ended. What the launch restored at a declared checkpoint path is an event on the attempt.
+    """
+    submission, restored = launched.submission, launched.restored
     with ledger.write() as conn:
-        # Only a still-starting attempt: one whose launch a supervisor declared interrupted stays ended.
         conn.execute(
             update(attempts)
-            .where(attempts.c.attempt_id == attempt_id, attempts.c.state == AttemptState.STARTING.value)
+            .where(attempts.c.attempt_id == claim.attempt_id, attempts.c.state == AttemptState.STARTING.value)
             .values(
                 state=AttemptState.RUNNING.value,
                 executor_job_id=submission.handle.job_id,
@@ -589,15 +522,14 @@ def start_attempt(
                 gpu_ids=",".join(str(i) for i in submission.gpu_ids) or None,
                 gpu_model=submission.gpu_model,
                 # A queued job's GPUs are not known yet (Slurm): the count asked for until its placement is.
-                gpu_count=len(submission.gpu_ids) or run["gpus"],
+                gpu_count=len(submission.gpu_ids) or claim.run["gpus"],
                 started_at=submission.started_at,
             )
         )
         if restored is not None and (restored.restored or restored.moved_aside):
             from trackway.ledger.supervisor_events import add_supervisor_event
 
-            add_supervisor_event(conn, attempt_id, "checkpoint_path_restored", restored.as_event())
-    return attempt_id
+            add_supervisor_event(conn, claim.attempt_id, "checkpoint_path_restored", restored.as_event())
 
 
 # How long a queued retry that no resource can take now waits before it is placed again.

@@ -1,0 +1,330 @@
+"""Submitting a run: validate what `trackway submit` was asked, capture the receipt, record the run queued.
+
+Bad input is refused before anything is written: the config, the data manifest and the code
+reference are captured first, and the run is recorded in one transaction only when all of
+them succeeded. Its attempts are started by supervisor/launch.py.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+
+from trackway.errors import InputError
+from trackway.ledger import Ledger
+from trackway.ledger.blobs import put_blob
+from trackway.ledger.records import insert_run, name_taken, new_run_id
+from trackway.ledger.store import make_private_dirs
+from trackway.receipts import submitted_argv, submitted_config, submitted_env
+from trackway.receipts.code import CodeRef, capture_code, clone_branch
+from trackway.receipts.config import load_config
+from trackway.receipts.data_manifest import build_data_manifest
+from trackway.settings import Settings
+from trackway.resources.placement import place
+from trackway.taxonomy import RunKind, RunState
+
+if TYPE_CHECKING:
+    from trackway.receipts.config import ConfigSnapshot
+    from trackway.receipts.data_manifest import DataManifest
+    from trackway.receipts.submitted_argv import SubmittedCommand
+    from trackway.receipts.submitted_env import SubmittedEnvironment
+    from trackway.resources.selection_record import Selection
+
+
+@dataclass
+class RunSpec:
+    """What `trackway submit` was asked to run."""
+
+    command: list[str]
+    cwd: Path
+    name: str | None = None
+    project: str = "default"
+    model_family: str | None = None
+    kind: str = RunKind.FULL.value
+    config_path: str | None = None
+    overrides: list[str] = field(default_factory=list)
+    data_paths: list[str] = field(default_factory=list)
+    gpus: int = 0
+    time_limit_hours: float | None = None
+    repo_url: str | None = None
+    branch: str | None = None
+    resource: str | None = None  # a declared resource's name, or "auto"; None: auto once any is declared
+    gpu_memory_min_gb: float | None = None  # per GPU; resources with less are passed over
+    retry_policy_path: str | None = None
+    eval_spec_paths: list[str] = field(default_factory=list)  # evaluate committed checkpoints with these
+    environ: dict[str, str] | None = None  # the submitter's environment variables; None: this process's
+    # Scripts without the SDK; None: trackway.toml's [logs] metrics / [checkpoints] path.
+    metric_patterns: list[str] | None = None  # regexes read from output.log (supervisor/log_metrics.py)
+    checkpoint_paths: list[str] | None = None  # globs committed as checkpoints (supervisor/outside_checkpoints.py)
+    # Where checkpoints outlive the machine (an fsspec URL; the run's id is appended); None: the resource's, if any.
+    checkpoint_root: str | None = None
+    # Extra environment for every attempt (an experiment's test run: TRACKWAY_MAX_STEPS, TRACKWAY_RESTORE_CHECK).
+    env: dict[str, str] | None = None
+    # Refuse, before recording anything, a run the memory preflight predicts to OOM wherever it may go.
+    preflight_strict: bool = False
+
+
+def _validate(spec: RunSpec) -> None:
+    if not spec.command:
+        raise InputError("COMMAND: expected the command to run after `--`, e.g. trackway submit -- python train.py")
+    if spec.kind not in (RunKind.TEST.value, RunKind.FULL.value):
+        raise InputError(f"--kind {spec.kind!r}: expected 'test' or 'full'")
+    from trackway import validation
+
+    validation.whole(spec.gpus, "--gpus", 0, validation.MAX_GPUS)
+    if spec.time_limit_hours is not None:
+        validation.finite(
+            spec.time_limit_hours, "--time-limit", 0, validation.TEN_YEARS_HOURS, "hours", low_open=True,
+            note=" (10 years)",
+        )
+    if bool(spec.repo_url) != bool(spec.branch):
+        raise InputError("--repo/--branch: expected both together (--repo URL --branch B) or neither")
+    if spec.name is not None:
+        validation.run_name(spec.name)
+    validation.printable_text(spec.project, "--project")
+    if spec.model_family is not None:
+        validation.printable_text(spec.model_family, "--model-family")
+    from trackway.supervisor.log_metrics import compile_patterns
+    from trackway.supervisor.outside_checkpoints import validate_paths
+
+    if spec.metric_patterns:
+        compile_patterns(spec.metric_patterns, "--metric-pattern")
+    if spec.checkpoint_paths:
+        validate_paths(spec.checkpoint_paths, "--checkpoint-path")
+    if spec.gpu_memory_min_gb is not None:
+        validation.finite(spec.gpu_memory_min_gb, "--gpu-memory-min", 0, 10_000, "GB", low_open=True)
+    if spec.checkpoint_root is not None:
+        checkpoint_root_url(spec.checkpoint_root, "--checkpoint-root")
+
+
+def checkpoint_root_url(root: str, field: str) -> str:
+    """A checkpoint root as given (an fsspec URL, or an absolute path: a mounted network volume); InputError if neither."""
+    text = root.strip()
+    if not text or any(c in text for c in "\n\r\0") or not ("://" in text or text.startswith("/")):
+        raise InputError(f"{field} {root!r}: expected an fsspec URL such as s3://bucket/prefix, or an absolute path")
+    return text.rstrip("/")
+
+
+def preview_placement(settings: Settings, spec: RunSpec, preflight: str | None = None):
+    """Where the run's first attempt would go now; InputError (naming each resource's reason) when nowhere fits.
+
+    The attempt itself is placed when it launches (availability may change in between); this
+    refuses, before anything is recorded, a run that no declared resource could ever take.
+    """
+    from trackway.resources.selection import AUTO
+
+    asked = spec.resource or (AUTO if settings.resources else "local")
+    if not settings.resources and spec.gpus > 0:
+        # No resources declared: the run goes to this machine, and the answer is about it.
+        from trackway.receipts.placement import gpu_inventory
+
+        available = len(gpu_inventory())
+        if available < spec.gpus:
+            raise InputError(f"--gpus {spec.gpus}: this machine has {available} GPU(s)")
+    if asked != AUTO and asked not in settings.resources and asked != "local":
+        declared = ", ".join(sorted(settings.resources)) or "none"
+        raise InputError(f"--resource {asked!r}: not declared in trackway.toml (declared: {declared}, or auto)")
+    run = {"resource_request": asked, "resource": asked, "kind": spec.kind, "gpus": spec.gpus,
+           "time_limit_s": spec.time_limit_hours * 3600 if spec.time_limit_hours else None,
+           "gpu_memory_min_gb": spec.gpu_memory_min_gb, "preflight": preflight}
+    return place(settings, run)
+
+
+def submit_run(ledger: Ledger, settings: Settings, spec: RunSpec, console: Console | None = None) -> str:
+    """Capture the run's receipt and record the run (state queued); return its id."""
+    receipt = _capture_receipt(ledger, settings, spec, console)
+    run_id = new_run_id()
+    run_dir = settings.runs_dir / run_id
+    workdir, code = _prepare_code(spec, run_dir)
+    try:
+        _keep_run_files(run_dir, receipt)
+        with ledger.write() as conn:
+            _insert_submitted_run(conn, settings, spec, run_id, receipt, workdir, code)
+    except BaseException:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+    return run_id
+
+
+@dataclass(frozen=True)
+class _Receipt:
+    """What submit captured and checked for a run before anything of it is written."""
+
+    preflight: str | None
+    selection: Selection
+    config: ConfigSnapshot | None
+    log_patterns: list[str]
+    checkpoint_paths: list[str]
+    retry_policy: str | None
+    eval_specs: list
+    data: DataManifest | None
+    environ: SubmittedEnvironment
+    command: SubmittedCommand
+
+
+def _capture_receipt(ledger: Ledger, settings: Settings, spec: RunSpec, console: Console | None) -> _Receipt:
+    """The run's receipt, every part validated: bad input raises InputError here, before anything is written."""
+    _validate(spec)
+    config = load_config(spec.config_path, spec.overrides)
+    from trackway.resources.submit_preflight import submit_preflight
+
+    preflight = submit_preflight(
+        ledger, settings, config.values if config else None, strict=spec.preflight_strict, resource=spec.resource,
+        cwd=spec.cwd, gpus=spec.gpus, model_family=spec.model_family, console=console,
+    )
+    selection = preview_placement(settings, spec, preflight)
+    if spec.name:
+        with ledger.read() as conn:
+            if name_taken(conn, spec.name):
+                raise InputError(f"--name {spec.name!r}: a run with that name exists; names address runs, so pick another")
+    from trackway.supervisor.policy import load_policy
+    from trackway.supervisor.retry import read_policy_file
+
+    load_policy(None, settings.retry)  # a broken [retry] in trackway.toml is refused now, not after an attempt
+    log_patterns, checkpoint_paths = _outside_sdk(spec, settings)
+    retry_policy = read_policy_file(spec.retry_policy_path)
+    eval_specs = load_eval_specs(spec.eval_spec_paths, settings)
+    data = build_data_manifest(spec.data_paths, console=console)
+    environ = submitted_env.capture(spec.environ)
+    command = submitted_argv.capture(spec.command, list(environ.secret.values()))
+    return _Receipt(preflight, selection, config, log_patterns, checkpoint_paths, retry_policy, eval_specs, data,
+                    environ, command)
+
+
+def _keep_run_files(run_dir: Path, receipt: _Receipt) -> None:
+    """What the ledger must not hold, kept in the run's directory: its secrets, its config as given.
+
+    Written before the run exists: a run whose secrets were not kept could never start as submitted.
+    """
+    if receipt.environ.secret:
+        submitted_env.write_secret_file(run_dir, receipt.environ.secret)
+    if receipt.command.needs_file:
+        submitted_argv.write_secret_file(run_dir, receipt.command)
+    if receipt.config:
+        make_private_dirs(run_dir)  # a run's files hold what it printed and was given: only its owner reads them
+        submitted_config.write_file(run_dir / submitted_config.CONFIG_FILE, receipt.config.canonical)
+
+
+def _insert_submitted_run(conn, settings: Settings, spec: RunSpec, run_id: str, receipt: _Receipt, workdir: Path,
+                          code: CodeRef) -> None:
+    """The run's row (state queued), its receipt's blobs and its eval specs, in the caller's transaction."""
+    config, data, selection = receipt.config, receipt.data, receipt.selection
+    environ_sha = put_blob(conn, receipt.environ.canonical(owner=run_id), "environ")
+    config_sha = put_blob(conn, submitted_config.recorded(config.values), "config") if config else None
+    data_sha = put_blob(conn, data.canonical, "data_manifest") if data else None
+    diff_sha = put_blob(conn, code.dirty_diff, "git_diff") if code.dirty_diff else None
+    insert_run(
+        conn,
+        dict(
+            run_id=run_id,
+            name=spec.name,
+            project=spec.project,
+            model_family=spec.model_family,
+            kind=spec.kind,
+            state=RunState.QUEUED.value,
+            command=json.dumps(receipt.command.recorded),
+            workdir=str(workdir),
+            resource=selection.resource,
+            resource_request=selection.requested,
+            gpu_memory_min_gb=spec.gpu_memory_min_gb,
+            executor=settings.resource(selection.resource).executor,
+            gpus=spec.gpus,
+            time_limit_s=spec.time_limit_hours * 3600 if spec.time_limit_hours else None,
+            config_sha256=config_sha,
+            data_manifest_sha256=data_sha,
+            data_paths=json.dumps(data.roots) if data else None,
+            code_repo=code.repo,
+            code_branch=code.branch,
+            code_commit=code.commit,
+            code_dirty_sha256=diff_sha,
+            created_at=datetime.now(timezone.utc),
+            retry_policy=receipt.retry_policy,
+            environ_sha256=environ_sha,
+            log_patterns=json.dumps(receipt.log_patterns) if receipt.log_patterns else None,
+            checkpoint_paths=json.dumps(receipt.checkpoint_paths) if receipt.checkpoint_paths else None,
+            checkpoint_root=_run_checkpoint_root(spec, settings.resource(selection.resource), run_id),
+            env=json.dumps(spec.env) if spec.env else None,
+            preflight=receipt.preflight,
+        ),
+    )
+    if receipt.eval_specs:
+        from trackway.evals.records import attach_specs
+
+        attach_specs(conn, run_id, receipt.eval_specs)
+
+
+def _outside_sdk(spec: RunSpec, settings: Settings) -> tuple[list[str], list[str]]:
+    """The run's log patterns and checkpoint paths: the submit options, else trackway.toml's, validated."""
+    from trackway.supervisor.log_metrics import compile_patterns
+    from trackway.supervisor.outside_checkpoints import validate_paths
+
+    patterns = list(spec.metric_patterns) if spec.metric_patterns else list(settings.log_metric_patterns)
+    compile_patterns(patterns, "--metric-pattern" if spec.metric_patterns else "[logs] metrics")
+    paths = list(spec.checkpoint_paths) if spec.checkpoint_paths else list(settings.checkpoint_paths)
+    paths = validate_paths(paths, "--checkpoint-path" if spec.checkpoint_paths else "[checkpoints] path")
+    return patterns, paths
+
+
+def load_eval_specs(paths: Sequence[str], settings: Settings):
+    if not paths:
+        return []
+    from trackway.evals.spec import load_spec
+
+    specs = [load_spec(p) for p in paths]
+    for spec in specs:
+        spec.evaluator_version()  # an evaluator or task set that cannot be hashed is refused now
+        spec.task_set_version()
+        check_eval_resource(spec, settings)
+    return specs
+
+
+def check_eval_resource(spec, settings: Settings) -> None:
+    """An eval spec's `resource` must be declared: refused at submit, not when the first checkpoint commits."""
+    if spec.resource and spec.resource not in settings.resources and spec.resource != "local":
+        declared = ", ".join(sorted(settings.resources)) or "none"
+        raise InputError(f"{spec.path}: resource: {spec.resource!r} is not declared in trackway.toml "
+                         f"(declared: {declared})")
+
+
+def _prepare_code(spec: RunSpec, run_dir: Path) -> tuple[Path, CodeRef]:
+    """Where the command runs and the code reference it runs with (cloning `--repo` when given)."""
+    if not spec.repo_url:
+        # run_dir is HOME/runs/RUN: trackway's own home never counts as the user's uncommitted work.
+        return spec.cwd, capture_code(spec.cwd, home=run_dir.parent.parent)
+    make_private_dirs(run_dir.parent)
+    # Clone beside the final place and move it in, so a failed clone leaves no run directory.
+    staging = Path(tempfile.mkdtemp(prefix=f".{run_dir.name}-", dir=run_dir.parent))
+    try:
+        code = clone_branch(spec.repo_url, spec.branch or "", staging / "workspace")
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    make_private_dirs(run_dir)
+    workspace = run_dir / "workspace"
+    (staging / "workspace").rename(workspace)
+    staging.rmdir()
+    return workspace, CodeRef(
+        root=workspace,
+        repo=code.repo,
+        commit=code.commit,
+        branch=code.branch,
+        dirty_diff=code.dirty_diff,
+        dirty_sha256=code.dirty_sha256,
+    )
+
+
+def _run_checkpoint_root(spec: RunSpec, resource, run_id: str) -> str | None:
+    """The run's own checkpoint URL: --checkpoint-root, else the chosen resource's, with the run's id appended."""
+    root = spec.checkpoint_root or resource.checkpoint_root
+    if not root:
+        return None
+    field = "--checkpoint-root" if spec.checkpoint_root else f"[resources.{resource.name}] checkpoint_root"
+    return f"{checkpoint_root_url(root, field)}/{run_id}"

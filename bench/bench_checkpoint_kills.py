@@ -34,7 +34,7 @@ _spec = importlib.util.spec_from_file_location("checkpoint_fault_writer", WRITER
 fw = sys.modules.setdefault(_spec.name, importlib.util.module_from_spec(_spec))
 _spec.loader.exec_module(fw)
 
-from trackway.checkpoints.protocol import CRASH_POINTS  # noqa: E402
+from trackway.checkpoints.layout import CRASH_POINTS  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "bench"))
 from _common import figure  # noqa: E402

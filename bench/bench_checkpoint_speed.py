@@ -34,7 +34,7 @@ from _common import figure  # noqa: E402
 import torch  # noqa: E402
 
 from trackway.checkpoints.manager import CheckpointManager  # noqa: E402
-from trackway.checkpoints.protocol import CheckpointStore  # noqa: E402
+from trackway.checkpoints.store import CheckpointStore  # noqa: E402
 from trackway.checkpoints.torch_state import COPY, HostBuffers, Snapshot, capture  # noqa: E402
 
 PLAIN = "plain torch.save + fsync"

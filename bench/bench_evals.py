@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import figure, interleaved_medians, postgres_database  # noqa: E402
 
-from trackway.checkpoints.protocol import CheckpointStore  # noqa: E402
+from trackway.checkpoints.store import CheckpointStore  # noqa: E402
 from trackway.evals.launch import request_evaluation  # noqa: E402
 from trackway.evals.outputs import read_output  # noqa: E402
 from trackway.evals.progress import after_eval_attempt  # noqa: E402

@@ -23,8 +23,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trackway.checkpoints.protocol import CheckpointStore, parse_step
+from trackway.checkpoints.layout import parse_step
 from trackway.checkpoints.retention import RetentionPolicy, apply_retention, plan_retention
+from trackway.checkpoints.store import CheckpointStore
 
 SHARDS = ("shard-0.bin", "shard-1.bin", "nested/deeper/shard-2.bin")
 NEUTRAL = "neutral.json"

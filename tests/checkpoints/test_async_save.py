@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from trackway.checkpoints.async_save import AsyncSaver, commit_to
-from trackway.checkpoints.protocol import CheckpointError, CheckpointState, CheckpointStore
+from trackway.checkpoints.layout import CheckpointError, CheckpointState
+from trackway.checkpoints.store import CheckpointStore
 from trackway.checkpoints.torch_state import restore
 
 

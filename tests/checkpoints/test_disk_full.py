@@ -18,9 +18,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from trackway.checkpoints import protocol
+from trackway.checkpoints import write
+from trackway.checkpoints.layout import CheckpointError
 from trackway.checkpoints.manager import CheckpointManager
-from trackway.checkpoints.protocol import CheckpointError, CheckpointStore
+from trackway.checkpoints.store import CheckpointStore
 
 PY = sys.executable
 SCRIPT = str(Path(__file__).parent / "scripts" / "sdk_resume.py")
@@ -88,8 +89,8 @@ def test_a_safetensors_save_that_cannot_fit_fails_before_writing_a_byte(disk: Pa
     manager = CheckpointManager(disk, async_save=False, format="safetensors")
     manager.save(1, model=weights(1.0))
     free = os.statvfs(disk).f_bavail
-    passed: list[str] = []  # the protocol's crash points this save passed: "mid_write" after each write
-    monkeypatch.setattr(protocol, "_crash_point", passed.append)
+    passed: list[str] = []  # the crash points write.py passed in this save: "mid_write" after each write
+    monkeypatch.setattr(write, "crash_point", passed.append)
     with pytest.raises(OSError) as caught:
         manager.save(2, model=weights(2.0, BIG // 4))
     assert_disk_full(caught.value, disk, 2)

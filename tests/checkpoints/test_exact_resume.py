@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trackway.checkpoints.protocol import CheckpointStore
+from trackway.checkpoints.store import CheckpointStore
 
 SCRIPT = Path(__file__).parent / "scripts" / "train_tiny.py"
 STEPS = 40

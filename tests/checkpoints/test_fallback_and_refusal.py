@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from trackway.checkpoints.layout import MANIFEST, MARKER, CheckpointState
 from trackway.checkpoints.manager import CheckpointManager
-from trackway.checkpoints.protocol import MANIFEST, MARKER, CheckpointState, CheckpointStore
+from trackway.checkpoints.store import CheckpointStore
 from trackway.checkpoints.torch_state import FORMAT
 
 PY = sys.executable

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from trackway.checkpoints.hashing import STAGE
-from trackway.checkpoints.protocol import MANIFEST, CheckpointStore
+from trackway.checkpoints.layout import MANIFEST
+from trackway.checkpoints.store import CheckpointStore
 
 
 def sha(data: bytes) -> str:

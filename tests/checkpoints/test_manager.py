@@ -13,8 +13,9 @@ import pytest
 import torch
 
 import trackway.checkpoints
+from trackway.checkpoints.layout import MANIFEST, CheckpointError, CheckpointState
 from trackway.checkpoints.manager import CheckpointManager, shard_name
-from trackway.checkpoints.protocol import MANIFEST, CheckpointError, CheckpointState, CheckpointStore
+from trackway.checkpoints.store import CheckpointStore
 from trackway.errors import InputError
 
 SCRIPTS = Path(__file__).parent / "scripts"

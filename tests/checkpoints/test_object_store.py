@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from trackway.checkpoints.layout import MANIFEST, MARKER, CheckpointError, CheckpointState
 from trackway.checkpoints.manager import CheckpointManager
 from trackway.checkpoints.object_store import (
     CRASH_POINTS,
@@ -33,8 +34,8 @@ from trackway.checkpoints.object_store import (
     RemoteStoreError,
     UploadLost,
 )
-from trackway.checkpoints.protocol import MANIFEST, MARKER, CheckpointError, CheckpointState, CheckpointStore
 from trackway.checkpoints.retention import RetentionPolicy
+from trackway.checkpoints.store import CheckpointStore
 from trackway.checkpoints.torch_state import FORMAT
 from trackway.checkpoints.uploader import Uploader
 

@@ -12,13 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from trackway.checkpoints.protocol import (
+from trackway.checkpoints.layout import (
     MANIFEST,
     MARKER,
     SUPERSEDED_MARK,
     CheckpointError,
     CheckpointState,
-    CheckpointStore,
     new_token,
     parse_step,
     step_dir_name,
@@ -30,6 +29,7 @@ from trackway.checkpoints.retention import (
     apply_retention,
     plan_retention,
 )
+from trackway.checkpoints.store import CheckpointStore
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
@@ -215,7 +215,7 @@ def test_supersede_keeps_it_readable_and_delete_removes_the_marker_first(tmp_pat
     assert superseded.state is CheckpointState.SUPERSEDED and store.verify(superseded) == []
     assert (old.path / SUPERSEDED_MARK).is_file() and store.supersede(superseded) == superseded
     # A delete killed right after it removed the marker: nothing reads it, the payload is still there.
-    script = "import sys; from trackway.checkpoints.protocol import CheckpointStore as S; s = S(sys.argv[1]); "
+    script = "import sys; from trackway.checkpoints.store import CheckpointStore as S; s = S(sys.argv[1]); "
     script += "s.delete(s.get(1))"
     env = {**os.environ, "TRACKWAY_CHECKPOINT_CRASH_AT": "delete_after_marker", "PYTHONPATH": str(SRC)}
     result = subprocess.run([sys.executable, "-c", script, str(tmp_path)], env=env)

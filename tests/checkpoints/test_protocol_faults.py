@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from trackway.checkpoints.protocol import MANIFEST, MARKER, CheckpointState, CheckpointStore
+from trackway.checkpoints.layout import MANIFEST, MARKER, CheckpointState
+from trackway.checkpoints.store import CheckpointStore
 
 WRITER = Path(__file__).with_name("fault_writer.py")
 SRC = Path(__file__).resolve().parents[2] / "src"

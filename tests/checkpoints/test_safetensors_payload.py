@@ -18,9 +18,10 @@ import torch
 from safetensors.torch import load_file
 
 import trackway.checkpoints
+from trackway.checkpoints.layout import MANIFEST, CheckpointError, CheckpointState
 from trackway.checkpoints.manager import CheckpointManager, shard_name
-from trackway.checkpoints.protocol import MANIFEST, CheckpointError, CheckpointState, CheckpointStore
 from trackway.checkpoints.safetensors_state import layout, part_file
+from trackway.checkpoints.store import CheckpointStore
 from trackway.checkpoints.torch_state import FORMAT, capture
 from trackway.errors import InputError, TrackwayError
 

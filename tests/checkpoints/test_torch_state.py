@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from trackway.checkpoints.protocol import CheckpointError, CheckpointStore
+from trackway.checkpoints.layout import CheckpointError
+from trackway.checkpoints.store import CheckpointStore
 from trackway.checkpoints.torch_state import HostBuffers, capture, restore
 from trackway.errors import InputError
 

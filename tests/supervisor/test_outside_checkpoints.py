@@ -96,7 +96,7 @@ def test_a_directory_and_a_file_round_trip(tmp_path):
     assert rels == ["out/meta.json", "out/shards"]
     sig = signature(work, rels)
     store_root = tmp_path / "checkpoints"
-    from trackway.checkpoints.protocol import CheckpointStore
+    from trackway.checkpoints.store import CheckpointStore
 
     info = _commit(CheckpointStore(store_root), work, sig, 7, "r1", "r1/1", None)
     assert info.step == 7 and info.manifest["extra"]["source"] == "checkpoint_path"

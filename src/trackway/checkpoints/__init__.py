@@ -1,6 +1,11 @@
 """Checkpoints: written, committed, found, verified, retained and removed so that a resume is boring.
 
-    protocol     the storage protocol (writing → committed → superseded → deleted; corrupt set aside)
+    layout       the storage protocol's names, states and errors (writing → committed → superseded → deleted)
+    durable      the filesystem operations it is built from: fsync, whole-or-nothing files, hashing reads
+    verify       whether a checkpoint is committed (its marker against its manifest) and intact (every file)
+    recover      the resume target, corrupt ones set aside, supersede and delete, abandoned writes cleaned up
+    write        writing → committed: payload, MANIFEST.json and the COMMITTED marker, fsynced in turn
+    store        CheckpointStore: the checkpoints under one run's root, over the five above
     retention    what to keep, supersede and delete, as a plan that `trackway gc --dry-run` prints
     torch_state  a PyTorch checkpoint's content, loaded with weights_only
     hashing      a payload file hashed (sha256) on a thread of its own while it is written
@@ -13,7 +18,7 @@
     manager      `run.checkpoints` in the SDK
 
 The public entry point is `trackway.checkpoints.load(path)` (for evaluators and notebooks).
-Nothing is imported at module level, so `import trackway.checkpoints.protocol` never pulls in torch.
+Nothing is imported at module level, so `import trackway.checkpoints.store` never pulls in torch.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ def load(path: str | os.PathLike[str], *, rank: int = 0, map_location: Any = "cp
     `state.safetensors` when it was saved with format="safetensors"). The
     checkpoint must be committed (its COMMITTED marker verifies against MANIFEST.json) and every
     file the manifest lists must have its recorded size and sha256; otherwise a
-    `trackway.checkpoints.protocol.CheckpointError` (a `trackway.errors.TrackwayError`) says what
+    `trackway.checkpoints.layout.CheckpointError` (a `trackway.errors.TrackwayError`) says what
     is wrong, and nothing is loaded.
 
     Returns the saved state as a dict, loaded with `torch.load(weights_only=True)` or, for
@@ -50,7 +55,8 @@ def load(path: str | os.PathLike[str], *, rank: int = 0, map_location: Any = "cp
     from pathlib import Path
 
     from trackway.checkpoints.formats import expected_state_files, find_state_file
-    from trackway.checkpoints.protocol import CheckpointError, CheckpointStore, parse_step
+    from trackway.checkpoints.layout import CheckpointError, parse_step
+    from trackway.checkpoints.store import CheckpointStore
     from trackway.checkpoints.torch_state import load_state
 
     given = Path(path).expanduser()

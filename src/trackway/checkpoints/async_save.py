@@ -30,8 +30,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from trackway.checkpoints.protocol import CheckpointError, CheckpointInfo, PendingCheckpoint, disk_full_named
+from trackway.checkpoints.layout import CheckpointError, CheckpointInfo
 from trackway.checkpoints.torch_state import HostBuffers, Snapshot, capture
+from trackway.checkpoints.write import PendingCheckpoint, disk_full_named
 
 Persist = Callable[[Snapshot], "CheckpointInfo | None"]
 OnCommit = Callable[[CheckpointInfo], None]

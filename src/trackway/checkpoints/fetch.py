@@ -20,7 +20,8 @@ import os
 import sys
 from pathlib import Path
 
-from trackway.checkpoints.protocol import CheckpointError, CheckpointStore, parse_step
+from trackway.checkpoints.layout import CheckpointError, parse_step
+from trackway.checkpoints.store import CheckpointStore
 
 
 def cache_root() -> Path:

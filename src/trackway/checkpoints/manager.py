@@ -60,18 +60,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trackway.checkpoints.formats import DEFAULT_FORMAT, check_format, state_file
-from trackway.checkpoints.protocol import (
-    CheckpointDiskFull,
-    CheckpointError,
-    CheckpointInfo,
-    CheckpointRefused,
-    CheckpointState,
-    CheckpointStore,
-    PendingCheckpoint,
-    SetAside,
-    disk_full_named,
-    new_token,
-)
+from trackway.checkpoints.layout import CheckpointError, CheckpointInfo, CheckpointRefused, CheckpointState, new_token
+from trackway.checkpoints.recover import SetAside
+from trackway.checkpoints.store import CheckpointStore
+from trackway.checkpoints.write import CheckpointDiskFull, PendingCheckpoint, disk_full_named
 from trackway.errors import InputError
 
 if TYPE_CHECKING:

@@ -34,7 +34,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from trackway.checkpoints.protocol import CheckpointError, _crash_point, _parse_time, new_token
+from trackway.checkpoints.layout import CheckpointError, crash_point, new_token, parse_time
 
 _INSTALL = {"s3": "pip install 'trackway[remote]'", "s3a": "pip install 'trackway[remote]'",
             "gs": "pip install gcsfs", "gcs": "pip install gcsfs", "az": "pip install adlfs",
@@ -130,7 +130,7 @@ class ObjectFS:
                 _fsync(target)
                 ping()
                 if n == 0:
-                    _crash_point("upload_mid_payload")
+                    crash_point("upload_mid_payload")
             self._fsync_dirs([t for _, t in pairs])
         elif pairs:
             self.fs.put([s for s, _ in pairs], [t for _, t in pairs], callback=_progress(ping))
@@ -321,7 +321,7 @@ def _progress(ping: Ping) -> Any:
         def relative_update(self, inc: int = 1) -> None:
             super().relative_update(inc)
             if self.files and self.value == 1:
-                _crash_point("upload_mid_payload")
+                crash_point("upload_mid_payload")
 
     return Progress(files=True)
 
@@ -334,7 +334,7 @@ def _mtime(detail: dict) -> float | None:
             return value.timestamp()
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
-        if isinstance(value, str) and (moment := _parse_time(value.replace("Z", "+00:00"))) is not None:
+        if isinstance(value, str) and (moment := parse_time(value.replace("Z", "+00:00"))) is not None:
             return moment.timestamp()
     return None
 

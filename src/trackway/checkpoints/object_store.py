@@ -2,7 +2,7 @@
 
 A run's checkpoints outlive its machine when they also go to a URL (`s3://bucket/prefix`, `gs://...`,
 `file:///mnt/volume/...` or a path on a mounted network volume). The local root stays the
-write-through cache: a checkpoint is committed there first (protocol.py), then uploaded here.
+write-through cache: a checkpoint is committed there first (write.py), then uploaded here.
 Under the URL, for one run:
 
     step-00001234/<token>/<relpath>             payload, under a prefix of this writer's own (new_token())
@@ -37,7 +37,7 @@ names and without SUPERSEDED is an upload in progress or abandoned: debris once 
 
 Errors (each message one line, naming the URL):
 
-    CheckpointError (protocol.py)
+    CheckpointError (layout.py)
     ├── RemoteStoreError         the store could not be read or written: network, credentials, bucket (object_fs.py)
     ├── RemoteCheckpointCorrupt  a remote checkpoint failed verification: proof, so it may be set aside
     └── UploadLost               another writer committed the step with other content; `.winner` is theirs
@@ -57,36 +57,36 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from trackway.checkpoints.object_fs import ObjectFS, Ping, RemoteStoreError
-from trackway.checkpoints.protocol import (
-    _STAMP_FORMAT,
-    _STAMP_RE,
-    _TOKEN_RE,
+from trackway.checkpoints.durable import hash_file
+from trackway.checkpoints.layout import (
     MANIFEST,
     MARKER,
+    STAMP_FORMAT,
+    STAMP_RE,
     SUPERSEDED_MARK,
+    TOKEN_RE,
     CheckpointError,
     CheckpointInfo,
     CheckpointState,
-    CheckpointStore,
-    SetAside,
-    _clean_relpath,
-    _crash_point,
-    _hash_file,
-    _marker_problems,
-    _one_line,
-    _parse_time,
-    disk_full_named,
+    clean_relpath,
+    crash_point,
     new_token,
+    one_line,
     parse_set_aside,
     parse_step,
+    parse_time,
     step_dir_name,
 )
+from trackway.checkpoints.object_fs import ObjectFS, Ping, RemoteStoreError
+from trackway.checkpoints.recover import SetAside
+from trackway.checkpoints.store import CheckpointStore
+from trackway.checkpoints.verify import marker_problems
+from trackway.checkpoints.write import disk_full_named
 
 __all__ = ["CRASH_POINTS", "PendingUpload", "RemoteCheckpoint", "RemoteCheckpointCorrupt", "RemoteCheckpointStore",
            "RemoteStoreError", "UploadLost"]
 
-# The kill tests' points on the way up (TRACKWAY_CHECKPOINT_CRASH_AT, as in protocol.py).
+# The kill tests' points on the way up (TRACKWAY_CHECKPOINT_CRASH_AT, as in layout.py).
 CRASH_POINTS = ("upload_mid_payload", "upload_after_payload", "upload_after_manifest", "upload_after_marker",
                 "remote_delete_after_marker")
 _HASHERS = 4
@@ -107,7 +107,7 @@ class UploadLost(CheckpointError):
 
 @dataclass(frozen=True)
 class RemoteCheckpoint:
-    """One step under the URL as the store held it when listed; `state` as in protocol.CheckpointState."""
+    """One step under the URL as the store held it when listed; `state` as in layout.CheckpointState."""
 
     step: int
     url: str
@@ -195,13 +195,13 @@ class RemoteCheckpointStore:
                     self._ofs.put(pairs, progress or _nothing)
                 problems = checked.result()
             if problems:
-                raise CheckpointError(f"local checkpoint {path} does not match its manifest ({_one_line(problems)}); "
+                raise CheckpointError(f"local checkpoint {path} does not match its manifest ({one_line(problems)}); "
                                       f"not uploaded to {self.url}")
-            _crash_point("upload_after_payload")
+            crash_point("upload_after_payload")
             pending._check_sizes()
             with self._ofs.io("upload to"):
                 self._ofs.write(self._path(name, token, MANIFEST), manifest_bytes)
-            _crash_point("upload_after_manifest")
+            crash_point("upload_after_manifest")
         except BaseException:
             pending.abort()
             raise
@@ -215,7 +215,7 @@ class RemoteCheckpointStore:
         """
         if kind not in ("corrupt", "refused"):
             raise CheckpointError(f"set_aside kind must be 'corrupt' or 'refused', got {kind!r}")
-        name, why = ckpt.name, _one_line([reason])
+        name, why = ckpt.name, one_line([reason])
         with self._ofs.io("set aside a checkpoint in"):
             try:
                 current = self.fs.cat_file(self._path(name, MARKER))
@@ -224,7 +224,7 @@ class RemoteCheckpointStore:
             if current is None or (ckpt.marker is not None and current != ckpt.marker):
                 return SetAside(name, why, None, self._url(name), kind)
             # Nothing can replace the marker between this read and its removal: a commit needs it absent.
-            target = f"{name}.{kind}-{datetime.now(timezone.utc).strftime(_STAMP_FORMAT)}"
+            target = f"{name}.{kind}-{datetime.now(timezone.utc).strftime(STAMP_FORMAT)}"
             self._ofs.write(self._path(target, MARKER), current)
             self._ofs.remove([self._path(name, MARKER)])
         return SetAside(name, why, target, self._url(target), kind)
@@ -254,7 +254,7 @@ class RemoteCheckpointStore:
             current = self.supersede(current)
         with self._ofs.io("delete a checkpoint in"):
             self._ofs.remove([self._path(current.name, MARKER)])
-            _crash_point("remote_delete_after_marker")
+            crash_point("remote_delete_after_marker")
             self._remove_token(current.name, current.token)
 
     def clean_debris(self, min_age_s: float = 3600.0) -> list[str]:
@@ -326,7 +326,7 @@ class RemoteCheckpointStore:
         if ckpt is None:
             raise CheckpointError(f"no checkpoint step {which} under {self.url}")
         if not ckpt.state.readable:
-            raise RemoteCheckpointCorrupt(f"{ckpt.url} is {ckpt.state.value}: {_one_line(ckpt.problems)}")
+            raise RemoteCheckpointCorrupt(f"{ckpt.url} is {ckpt.state.value}: {one_line(ckpt.problems)}")
         manifest = ckpt.manifest
         files = sorted(manifest["files"].items())
         pending = into.begin(ckpt.step, run_id=manifest.get("run_id"), attempt_id=manifest.get("attempt_id"),
@@ -342,10 +342,10 @@ class RemoteCheckpointStore:
                 except FileNotFoundError as exc:
                     raise RemoteCheckpointCorrupt(f"{ckpt.url}: an object is missing ({exc})") from None
                 with ThreadPoolExecutor(_HASHERS, thread_name_prefix="trackway-download-hash") as pool:
-                    digests = list(pool.map(_hash_file, targets))
+                    digests = list(pool.map(hash_file, targets))
             problems = _digest_problems(files, digests)
             if problems:
-                raise RemoteCheckpointCorrupt(f"{ckpt.url}: {_one_line(problems)}")
+                raise RemoteCheckpointCorrupt(f"{ckpt.url}: {one_line(problems)}")
             for (rel, _), (size, sha) in zip(files, digests):
                 pending.add_digest(rel, size, sha)
             return pending.commit(manifest=ckpt.manifest_bytes)
@@ -392,7 +392,7 @@ class RemoteCheckpointStore:
                 token, _, rel = rest.partition("/")
                 if rest == MARKER:
                     entry.marker = b""  # read below
-                elif rel and _TOKEN_RE.fullmatch(token):
+                elif rel and TOKEN_RE.fullmatch(token):
                     entry.tokens.setdefault(token, {})[rel] = (size, mtime)
             elif rest == MARKER and (parsed := parse_set_aside(head)) and (step is None or parsed[1] == step):
                 aside.append(path)
@@ -429,7 +429,7 @@ class RemoteCheckpointStore:
             return RemoteCheckpoint(step, url, state, None, None, None, None, size)
         marker = _json_object(held.marker)
         manifest = _json_object(manifest_bytes) if manifest_bytes is not None else None
-        problems = list(_marker_problems(step, marker, manifest_bytes, manifest))
+        problems = list(marker_problems(step, marker, manifest_bytes, manifest))
         if not problems and token is None:
             problems.append(f"{MARKER} names no valid token")
         if not problems and marker.get("step") not in (None, step):
@@ -444,7 +444,7 @@ class RemoteCheckpointStore:
                                     tuple(problems), held.marker, manifest_bytes)
         superseded = SUPERSEDED_MARK in held.tokens.get(token, {})
         state = CheckpointState.SUPERSEDED if superseded else CheckpointState.COMMITTED
-        return RemoteCheckpoint(step, url, state, token, manifest, sha, _parse_time(marker.get("committed_at")),
+        return RemoteCheckpoint(step, url, state, token, manifest, sha, parse_time(marker.get("committed_at")),
                                 size, (), held.marker, manifest_bytes)
 
     def _debris(self) -> list[tuple[str, str, dict[str, tuple[int, float | None]]]]:
@@ -471,7 +471,7 @@ class RemoteCheckpointStore:
             raise CheckpointError(f"cannot upload {path} to {self.url}: its manifest changed while it was read")
         for rel, entry in manifest["files"].items():
             try:
-                size = os.stat(path / _clean_relpath(rel)).st_size
+                size = os.stat(path / clean_relpath(rel)).st_size
             except OSError:
                 size = None
             if size != entry.get("size"):
@@ -524,7 +524,7 @@ class PendingUpload:
                     created = store._ofs.create(store._path(self.name, MARKER), body)
             except RemoteStoreError as exc:
                 failure = exc
-            _crash_point("upload_after_marker")
+            crash_point("upload_after_marker")
             if created and not store._ofs.local:
                 time.sleep(max(MARKER_SETTLE_S, 4 * (time.monotonic() - started)))
             holder = store.get(self.step)
@@ -532,14 +532,14 @@ class PendingUpload:
                 if holder.state.readable:
                     return holder
                 raise RemoteCheckpointCorrupt(f"{holder.url} does not verify right after its commit: "
-                                              f"{_one_line(holder.problems)}")
+                                              f"{one_line(holder.problems)}")
             if failure is not None:
                 raise failure
             if holder is None or holder.marker is None:
                 continue  # the holder was deleted or set aside meanwhile: try again
             if holder.state.readable:
                 return store._settle(holder, self.manifest_bytes, self)
-            store.set_aside(holder, _one_line(holder.problems))
+            store.set_aside(holder, one_line(holder.problems))
         raise CheckpointError(f"could not commit {self.url}: the step's marker kept changing")
 
     def abort(self) -> None:
@@ -555,14 +555,14 @@ class PendingUpload:
         held = self.store._scan(self.step).get(self.step, _Held())
         problems = _object_problems(self.manifest["files"], held.tokens.get(self.token, {}))
         if problems:
-            raise RemoteStoreError(f"upload to {self.url} is incomplete: {_one_line(problems)}")
+            raise RemoteStoreError(f"upload to {self.url} is incomplete: {one_line(problems)}")
 
 
 def _local_problems(path: Path, files: dict[str, dict]) -> list[str]:
     """Each local file hashed against the manifest (run beside the upload: the disk and the network overlap)."""
     problems = []
     for rel, entry in sorted(files.items()):
-        size, sha = _hash_file(path / rel)
+        size, sha = hash_file(path / rel)
         if (size, sha) != (entry.get("size"), entry.get("sha256")):
             problems.append(f"{rel}: sha256 {sha[:12]}… but manifest says {str(entry.get('sha256'))[:12]}…")
     return problems
@@ -572,7 +572,7 @@ def _object_problems(files: dict, objects: dict[str, tuple[int, float | None]]) 
     problems = []
     for rel, entry in sorted(files.items()):
         try:
-            _clean_relpath(rel)
+            clean_relpath(rel)
         except CheckpointError as exc:
             problems.append(str(exc))
             continue
@@ -598,7 +598,7 @@ def _digest_problems(files: list[tuple[str, dict]], digests: list[tuple[int, str
 
 def _named_token(marker: bytes | None) -> str | None:
     token = (_json_object(marker) or {}).get("token") if marker else None
-    return token if isinstance(token, str) and _TOKEN_RE.fullmatch(token) else None
+    return token if isinstance(token, str) and TOKEN_RE.fullmatch(token) else None
 
 
 def _json_object(data: bytes | None) -> dict | None:
@@ -609,9 +609,9 @@ def _json_object(data: bytes | None) -> dict | None:
 
 
 def _youngest(token: str, objects: dict[str, tuple[int, float | None]]) -> float:
-    stamp = _STAMP_RE.search(token)
+    stamp = STAMP_RE.search(token)
     evidence = [t for _, t in objects.values() if t is not None]
-    if stamp and (moment := _parse_time(stamp.group(0))) is not None:
+    if stamp and (moment := parse_time(stamp.group(0))) is not None:
         evidence.append(moment.timestamp())
     return max(evidence, default=time.time())  # nothing to date it by: young
 

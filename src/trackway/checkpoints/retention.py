@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
-from trackway.checkpoints.protocol import CheckpointError, CheckpointInfo, CheckpointState, CheckpointStore
+from trackway.checkpoints.layout import CheckpointError, CheckpointInfo, CheckpointState
+from trackway.checkpoints.store import CheckpointStore
 
 if TYPE_CHECKING:
     from trackway.checkpoints.object_store import RemoteCheckpoint, RemoteCheckpointStore

@@ -12,7 +12,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from trackway.checkpoints.protocol import CheckpointInfo, CheckpointStore
+from trackway.checkpoints.layout import CheckpointInfo
+from trackway.checkpoints.store import CheckpointStore
 
 
 def read_back(store: CheckpointStore, info: CheckpointInfo, filename: str, given: dict[str, Any]) -> dict[str, Any]:

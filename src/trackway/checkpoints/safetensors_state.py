@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from trackway.checkpoints.protocol import CheckpointError
+from trackway.checkpoints.layout import CheckpointError
 from trackway.errors import InputError
 
 SUFFIX = ".safetensors"

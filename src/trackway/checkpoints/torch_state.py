@@ -46,14 +46,9 @@ import torch
 
 from trackway.checkpoints.formats import FORMATS, check_format, expected_state_files, find_state_file, state_file
 from trackway.checkpoints.hashing import HashingWriter
-from trackway.checkpoints.protocol import (
-    CheckpointError,
-    CheckpointInfo,
-    CheckpointRefused,
-    CheckpointStore,
-    PendingCheckpoint,
-    parse_step,
-)
+from trackway.checkpoints.layout import CheckpointError, CheckpointInfo, CheckpointRefused, parse_step
+from trackway.checkpoints.store import CheckpointStore
+from trackway.checkpoints.write import PendingCheckpoint
 from trackway.errors import InputError
 
 try:

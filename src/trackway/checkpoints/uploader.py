@@ -25,8 +25,8 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from trackway.checkpoints.layout import CheckpointError, CheckpointInfo
 from trackway.checkpoints.object_store import RemoteCheckpoint, RemoteCheckpointStore, RemoteStoreError, UploadLost
-from trackway.checkpoints.protocol import CheckpointError, CheckpointInfo
 
 OnUpload = Callable[[RemoteCheckpoint, float], None]
 

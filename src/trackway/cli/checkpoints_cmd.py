@@ -20,7 +20,7 @@ def _store(app: AppContext, run):
 
         return RemoteCheckpointStore(run["checkpoint_root"])
     from trackway.ledger.checkpoint_mirror import checkpoint_root
-    from trackway.checkpoints.protocol import CheckpointStore
+    from trackway.checkpoints.store import CheckpointStore
 
     return CheckpointStore(checkpoint_root(app.settings.runs_dir, run["run_id"]))
 
@@ -28,7 +28,7 @@ def _store(app: AppContext, run):
 def _reconcile(app: AppContext, run_id: str, store) -> list:
     """Mirror storage into the ledger for one run; what storage holds, by step."""
     from trackway.ledger.checkpoint_mirror import reconcile_remote_checkpoints, reconcile_run_checkpoints
-    from trackway.checkpoints.protocol import CheckpointStore
+    from trackway.checkpoints.store import CheckpointStore
 
     if isinstance(store, CheckpointStore):
         return reconcile_run_checkpoints(app.ledger, run_id, store)
@@ -36,7 +36,7 @@ def _reconcile(app: AppContext, run_id: str, store) -> list:
 
 
 def _exists(store) -> bool:
-    from trackway.checkpoints.protocol import CheckpointStore
+    from trackway.checkpoints.store import CheckpointStore
 
     return store.root.is_dir() if isinstance(store, CheckpointStore) else True
 

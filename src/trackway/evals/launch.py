@@ -26,7 +26,7 @@ from pathlib import Path
 from sqlalchemy import Connection, RowMapping, and_, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from trackway.checkpoints.protocol import CheckpointStore
+from trackway.checkpoints.store import CheckpointStore
 from trackway.errors import InputError, NotFound, TrackwayError
 from trackway.evals.records import (
     FAILED,
@@ -383,8 +383,8 @@ def training_config(conn: Connection, run: RowMapping, checkpoint_path: str) -> 
     attempt_id = None
     try:
         if "://" in checkpoint_path:
+            from trackway.checkpoints.layout import parse_step
             from trackway.checkpoints.object_store import RemoteCheckpointStore
-            from trackway.checkpoints.protocol import parse_step
 
             parent, _, name = checkpoint_path.rpartition("/")
             remote = RemoteCheckpointStore(parent).get(parse_step(name) or -1)

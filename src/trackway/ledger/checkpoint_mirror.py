@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, select, update
 
-from trackway.checkpoints.protocol import CheckpointInfo, CheckpointState, CheckpointStore, parse_step
+from trackway.checkpoints.layout import CheckpointInfo, CheckpointState, parse_step
+from trackway.checkpoints.store import CheckpointStore
 
 from trackway.ledger.schema import attempt_events, attempts, checkpoints
 from trackway.ledger.store import Ledger, dialect_insert

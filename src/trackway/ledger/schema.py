@@ -221,7 +221,7 @@ spool_cursors = Table(
     Column("byte_offset", BigInteger, nullable=False),
 )
 
-# The ledger's mirror of checkpoint storage (which is the truth; see checkpoints/protocol.py).
+# The ledger's mirror of checkpoint storage (which is the truth; see checkpoints/layout.py).
 checkpoints = Table(
     "checkpoints",
     metadata,

@@ -82,7 +82,7 @@ def resume_target(checkpoint_dir: Path, verify_files: bool = False) -> str | Non
     """
     if not checkpoint_dir.is_dir():
         return None
-    from trackway.checkpoints.protocol import CheckpointStore
+    from trackway.checkpoints.store import CheckpointStore
 
     latest = CheckpointStore(checkpoint_dir).latest_committed(verify_files=verify_files)
     return latest.name if latest else None

@@ -3,7 +3,7 @@
 A run submitted with `--checkpoint-path GLOB` (or `[checkpoints] path` in trackway.toml; relative
 to the run's working directory, e.g. `out/ckpt.pt`) has the matching files (or directories)
 watched by the supervisor while an attempt runs. Once they are complete they are copied into the
-run's checkpoint store and committed with the checkpoint protocol (checkpoints/protocol.py), as
+run's checkpoint store and committed with the checkpoint protocol (checkpoints/write.py), as
 `step-N/payload/<relative path>`, then mirrored into the ledger. A copy, because such scripts
 overwrite their checkpoint file in place.
 
@@ -47,7 +47,8 @@ from pathlib import Path, PurePosixPath
 
 from sqlalchemy import RowMapping, func, select, update
 
-from trackway.checkpoints.protocol import CheckpointInfo, CheckpointStore
+from trackway.checkpoints.layout import CheckpointInfo
+from trackway.checkpoints.store import CheckpointStore
 from trackway.errors import InputError
 from trackway.ledger import Ledger
 from trackway.ledger.checkpoint_mirror import mirror_checkpoint

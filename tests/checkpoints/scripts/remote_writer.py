@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from trackway.checkpoints.object_store import RemoteCheckpointStore, UploadLost
-from trackway.checkpoints.protocol import CheckpointStore
+from trackway.checkpoints.store import CheckpointStore
 
 command, *args = sys.argv[1:]
 if command == "delete":

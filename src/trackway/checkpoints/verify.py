@@ -1,0 +1,137 @@
+"""Verifying a checkpoint: does its commit marker verify against its manifest, and its manifest against every file.
+
+Committed iff COMMITTED parses, its manifest_sha256 is sha256(MANIFEST.json) and the manifest's
+step is the directory's (`inspect_dir` reads a directory's state by this rule alone, hashing
+nothing). A committed checkpoint is intact when every file the manifest lists is there with its
+recorded size and sha256 (`check_files`). A file that cannot be read for another reason (EIO,
+permissions) is no proof of corruption: it is told apart, so that callers raise rather than set aside.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+from contextlib import suppress
+from pathlib import Path
+
+from trackway.checkpoints.durable import hash_file, tree
+from trackway.checkpoints.layout import (
+    MANIFEST,
+    MARKER,
+    SHA256_RE,
+    SUPERSEDED_MARK,
+    CheckpointError,
+    CheckpointInfo,
+    CheckpointState,
+    clean_relpath,
+    parse_step,
+    parse_time,
+)
+
+
+def inspect_dir(path: Path, step: int | None = None) -> CheckpointInfo | None:
+    """A step directory's state from its marker and manifest (no payload file is read); None when it is gone."""
+    step = parse_step(path.name) if step is None else step
+    if not os.path.lexists(path):
+        return None
+    (marker_bytes, marker), (manifest_bytes, manifest) = _read(path / MARKER), _read(path / MANIFEST)
+    superseded = os.path.lexists(path / SUPERSEDED_MARK)
+    if marker_bytes is None:
+        state = CheckpointState.DELETED if superseded else CheckpointState.WRITING
+        return CheckpointInfo(step, path, state, manifest, None, tree(path)[0])
+    problems = marker_problems(step, marker, manifest_bytes, manifest)
+    if problems:
+        return CheckpointInfo(step, path, CheckpointState.CORRUPT, manifest, None, tree(path)[0], problems)
+    state = CheckpointState.SUPERSEDED if superseded else CheckpointState.COMMITTED
+    size = sum(f["size"] for f in manifest["files"].values() if isinstance(f, dict) and type(f.get("size")) is int)
+    return CheckpointInfo(step, path, state, manifest, parse_time(marker.get("committed_at")), size)
+
+
+def marker_problems(step: int | None, marker: dict | None, manifest_bytes: bytes | None, manifest: dict | None
+                    ) -> tuple[str, ...]:
+    expected = (marker or {}).get("manifest_sha256")
+    actual = hashlib.sha256(manifest_bytes).hexdigest() if manifest_bytes is not None else None
+    if marker is None:
+        return (f"{MARKER} is not a JSON object (torn or garbage marker)",)
+    if not isinstance(expected, str) or not SHA256_RE.fullmatch(expected):
+        return (f"{MARKER} has no valid manifest_sha256",)
+    if actual != expected:
+        return (f"{MARKER} names manifest {expected[:12]}… but {MANIFEST} is {(actual or 'missing')[:12]}…",)
+    if manifest is None or not isinstance(manifest.get("files"), dict):
+        return (f"{MANIFEST} is not a JSON object with a files table",)
+    if manifest.get("step") != step or isinstance(manifest.get("step"), bool):
+        return (f"{MANIFEST} says step {manifest.get('step')!r}, the directory says {step}",)
+    return ()
+
+
+def verify(info: CheckpointInfo) -> list[str]:
+    """What is wrong with a checkpoint as it is on disk now (marker, manifest, every file); [] when good."""
+    return sum(check_files(info.path, info.step), [])
+
+
+def check_files(path: Path, step: int) -> tuple[list[str], list[str]]:
+    """(evidence of corruption, files that could not be read for other reasons)."""
+    info = inspect_dir(path, step)
+    if info is None or not info.state.readable:
+        return list(info.problems if info else ()) or [f"{path} is not committed"], []
+    problems, unreadable, checks = [], [], []
+    for rel, entry in sorted(info.manifest["files"].items()):
+        try:
+            target, size = path / clean_relpath(rel), entry["size"]
+            st = os.stat(target)
+        except (CheckpointError, KeyError, TypeError) as exc:
+            problems.append(f"{rel}: bad manifest entry ({exc})")
+            continue
+        except FileNotFoundError:
+            problems.append(f"{rel}: missing")
+            continue
+        except OSError as exc:
+            unreadable.append(f"{rel}: {exc.strerror or exc}")
+            continue
+        if not stat.S_ISREG(st.st_mode) or st.st_size != size:
+            problems.append(f"{rel}: {st.st_size} bytes, manifest says {size}")
+        else:
+            checks.append((rel, target, entry.get("sha256")))
+    if problems:
+        return problems, unreadable  # a wrong size is proof enough; nothing needs reading
+    for rel, target, expected in checks:
+        try:
+            actual = hash_file(target)[1]
+        except OSError as exc:
+            unreadable.append(f"{rel}: {exc.strerror or exc}")
+            continue
+        if actual != expected:
+            problems.append(f"{rel}: sha256 {actual[:12]}… but manifest says {str(expected)[:12]}…")
+    return problems, unreadable
+
+
+def size_problems(path: Path, info: CheckpointInfo) -> list[str]:
+    """Files the manifest lists that are missing or of another size (stat only, nothing read)."""
+    problems = []
+    files = (info.manifest or {}).get("files")
+    for rel, entry in sorted(files.items()) if isinstance(files, dict) else ():
+        try:
+            actual = os.stat(path / clean_relpath(rel)).st_size
+        except (CheckpointError, OSError):
+            problems.append(f"{rel}: missing")
+            continue
+        expected = entry.get("size") if isinstance(entry, dict) else "?"
+        if actual != expected:
+            problems.append(f"{rel}: {actual} bytes, manifest says {expected}")
+    return problems
+
+
+def _read(path: Path) -> tuple[bytes | None, dict | None]:
+    """(the file's bytes, None when absent; its content when that is a JSON object)."""
+    try:
+        data = path.read_bytes()
+    except (FileNotFoundError, NotADirectoryError):
+        return None, None
+    except IsADirectoryError:
+        return b"", None
+    with suppress(ValueError, UnicodeDecodeError):
+        value = json.loads(data)
+        return data, value if isinstance(value, dict) else None
+    return data, None

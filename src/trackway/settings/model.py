@@ -20,9 +20,9 @@ from pydantic_core import PydanticCustomError
 
 from trackway.settings.preflight import KEYS as PREFLIGHT_KEYS
 from trackway.settings.preflight import MODES as PREFLIGHT_MODES
+from trackway.settings.resources import RUN_KINDS
 
 EXECUTORS = ("local", "slurm", "ssh")
-RUN_KINDS = ("test", "full", "eval")
 WATCHER_STOPS = ("loss_rising", "plateau", "throughput_falling", "memory_growing", "gpu_underused")
 NOTIFY_EVENTS = ("attempts", "watchers", "evaluations", "experiments")
 MAX_GPUS_PER_NODE = 1024
@@ -85,7 +85,7 @@ class ResourceTable(Table):
     unknown: ClassVar[str] = "not a resource field (known: {sorted})"
     items: ClassVar[dict[str, str]] = {"use_for": f"run kinds among {', '.join(RUN_KINDS)}"}
 
-    executor: Literal["local", "slurm", "ssh"] = Field("local", description="'local' or 'slurm' or 'ssh'")
+    executor: Literal[EXECUTORS] = Field("local", description="'local' or 'slurm' or 'ssh'")
     gpu: Line | None = Field(None, description="a non-empty string on one line")
     gpu_memory_gb: float | None = Field(None, gt=0, le=10_000, description="a number of GB above 0 and at most 10000")
     gpus_per_node: int | None = Field(None, ge=0, le=MAX_GPUS_PER_NODE,
@@ -94,7 +94,7 @@ class ResourceTable(Table):
     cost_per_gpu_hour: float = Field(0.0, ge=0, le=1e6, description="a number of dollars per GPU-hour from 0 to 1e+06")
     preemptible: bool = Field(False, description="true or false")
     grace_seconds: float = Field(30.0, ge=0, le=86400, description="a number of seconds from 0 to 86400")
-    use_for: list[Literal["test", "full", "eval"]] = Field(
+    use_for: list[Literal[RUN_KINDS]] = Field(
         list(RUN_KINDS), description=f"a list of strings among {', '.join(RUN_KINDS)}")
     partition: Line | None = Field(None, description="a non-empty string on one line")
     account: Line | None = Field(None, description="a non-empty string on one line")
@@ -187,7 +187,7 @@ class SupervisorTable(Table):
 
     stall_seconds: float = Field(600.0, ge=1, le=WEEK_S, description=f"a number of seconds from 1 to {WEEK_S}")
     idle_exit_seconds: float = Field(300.0, ge=0, le=WEEK_S, description=f"a number of seconds from 0 to {WEEK_S}")
-    stop_on: list[Literal["loss_rising", "plateau", "throughput_falling", "memory_growing", "gpu_underused"]] = Field(
+    stop_on: list[Literal[WATCHER_STOPS]] = Field(
         [], description=f"a list of {', '.join(WATCHER_STOPS)}")
 
 
@@ -206,7 +206,7 @@ class NotifyTable(Table):
         [], description="a string or a list of notification URLs (json://, slack://, mailto://)")
     link: Annotated[str, StringConstraints(pattern=r"^https?://")] | None = Field(
         None, description="the dashboard's http(s):// address")
-    events: Annotated[list[Literal["attempts", "watchers", "evaluations", "experiments"]],
+    events: Annotated[list[Literal[NOTIFY_EVENTS]],
                       BeforeValidator(_one_or_many)] = Field(list(NOTIFY_EVENTS), description="a string or a list of event kinds")
 
     @model_validator(mode="after")
@@ -233,7 +233,7 @@ PreflightKeys.unknown = f"unknown key; expected some of {', '.join(PREFLIGHT_KEY
 class PreflightTable(Table):
     """`[preflight]`: warn, strict or off; where a run config holds each preflight key."""
 
-    mode: Literal["warn", "strict", "off"] = Field("warn", description=f"one of {', '.join(PREFLIGHT_MODES)}")
+    mode: Literal[PREFLIGHT_MODES] = Field("warn", description=f"one of {', '.join(PREFLIGHT_MODES)}")
     keys: PreflightKeys = Field(default_factory=PreflightKeys,  # type: ignore[valid-type]
                                 description='a table of preflight key = "dotted.config.key"')
 

@@ -19,6 +19,7 @@ from trackway.supervisor.watchers import STOP_MARKER
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "nanogpt_style.py"
 PATTERN = r"iter (?P<step>\d+): loss (?P<loss>\S+), time (?P<time_ms>[\d.]+)ms"
+GPU_PATTERN = r"GPU (?P<gpu>\d+): (?P<gpu_mem_gb>[\d.]+)GB / [\d.]+GB allocated \((?P<gpu_util>[\d.]+)% utilization\)"
 DEADLINE_S = 240  # generous: a busy 2-core machine
 
 
@@ -97,8 +98,25 @@ def test_bad_toml_pattern_names_the_table(cli):
 
 
 def test_compile_refuses_without_step():
-    with pytest.raises(InputError, match="--metric-pattern"):
+    with pytest.raises(InputError, match="--metric-pattern.*step in at least one pattern"):
         compile_patterns([r"loss (?P<loss>\S+)"])
+    with pytest.raises(InputError, match="besides"):
+        compile_patterns([PATTERN, r"GPU (?P<gpu>\d+)"])  # a device index alone is no metric
+
+
+def test_gpu_lines_without_a_step_are_kept_per_device():
+    regexes = compile_patterns([PATTERN, GPU_PATTERN])
+    line = "GPU 1: 45.2GB / 141GB allocated (32.0% utilization)"
+    assert parse_text(line, regexes) == [(None, {"gpu_mem_gb/gpu1": 45.2, "gpu_util/gpu1": 32.0})]
+    assert parse_text("GPU x: 1GB / 2GB allocated (3% utilization)", regexes) == []  # no device number
+
+
+def test_a_stepless_pattern_alone_exits_2_and_records_nothing(cli):
+    result = cli("submit", "--metric-pattern", GPU_PATTERN, "--", sys.executable, "-c", "pass")
+    assert result.code == 2
+    lines = result.err.strip().splitlines()
+    assert len(lines) == 1 and "--metric-pattern" in lines[0] and "step in at least one pattern" in lines[0], result.err
+    assert cli("runs", "--json").json() == []
 
 
 # -- through the real CLI, real processes ----------------------------------------------------------
@@ -138,6 +156,42 @@ def test_patterns_from_trackway_toml(cli):
     assert submitted.code == 0, submitted.err
     _supervise_until(cli, _ended(cli, "toml"))
     assert [p["step"] for p in cli("metrics", "toml", "--key", "loss", "--json").json()] == [0, 1, 2, 3, 4, 5]
+
+
+GPU_SCRIPT = """
+import sys, time
+print("GPU 0: 0.5GB / 141GB allocated (1.0% utilization)", flush=True)  # before any step: nothing to attach to
+for step in range(1, 4):
+    print(f"iter {step}: loss {1.0 / step}, time 1.0ms", flush=True)
+    print(f"GPU 0: {40 + step}.5GB / 141GB allocated ({step}.0% utilization)", flush=True)
+    print(f"GPU 1: {50 + step}.5GB / 141GB allocated ({step}.5% utilization)", flush=True)
+time.sleep(float(sys.argv[1]))
+"""
+
+
+def test_gpu_lines_become_series_at_the_last_step_and_the_watcher_reads_them(cli, home):
+    script = Path("gpu_log.py")
+    script.write_text(GPU_SCRIPT)
+    submitted = cli("submit", "--detach", "--name", "gpus", "--metric-pattern", PATTERN, "--metric-pattern",
+                    GPU_PATTERN, "--", sys.executable, str(script), "30")
+    assert submitted.code == 0, submitted.err
+
+    def gpu_finding():
+        found = cli("sql", "--json", "SELECT payload FROM attempt_events WHERE kind = 'gpu_underused'")
+        assert found.code == 0, found.err
+        return found.json()
+
+    (finding,) = _supervise_until(cli, gpu_finding)
+    message = json.loads(finding["payload"])["message"]
+    # Not NVML (no GPU here): what the script printed, below the 20 % threshold on both devices.
+    assert "GPU utilization low: 3%, 3.5%" in message and "from the run's gpu_util metric" in message, message
+    by_key: dict[str, dict[int, float]] = {}
+    for point in cli("metrics", "gpus", "--json").json():
+        by_key.setdefault(point["key"], {})[point["step"]] = point["value"]
+    assert by_key["gpu_mem_gb/gpu0"] == {1: 41.5, 2: 42.5, 3: 43.5}  # the 0.5 GB line before step 1 is not kept
+    assert by_key["gpu_util/gpu1"] == {1: 1.5, 2: 2.5, 3: 3.5}
+    assert by_key["loss"][3] == pytest.approx(1 / 3)
+    _finish(cli, "gpus")
 
 
 def _stop_marker(attempt: dict) -> dict:

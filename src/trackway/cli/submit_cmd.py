@@ -43,8 +43,9 @@ def submit(
     eval_specs: list[str] = typer.Option([], "--eval", help="An eval spec (TOML) run on committed checkpoints by its trigger (repeatable)."),
     metric_patterns: list[str] = typer.Option(
         [], "--metric-pattern",
-        help="For a script without the SDK: a regex read from its output; group (?P<step>...) is the step, every other "
-             "named group a metric, e.g. 'iter (?P<step>\\d+): loss (?P<loss>\\S+)' (repeatable; over [logs] metrics).",
+        help="For a script without the SDK: a regex read from its output; group (?P<step>...) is the step (without it: "
+             "the last step another pattern matched), (?P<gpu>...) a device index, every other named group a metric, "
+             "e.g. 'iter (?P<step>\\d+): loss (?P<loss>\\S+)' (repeatable; over [logs] metrics).",
     ),
     checkpoint_paths: list[str] = typer.Option(
         [], "--checkpoint-path",

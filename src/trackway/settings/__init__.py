@@ -90,7 +90,8 @@ keep_last = 2          # at least 2
 
 [logs]
 # For a script without the SDK: metrics read from its output, one regex per line format; the named
-# group `step` is the step, every other named group a metric (`submit --metric-pattern` overrides).
+# group `step` is the step (a pattern without one takes the last step another matched), `gpu` a
+# device index, every other named group a metric (`submit --metric-pattern` overrides).
 # metrics = ['iter (?P<step>\\d+): loss (?P<loss>\\S+)']
 
 [supervisor]
@@ -149,7 +150,7 @@ class Settings:
     eval_max_running: int = 2  # [evals] max_running: evaluation attempts running at once
     idle_exit_seconds: float = 300.0  # [supervisor] idle_exit_seconds: when a background supervisor exits
     # Scripts without the SDK: defaults for `submit --metric-pattern` and `--checkpoint-path`.
-    log_metric_patterns: tuple[str, ...] = ()  # [logs] metrics: regexes with a (?P<step>...) group
+    log_metric_patterns: tuple[str, ...] = ()  # [logs] metrics: regexes, at least one with a (?P<step>...) group
     checkpoint_paths: tuple[str, ...] = ()  # [checkpoints] path: globs relative to the run's working directory
     # [notify]: where what needs a person is sent (apprise URLs), the dashboard to link to, and which kinds.
     notify_urls: tuple[str, ...] = ()

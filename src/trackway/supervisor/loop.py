@@ -34,7 +34,7 @@ from trackway.supervisor.launch import run_secret_values, start_attempt
 from trackway.resources.placement import PLACED_EVENT, project_settings, resource_after_oom
 from trackway.supervisor.policy import Decision
 from trackway.supervisor.retry import decide_after_end, due_retries
-from trackway.supervisor.log_metrics import LogReport, NonFiniteLoss, ingest_log_metrics
+from trackway.supervisor.log_metrics import LogReport, NonFiniteLoss, ingest_log_metrics, logged_gpu_utilization
 from trackway.supervisor.outside_checkpoints import OutsideCheckpoints
 from trackway.supervisor.watchers import (
     ALWAYS_STOP,
@@ -60,6 +60,8 @@ STALE_LAUNCH_S = 120
 ORPHANED_RUN_S = 10
 # Past this, a tick leaves the remaining attempts to the next one (each end costs a write).
 TICK_BUDGET_S = 0.7
+# How recent a logged `gpu_util` value must be to count as the GPUs' utilization now.
+GPU_LOG_WINDOW_S = 300
 
 
 @dataclass(frozen=True)
@@ -557,7 +559,15 @@ class Supervisor:
             found.append(("memory_growing", message))
         # NVML here sees this machine's GPUs only: another executor's GPUs are on another node.
         local = attempt["executor"] == "local"
-        if local and attempt["gpu_ids"] and (message := gpu_underused(gpu_utilization(attempt["gpu_ids"]))) is not None:
+        seen = gpu_utilization(attempt["gpu_ids"]) if local and attempt["gpu_ids"] else []
+        source = "NVML"
+        if not seen and new_points:
+            # Where NVML cannot see them, what the script said about its GPUs (`gpu_util` series) in the last
+            # window: read only when points came in, as only they can change it.
+            with self.ledger.read() as conn:
+                seen = logged_gpu_utilization(conn, attempt, since=time.time() - GPU_LOG_WINDOW_S)
+            source = "the run's gpu_util metric"
+        if (message := gpu_underused(seen, source=source)) is not None:
             found.append(("gpu_underused", message))
         if new_points:
             with self.ledger.read() as conn:

@@ -82,8 +82,9 @@ def memory_growing(first_rss: int | None, rss: int | None, factor: float = 2.0, 
     return None
 
 
-def gpu_underused(utilizations: list[int], threshold: int = 20) -> str | None:
-    """Every GPU of the attempt is below `threshold` % utilization (from NVML) right now."""
+def gpu_underused(utilizations: list[float], threshold: int = 20, source: str = "NVML") -> str | None:
+    """Every GPU of the attempt is below `threshold` % utilization right now (read from `source`)."""
     if utilizations and max(utilizations) < threshold:
-        return f"GPU utilization low: {', '.join(f'{u}%' for u in utilizations)} (threshold {threshold}%)"
+        shown = ", ".join(f"{u:g}%" for u in utilizations)
+        return f"GPU utilization low: {shown} (threshold {threshold}%, from {source})"
     return None

@@ -369,7 +369,7 @@ def signal_each(pids: list[int], signum: int) -> None:
 
 
 def job_survivors(job: dict) -> list[int]:
-    """Live processes of a job whose shim is gone: its process group or session, or its tree's mark in their environment.
+    """Live processes of a job whose shim is gone: in its group or session, or with its mark in their environment.
 
     Read from every process in /proc (the environment only of those this user may read): for
     the rare case of a dead shim, never on a running attempt's path.

@@ -202,3 +202,32 @@ def test_cancel_without_a_shim_stops_children_in_sessions_of_their_own(executor,
     assert gone_at_once([child, sub.pid]) == []
     assert any(f"pid {child} ({PY})" in line and line.endswith("sent SIGKILL") for line in status.evidence), \
         status.evidence
+
+
+def test_cancel_on_an_ssh_host_ends_children_in_sessions_of_their_own(tmp_path, loopback_host):
+    """The host runs a copy of the same shim: what it stops, and names, is the same there."""
+    from .test_ssh import launch, resource
+
+    script = ("import os, subprocess, sys, time\n"
+              "child = 'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(301)'\n"
+              "subprocess.Popen([sys.executable, '-c', child], start_new_session=True)\n"
+              "print('up', flush=True)\ntime.sleep(300)\n")
+    executor, request = launch(tmp_path, resource(loopback_host), script)
+    submission = executor.submit(request)
+
+    def the_child():
+        return [p for p in loopback_host.processes() if "time.sleep(301)" in " ".join(p.cmdline())]
+
+    def started():
+        executor.poll(submission.handle)  # pulls the host's output.log here
+        return "up" in log_text(request.log_path) and the_child()
+
+    wait_for(started, "the command and its child to start", timeout=60, interval=0.2)
+    (child,) = the_child()
+
+    executor.cancel(submission.handle)
+    status = wait_ended(executor, submission.handle, timeout=60)
+
+    assert status.cancelled
+    assert the_child() == []
+    assert any(f"pid {child.pid} ({PY})" in line for line in status.evidence), status.evidence

@@ -3,23 +3,33 @@
 `LocalExecutor.submit()` starts `python -m trackway.executors.local_shim STATE_DIR` detached; the
 shim forks once more (so that it is nobody's zombie), reads `STATE_DIR/launch.json`, and leaves:
 
-    job.json     as soon as the command runs (or failed to start): shim and child pids, create times, pgid
+    job.json     as soon as the command runs (or failed to start): shim and child pids, create times, pgid,
+                 tree_token
     exit.json    once it ended: exit_code or signal, ended_at, timed_out, cancelled, evidence
     exit.reserve room for exit.json taken before the command starts (EXIT_RESERVE_BYTES): on a disk
                  the command filled up, the exit status is written into it and renamed to exit.json
     shim.err     the shim's own stderr, empty unless the shim itself broke
+    stopping.lock, stopped.json   only with the shim gone: see `--kill-tree` below
 
 A full disk never hides how the command ended: output lines the log cannot take are counted and
 the count, the path and the bytes free go into exit.json's evidence; exit.json itself goes into
 the room reserved at the start when no new file can be written.
 
-The command runs in its own session and process group; every signal the shim sends goes to the
-whole group, and whatever is left of the group when the command exits is killed with it.
+The command runs in its own session and process group, but its processes need not stay there:
+torchrun starts every rank in a session of its own. So the shim is a child subreaper (Linux):
+whatever leaves the group, or is orphaned by a launcher that died, stays below the shim. Every
+stop signal goes to the group and to every process below the shim, and the end is written down
+only once none of them is left, each one that had to be stopped named in the evidence:
 
-    started ──► exited on its own ───────────────────────────────► exit.json
+    started ──► exited on its own ──► any left: SIGTERM ─► grace ─► SIGKILL ─────► exit.json
        │
        ├─ time limit reached ─┐
-       └─ shim got SIGTERM  ──┴─► SIGTERM to group ─► grace ─► SIGKILL to group ─► exit.json
+       └─ shim got SIGTERM  ──┴─► SIGTERM to all ─► grace ─► SIGKILL to all ─────► exit.json
+                                  (the command exits before that: what is left gets SIGKILL at once)
+
+Once the shim is gone (killed itself), its job's processes are found by group, session, or the
+mark TRACKWAY_JOB_TREE=<job.json's tree_token> in their environment (`job_survivors`), which
+every descendant inherits unless it clears its environment.
 
 A shim SIGTERM is how `cancel()` works (it writes `cancel.json` first) and how a host shutdown
 arrives. A shim SIGUSR1 (a preemption or time-limit notice, e.g. Slurm's `--signal=B:USR1@N`) is

@@ -231,3 +231,30 @@ def test_cancel_on_an_ssh_host_ends_children_in_sessions_of_their_own(tmp_path, 
     assert status.cancelled
     assert the_child() == []
     assert any(f"pid {child.pid} ({PY})" in line for line in status.evidence), status.evidence
+
+
+def test_a_notice_reaches_the_ranks_and_does_not_kill_a_launcher_without_a_handler(executor, make_request, pid_dir):
+    """torchrun has no SIGUSR1 handler (the default action kills it); its ranks, with the SDK's, have one."""
+    launcher = """
+import os, subprocess, sys, time
+rank = ("import os, signal, sys, time; "
+        "signal.signal(signal.SIGUSR1, lambda *a: print('rank got SIGUSR1', flush=True)); "
+        "p = sys.argv[1]; open(p + '.tmp', 'w').write(str(os.getpid())); os.replace(p + '.tmp', p); "
+        "time.sleep(120)")
+subprocess.Popen([sys.executable, "-c", rank, os.path.join(os.environ["PID_DIR"], "rank0.pid")],
+                 start_new_session=True)
+time.sleep(120)
+"""
+    request = make_request(python(launcher), env={"PID_DIR": str(pid_dir)}, grace_s=1)
+    sub = executor.submit(request)
+    (rank,) = read_pids(pid_dir, "rank", 1)
+
+    os.kill(int(sub.handle.job_id), signal.SIGUSR1)
+    wait_for(lambda: "rank got SIGUSR1" in log_text(request.log_path), "the notice to reach the rank")
+
+    assert is_alive(sub.pid) and executor.poll(sub.handle).phase is JobPhase.RUNNING
+    executor.cancel(sub.handle)
+    status = wait_ended(executor, sub.handle)
+    assert status.evidence[0] == ("executor shim received SIGUSR1 (a notice): sent it on to 1 process of the job"
+                                  f" with a handler for it (pid {rank} ({PY}))")
+    assert gone_at_once([rank]) == []

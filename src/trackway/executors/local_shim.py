@@ -33,7 +33,8 @@ every descendant inherits unless it clears its environment.
 
 A shim SIGTERM is how `cancel()` works (it writes `cancel.json` first) and how a host shutdown
 arrives. A shim SIGUSR1 (a preemption or time-limit notice, e.g. Slurm's `--signal=B:USR1@N`) is
-sent on to the group and noted, with its time, in `exit.json`'s `notices`; it stops nothing.
+sent on to the job's processes that handle it (to the group when none does: torchrun does not,
+and would die of it) and noted, with its time, in `exit.json`'s `notices`; it stops nothing.
 `--kill-tree STATE_DIR` is a second mode, for a job whose shim is gone: SIGTERM, then SIGKILL
 after the grace, to every process of the job still running (see `job_survivors`), and what it
 killed in `stopped.json`.
@@ -370,6 +371,18 @@ def processes(count: int) -> str:
     return f"{count} process{'es' if count != 1 else ''}"
 
 
+def handles(pid: int, signum: int) -> bool:
+    """Whether `pid` has a handler for `signum` (its SigCgt mask in /proc/PID/status)."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
 def signal_each(pids: list[int], signum: int) -> None:
     for pid in pids:
         try:
@@ -691,9 +704,22 @@ class Shim:
         self._unforwarded.append(signum)
 
     def _forward_notices(self, pgid: int, log: _Log) -> None:
+        """A notice goes to the processes of the job that handle it, or, when none does, to the group.
+
+        A launcher that does not handle SIGUSR1 (torchrun) would die of it, and its ranks, which
+        do, would never hear of it: with a handler anywhere in the job, only those processes get it.
+        """
         while self._unforwarded:
-            signal_group(pgid, self._unforwarded.pop(0))
-            note = f"executor shim received SIGUSR1 (a notice): sent it on to process group {pgid}"
+            signum = self._unforwarded.pop(0)
+            handlers = [pid for pid in self._job_processes(pgid) if handles(pid, signum)]
+            if handlers:
+                signal_each(handlers, signum)
+                named = name_processes([(pid, process_name(pid)) for pid in handlers])
+                to = f"{processes(len(handlers))} of the job with a handler for it ({named})"
+            else:
+                signal_group(pgid, signum)
+                to = f"process group {pgid}"
+            note = f"executor shim received {signal_name(signum)} (a notice): sent it on to {to}"
             self.evidence.append(note)
             log.note(note)
 
@@ -968,7 +994,9 @@ def stop_job(state_dir: Path, job: dict, shim: list[str]) -> str | None:
             return "shim"
         except ProcessLookupError:
             pass
-    if _stopper_at_work(state_dir) or job_survivors(job):
+    if _stopper_at_work(state_dir):
+        return "group"
+    if job_survivors(job):
         start_stopper(state_dir, shim)
         return "group"
     return None

@@ -229,7 +229,8 @@ def test_shim_sends_usr1_and_sigterm_on_to_the_command(executor, make_request):
 
     assert (status.exit_code, status.signal) == (75, None)
     assert [text for _, tag, text in log_lines(log) if tag == "out"] == ["ready", "got SIGUSR1", "got SIGTERM"]
-    assert any("received SIGUSR1 (a notice): sent it on to process group" in line for line in status.evidence)
+    assert any(line.startswith("executor shim received SIGUSR1 (a notice): sent it on to 1 process of the job"
+                               f" with a handler for it (pid {sub.pid} (") for line in status.evidence), status.evidence
     notices = read_json(sub.handle.state_dir / "exit.json")["notices"]
     assert [notice["signal"] for notice in notices] == ["SIGUSR1"]
 

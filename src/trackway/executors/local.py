@@ -32,9 +32,11 @@ from trackway.executors.base import (
 from trackway.executors.local_shim import (
     LeaseFiles,
     StartFailed,
+    name_processes,
     process_create_time,
     read_json,
     same_process,
+    settle_orphans,
     start_detached,
     stop_job,
     write_json_atomic,
@@ -43,6 +45,7 @@ from trackway.receipts.placement import GpuInfo
 from trackway.receipts.placement import gpu_inventory as host_gpu_inventory
 
 SHIM_START_TIMEOUT_S = 10.0
+SHIM = [sys.executable, "-m", "trackway.executors.local_shim"]
 
 
 def choose_gpus(inventory: Iterable[GpuInfo], leased: set[int], n: int) -> list[int]:
@@ -179,25 +182,36 @@ class LocalExecutor(Executor):
                 cancelled=cancelled,
                 evidence=(f"{shim_gone}; the command (pid {job['child_pid']}) still runs, unsupervised",),
             )
+        # Ranks that left the command's session outlive it: the attempt ends once they are gone too.
+        running, stopped = settle_orphans(state_dir, job, SHIM)
+        if stopped is None:
+            still = f"{len(running)} of its processes" if running else "its processes"
+            return JobStatus(
+                phase=JobPhase.RUNNING,
+                started_at=started_at,
+                cancelled=cancelled,
+                evidence=(f"{shim_gone} and the command (pid {job['child_pid']}) has exited;"
+                          f" stopping {still} still running{f' ({name_processes(running)})' if running else ''}",),
+            )
         return JobStatus(
             phase=JobPhase.VANISHED,
             started_at=started_at,
             cancelled=cancelled,
-            evidence=(f"{shim_gone} and left no exit status", *full_disk_evidence(state_dir)),
+            evidence=(f"{shim_gone} and left no exit status", *stopped, *full_disk_evidence(state_dir)),
         )
 
     def cancel(self, handle: JobHandle) -> None:
         """Ask the shim to stop the job (SIGTERM, then SIGKILL after the grace).
 
-        If the shim itself is gone but the command still runs, a detached `--kill-group` helper
-        does the same escalation, so that the caller can exit at once. With no shim, nobody is
+        If the shim itself is gone but processes of the job still run, a detached `--kill-tree`
+        helper does the same escalation to all of them, so that the caller can exit at once. With no shim, nobody is
         left to record an exit status: poll() reports VANISHED, with cancelled=True.
         """
         state_dir = Path(handle.state_dir)
         job = read_json(state_dir / "job.json")
         if job is None:
             raise NotFound(f"job {handle.job_id}: no local job was started in {state_dir}")
-        stop_job(state_dir, job, [sys.executable, "-m", "trackway.executors.local_shim"])
+        stop_job(state_dir, job, SHIM)
 
     def logs(self, handle: JobHandle) -> Path:
         launch = read_json(Path(handle.state_dir) / "launch.json")
@@ -242,7 +256,6 @@ class LocalExecutor(Executor):
     def _start_shim(self, state_dir: Path) -> dict:
         """Start the shim detached and wait until it reports the command started (or failed to)."""
         try:
-            return start_detached([sys.executable, "-m", "trackway.executors.local_shim", str(state_dir)], state_dir,
-                                  SHIM_START_TIMEOUT_S)
+            return start_detached([*SHIM, str(state_dir)], state_dir, SHIM_START_TIMEOUT_S)
         except StartFailed as exc:
             raise ExecutorError(f"local shim {exc}") from None

@@ -3,29 +3,41 @@
 `LocalExecutor.submit()` starts `python -m trackway.executors.local_shim STATE_DIR` detached; the
 shim forks once more (so that it is nobody's zombie), reads `STATE_DIR/launch.json`, and leaves:
 
-    job.json     as soon as the command runs (or failed to start): shim and child pids, create times, pgid
+    job.json     as soon as the command runs (or failed to start): shim and child pids, create times, pgid,
+                 tree_token
     exit.json    once it ended: exit_code or signal, ended_at, timed_out, cancelled, evidence
     exit.reserve room for exit.json taken before the command starts (EXIT_RESERVE_BYTES): on a disk
                  the command filled up, the exit status is written into it and renamed to exit.json
     shim.err     the shim's own stderr, empty unless the shim itself broke
+    stopping.lock, stopped.json   only with the shim gone: see `--kill-tree` below
 
 A full disk never hides how the command ended: output lines the log cannot take are counted and
 the count, the path and the bytes free go into exit.json's evidence; exit.json itself goes into
 the room reserved at the start when no new file can be written.
 
-The command runs in its own session and process group; every signal the shim sends goes to the
-whole group, and whatever is left of the group when the command exits is killed with it.
+The command runs in its own session and process group, but its processes need not stay there:
+torchrun starts every rank in a session of its own. So the shim is a child subreaper (Linux):
+whatever leaves the group, or is orphaned by a launcher that died, stays below the shim. Every
+stop signal goes to the group and to every process below the shim, and the end is written down
+only once none of them is left, each one that had to be stopped named in the evidence:
 
-    started ──► exited on its own ───────────────────────────────► exit.json
+    started ──► exited on its own ──► any left: SIGTERM ─► grace ─► SIGKILL ─────► exit.json
        │
        ├─ time limit reached ─┐
-       └─ shim got SIGTERM  ──┴─► SIGTERM to group ─► grace ─► SIGKILL to group ─► exit.json
+       └─ shim got SIGTERM  ──┴─► SIGTERM to all ─► grace ─► SIGKILL to all ─────► exit.json
+                                  (the command exits before that: what is left gets SIGKILL at once)
+
+Once the shim is gone (killed itself), its job's processes are found by group, session, or the
+mark TRACKWAY_JOB_TREE=<job.json's tree_token> in their environment (`job_survivors`), which
+every descendant inherits unless it clears its environment.
 
 A shim SIGTERM is how `cancel()` works (it writes `cancel.json` first) and how a host shutdown
 arrives. A shim SIGUSR1 (a preemption or time-limit notice, e.g. Slurm's `--signal=B:USR1@N`) is
-sent on to the group and noted, with its time, in `exit.json`'s `notices`; it stops nothing.
-`--kill-group PGID GRACE` is a second mode: SIGTERM, then SIGKILL after the grace, for a group
-whose shim is gone.
+sent on to the job's processes that handle it (to the group when none does: torchrun does not,
+and would die of it) and noted, with its time, in `exit.json`'s `notices`; it stops nothing.
+`--kill-tree STATE_DIR` is a second mode, for a job whose shim is gone: SIGTERM, then SIGKILL
+after the grace, to every process of the job still running (see `job_survivors`), and what it
+killed in `stopped.json`.
 
 `--foreground STATE_DIR` runs the shim without forking, as the batch step of a Slurm job (the
 Slurm executor's sbatch script execs it): the job's environment is the shim's own, GPUs are what
@@ -53,6 +65,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -64,6 +77,13 @@ EXIT_RESERVE_BYTES = 16 << 10
 # What a batch job's shim keeps from its environment in job.json: where the scheduler placed it.
 BATCH_ENV = ("SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_JOB_PARTITION", "SLURM_JOB_QOS", "SLURM_JOB_ACCOUNT",
              "SLURM_JOB_GPUS", "SLURM_GPUS_ON_NODE", "CUDA_VISIBLE_DEVICES", "SLURM_RESTART_COUNT")
+# Set in the command's environment, unique per attempt: what finds its processes once the shim is
+# gone, even those that left its session (torchrun starts every rank with start_new_session=True).
+TREE_ENV = "TRACKWAY_JOB_TREE"
+PR_SET_CHILD_SUBREAPER = 36
+# How long processes sent SIGKILL may take to go (a process in uninterruptible sleep holds on).
+KILL_WAIT_S = 10.0
+NAMED_MAX = 16  # processes named in one evidence line; the rest are counted
 # Output with no newline (a progress bar redrawn with \r) is cut into log lines of at most this many bytes.
 _MAX_LINE = 1 << 16
 _boot_time: float | None = None
@@ -262,6 +282,204 @@ def group_members(pgid: int) -> list[int]:
     return members
 
 
+def become_subreaper() -> bool:
+    """Make this process the reaper of its orphaned descendants (Linux prctl), so they stay below it.
+
+    A process that leaves the job's session still has the shim above it, whatever its own parent
+    does; False where the kernel does not offer it (then only the group and the scan find them).
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _read_stat(pid: int) -> list[bytes] | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return _stat_fields(f.read())
+    except OSError:
+        return None
+
+
+def _children(pid: int) -> list[int]:
+    """Direct children of `pid` from /proc/PID/task/TID/children (each thread lists those it forked or adopted)."""
+    kids: list[int] = []
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return kids
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                kids.extend(int(kid) for kid in f.read().split())
+        except OSError:
+            continue
+    return kids
+
+
+def _children_by_scan() -> dict[int, list[int]]:
+    """Every process's children, from each one's parent in /proc (kernels without the children files)."""
+    table: dict[int, list[int]] = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return table
+    for name in names:
+        if name.isdigit() and (fields := _read_stat(int(name))) is not None:
+            table.setdefault(int(fields[1]), []).append(int(name))
+    return table
+
+
+def descendants(root: int) -> list[int]:
+    """The live processes below `root` (zombies left out), parents before their children."""
+    if os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children"):
+        children_of = _children
+    else:
+        table = _children_by_scan()
+        children_of = lambda pid: table.get(pid, [])  # noqa: E731
+    found, queue, seen = [], [root], {root}
+    while queue:
+        for kid in children_of(queue.pop(0)):
+            if kid not in seen:
+                seen.add(kid)
+                queue.append(kid)
+                found.append(kid)
+    return [pid for pid in found if (fields := _read_stat(pid)) is not None and fields[0] not in _GONE]
+
+
+def process_name(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as f:
+            return f.read().strip() or "name not known"
+    except OSError:
+        return "name not known"
+
+
+def name_processes(named: list[tuple[int, str]]) -> str:
+    """`pid 4101 (python3), pid 4102 (python3)`: at most NAMED_MAX of them, the rest counted."""
+    text = ", ".join(f"pid {pid} ({name})" for pid, name in named[:NAMED_MAX])
+    return text + (f" and {len(named) - NAMED_MAX} more" if len(named) > NAMED_MAX else "")
+
+
+def processes(count: int) -> str:
+    return f"{count} process{'es' if count != 1 else ''}"
+
+
+def handles(pid: int, signum: int) -> bool:
+    """Whether `pid` has a handler for `signum` (its SigCgt mask in /proc/PID/status)."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
+def signal_each(pids: list[int], signum: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def job_survivors(job: dict) -> list[int]:
+    """Live processes of a job whose shim is gone: in its group or session, or with its mark in their environment.
+
+    Read from every process in /proc (the environment only of those this user may read): for
+    the rare case of a dead shim, never on a running attempt's path.
+    """
+    pgid = job.get("pgid")
+    token = job.get("tree_token")
+    mark = f"{TREE_ENV}={token}".encode() if token else None
+    started = job.get("child_create_time") or 0.0
+    found = []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return found
+    me = os.getpid()
+    for name in names:
+        if not name.isdigit() or int(name) == me:
+            continue
+        fields = _read_stat(int(name))
+        if fields is None or fields[0] in _GONE:
+            continue
+        # Started with or after the command: a pid reused as a group or session id later is not the job's.
+        if pgid and pgid in (int(fields[2]), int(fields[3])):
+            created = process_create_time(int(name))
+            if created is not None and created >= started - 1.0:
+                found.append(int(name))
+                continue
+        if mark is not None and _environ_has(int(name), mark):
+            found.append(int(name))
+    return found
+
+
+def _environ_has(pid: int, mark: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return mark in f.read().split(b"\0")
+    except OSError:
+        return False
+
+
+class Ending:
+    """What stopping a job's leftover processes did, as (pid, name) pairs: sent SIGTERM, needed SIGKILL, outlived it."""
+
+    def __init__(self) -> None:
+        self.termed: list[tuple[int, str]] = []
+        self.killed: list[tuple[int, str]] = []
+        self.stuck: list[tuple[int, str]] = []
+
+
+def end_processes(find: Callable[[], list[int]], grace_s: float, termed: bool,
+                  wait: Callable[[float], None] = time.sleep) -> Ending:
+    """Stop every process `find()` returns: SIGTERM (unless `termed`: it was sent already), the grace, SIGKILL.
+
+    `find()` is asked again while waiting, so a process forked meanwhile is stopped too; returns
+    once none is left, or KILL_WAIT_S after the SIGKILL with the ones still there in `stuck`.
+    """
+    ending = Ending()
+    names: dict[int, str] = {}
+
+    def left() -> list[int]:
+        pids = find()
+        for pid in pids:
+            names.setdefault(pid, process_name(pid))
+        return pids
+
+    pids = left()
+    if pids and not termed:
+        signal_each(pids, signal.SIGTERM)
+        signal_each(pids, signal.SIGCONT)  # a stopped process would sit on the SIGTERM
+        ending.termed = [(pid, names[pid]) for pid in pids]
+        deadline = time.monotonic() + grace_s
+        while pids and time.monotonic() < deadline:
+            wait(0.05)
+            pids = left()
+    deadline = time.monotonic() + KILL_WAIT_S
+    killed: set[int] = set()
+    while pids:
+        signal_each(pids, signal.SIGKILL)
+        ending.killed += [(pid, names[pid]) for pid in pids if pid not in killed]
+        killed.update(pids)
+        if time.monotonic() >= deadline:
+            ending.stuck = [(pid, names[pid]) for pid in pids]
+            break
+        wait(0.05)
+        pids = left()
+    return ending
+
+
 def signal_name(signum: int) -> str:
     try:
         return signal.Signals(signum).name
@@ -403,6 +621,8 @@ class Shim:
         self.create_time = process_create_time(os.getpid())
         self.reserved = False
         self.log: _Log | None = None
+        self.tree_token = os.urandom(8).hex()
+        self.child_pid: int | None = None
 
     def run(self) -> int:
         wake_r, wake_w = os.pipe()
@@ -412,6 +632,9 @@ class Shim:
         signal.signal(signal.SIGINT, self._on_stop)
         signal.signal(signal.SIGUSR1, self._on_notice)
         signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+        # Before the command starts: a rank that leaves the job's session (torchrun starts each in
+        # its own) stays below the shim when its launcher dies, so the shim can end it too.
+        become_subreaper()
         if self.leases is not None and self.gpu_ids:
             owner = {"pid": os.getpid(), "create_time": self.create_time, "state_dir": str(self.state_dir),
                      "attempt_id": self.launch.get("attempt_id")}
@@ -425,6 +648,7 @@ class Shim:
         # launched this attempt) must not leak in, or a retry would train with other settings.
         env = {} if self.launch.get("env_is_complete") else dict(os.environ)
         env.update(self.launch.get("env", {}))
+        env[TREE_ENV] = self.tree_token
         try:
             child = subprocess.Popen(
                 self.launch["command"],
@@ -440,6 +664,7 @@ class Shim:
 
         started_at = utc_now()
         started = time.monotonic()
+        self.child_pid = child.pid
         self._write_job(child.pid, process_create_time(child.pid), started_at)
         pumps = [
             threading.Thread(target=log.pump, args=(child.stdout, b"out"), daemon=True),
@@ -449,8 +674,9 @@ class Shim:
             pump.start()
 
         self._supervise(child, started, wake_r, log)
-        self._kill_leftovers(child.pid, log)
+        self._end_tree(child.pid, log)
         returncode = child.wait()
+        self._reap_orphans(None)
         deadline = time.monotonic() + PUMP_DRAIN_S
         for pump in pumps:
             pump.join(max(0.0, deadline - time.monotonic()))
@@ -478,9 +704,22 @@ class Shim:
         self._unforwarded.append(signum)
 
     def _forward_notices(self, pgid: int, log: _Log) -> None:
+        """A notice goes to the processes of the job that handle it, or, when none does, to the group.
+
+        A launcher that does not handle SIGUSR1 (torchrun) would die of it, and its ranks, which
+        do, would never hear of it: with a handler anywhere in the job, only those processes get it.
+        """
         while self._unforwarded:
-            signal_group(pgid, self._unforwarded.pop(0))
-            note = f"executor shim received SIGUSR1 (a notice): sent it on to process group {pgid}"
+            signum = self._unforwarded.pop(0)
+            handlers = [pid for pid in self._job_processes(pgid) if handles(pid, signum)]
+            if handlers:
+                signal_each(handlers, signum)
+                named = name_processes([(pid, process_name(pid)) for pid in handlers])
+                to = f"{processes(len(handlers))} of the job with a handler for it ({named})"
+            else:
+                signal_group(pgid, signum)
+                to = f"process group {pgid}"
+            note = f"executor shim received {signal_name(signum)} (a notice): sent it on to {to}"
             self.evidence.append(note)
             log.note(note)
 
@@ -504,9 +743,12 @@ class Shim:
                 self._terminate(pgid, f"time limit {format_seconds(float(self.time_limit_s))} s reached", log)
             if self.term_at is not None and not self.kill_sent and now >= self.term_at + self.grace_s:
                 self.kill_sent = True
+                left = self._job_processes(pgid)
+                named = [(pid, process_name(pid)) for pid in left]
                 signal_group(pgid, signal.SIGKILL)
-                note = (f"process group {pgid} still running {format_seconds(self.grace_s)} s after SIGTERM:"
-                        " sent SIGKILL")
+                signal_each(left, signal.SIGKILL)
+                note = (f"process group {pgid} still running {format_seconds(self.grace_s)} s after SIGTERM"
+                        f" ({name_processes(named)}): sent SIGKILL")
                 self.evidence.append(note)
                 log.note(note)
             wake_at = [now + 5.0]
@@ -518,6 +760,7 @@ class Shim:
             # Signals (SIGCHLD, SIGTERM) write to wake_r, so this returns as soon as anything happens.
             if select.select([wake_r], [], [], timeout)[0]:
                 os.read(wake_r, 512)
+            self._reap_orphans(child.pid)
 
     def _await_scheduler_kill(self, why: str, log: _Log) -> None:
         """A batch job's SIGTERM: the scheduler sent it to every process of the job, the command included.
@@ -535,21 +778,85 @@ class Shim:
 
     def _terminate(self, pgid: int, why: str, log: _Log) -> None:
         self.term_at = time.monotonic()
+        # Processes that left the group (torchrun's ranks, each in its own session) get it too, as
+        # Slurm sends it to every process of a job.
+        outside = [pid for pid in self._job_processes(pgid) if _pgid_of(pid) != pgid]
         signal_group(pgid, signal.SIGTERM)
+        signal_each(outside, signal.SIGTERM)
         # A stopped process would sit on the SIGTERM until the grace ran out.
         signal_group(pgid, signal.SIGCONT)
-        note = f"{why}: sent SIGTERM to process group {pgid}, SIGKILL after {format_seconds(self.grace_s)} s grace"
+        signal_each(outside, signal.SIGCONT)
+        to = f"process group {pgid}"
+        if outside:
+            named = name_processes([(pid, process_name(pid)) for pid in outside])
+            to += f" and to {processes(len(outside))} outside it ({named})"
+        note = f"{why}: sent SIGTERM to {to}, SIGKILL after {format_seconds(self.grace_s)} s grace"
         self.evidence.append(note)
         log.note(note)
 
-    def _kill_leftovers(self, pgid: int, log: _Log) -> None:
-        # The leader is still an unreaped zombie here, so its pid cannot have been reused as a pgid.
-        leftovers = [pid for pid in group_members(pgid) if pid != pgid]
-        if signal_group(pgid, signal.SIGKILL) and leftovers:
-            note = (f"killed {len(leftovers)} process{'es' if len(leftovers) != 1 else ''}"
-                    f" left in process group {pgid} after the command exited")
+    def _job_processes(self, pgid: int) -> list[int]:
+        """The command's live processes: all below the shim (a subreaper keeps orphans there) and its group."""
+        found = descendants(os.getpid())
+        return found + [pid for pid in group_members(pgid) if pid not in found]
+
+    def _end_tree(self, pgid: int, log: _Log) -> None:
+        """The command exited: every process left of it is gone before its end is written down.
+
+        Whatever holds on is stopped: after a SIGTERM to the job (cancel, time limit) with SIGKILL at
+        once, after an exit of its own with SIGTERM, the grace, then SIGKILL. So the end, and a retry,
+        never come while a rank of this attempt still runs. The leader is an unreaped zombie until
+        then, so its pid cannot have been reused as a group id meanwhile.
+        """
+        outside: set[int] = set()
+
+        def left() -> list[int]:
+            pids = self._job_processes(pgid)
+            outside.update(pid for pid in pids if _pgid_of(pid) != pgid)
+            return pids
+
+        termed = self.term_at is not None
+        ending = end_processes(left, self.grace_s, termed, self._wait)
+        signal_group(pgid, signal.SIGKILL)
+        grace = format_seconds(self.grace_s)
+        notes = []
+        if ending.termed:
+            notes.append(f"the command exited with {processes(len(ending.termed))} of it still running"
+                         f" ({name_processes(ending.termed)}): sent SIGTERM, SIGKILL after {grace} s grace")
+        if ending.killed and termed:
+            killed_outside = [pid for pid, _ in ending.killed if pid in outside]
+            where = f"in process group {pgid}"
+            if killed_outside:
+                where = (f"outside process group {pgid}" if len(killed_outside) == len(ending.killed)
+                         else f"in process group {pgid} and outside it")
+            notes.append(f"killed {processes(len(ending.killed))} left {where} after the command exited:"
+                         f" {name_processes(ending.killed)}")
+        elif ending.killed:
+            notes.append(f"{name_processes(ending.killed)} still running {grace} s after SIGTERM: sent SIGKILL")
+        if ending.stuck:
+            notes.append(f"{name_processes(ending.stuck)} still there {format_seconds(KILL_WAIT_S)} s after SIGKILL")
+        for note in notes:
             self.evidence.append(note)
             log.note(note)
+
+    def _wait(self, seconds: float) -> None:
+        time.sleep(seconds)
+        self._reap_orphans(self.child_pid)
+
+    def _reap_orphans(self, keep: int | None) -> None:
+        """Reap the orphans the shim adopted as subreaper; `keep` (the command, whose pid holds the group id) stays."""
+        if keep is None:
+            while True:
+                try:
+                    if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                        return
+                except ChildProcessError:
+                    return
+        for pid in _children(os.getpid()):
+            if pid != keep:
+                try:
+                    os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    pass
 
     def _cannot_start(self, log: _Log, exc: BaseException) -> int:
         note = f"cannot start command: {exc}"
@@ -566,6 +873,7 @@ class Shim:
             "child_pid": child_pid,
             "child_create_time": child_create_time,
             "pgid": child_pid,
+            "tree_token": self.tree_token,
             "started_at": started_at.isoformat(),
             "host": socket.gethostname(),
             "gpu_ids": self.gpu_ids,
@@ -611,6 +919,13 @@ def _visible_gpus() -> list[int]:
     """The GPU indices the scheduler gave this job (CUDA_VISIBLE_DEVICES), when they are numbers."""
     ids = [part.strip() for part in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if part.strip()]
     return [int(part) for part in ids] if all(part.isdigit() for part in ids) else []
+
+
+def _pgid_of(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
 
 
 def _has_exited(pid: int) -> bool:
@@ -665,9 +980,9 @@ def start_detached(argv: list[str], state_dir: Path, timeout_s: float) -> dict:
 def stop_job(state_dir: Path, job: dict, shim: list[str]) -> str | None:
     """Ask a started job to stop: cancel.json, then SIGTERM to its shim, which escalates to SIGKILL.
 
-    With the shim gone but the command running, a detached `shim --kill-group` (`shim`: how to
-    run this module) does the same escalation, so the caller can return at once. Says what was
-    signalled ("shim", "group") or None (already ended, or nothing left to signal).
+    With the shim gone but processes of the job running, a detached `shim --kill-tree` (`shim`:
+    how to run this module) does the same escalation to all of them, so the caller can return at
+    once. Says what was signalled ("shim", "group") or None (already ended, or nothing left).
     """
     if (state_dir / "exit.json").exists():
         return None
@@ -679,14 +994,54 @@ def stop_job(state_dir: Path, job: dict, shim: list[str]) -> str | None:
             return "shim"
         except ProcessLookupError:
             pass
-    if job.get("pgid") and same_process(job["child_pid"], job["child_create_time"]) and group_alive(job["pgid"]):
-        launch = read_json(state_dir / "launch.json") or {}
-        subprocess.Popen(
-            [*shim, "--kill-group", str(job["pgid"]), str(launch.get("grace_s", 30.0))],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-        )
+    if _stopper_at_work(state_dir):
+        return "group"
+    if job_survivors(job):
+        start_stopper(state_dir, shim)
         return "group"
     return None
+
+
+# Files of a job whose shim is gone: held locked by the `--kill-tree` helper while it stops what
+# is left, and what it did, written once it is done.
+STOPPING = "stopping.lock"
+STOPPED = "stopped.json"
+
+
+def settle_orphans(state_dir: Path, job: dict, shim: list[str]) -> tuple[list[tuple[int, str]], list[str] | None]:
+    """For a job whose shim is gone and whose command has exited: (its processes still running, evidence of their end).
+
+    While any runs, a detached `--kill-tree` helper stops them (started here if none is at it) and
+    the evidence is None: the job has not ended. Then the helper's lines naming what it killed.
+    """
+    at_work = _stopper_at_work(state_dir)
+    survivors = job_survivors(job)
+    stopped = read_json(state_dir / STOPPED)
+    if survivors and not at_work and stopped is None:
+        start_stopper(state_dir, shim)
+        at_work = True
+    if at_work or (survivors and stopped is None):
+        return [(pid, process_name(pid)) for pid in survivors], None
+    return [], list((stopped or {}).get("evidence", []))
+
+
+def start_stopper(state_dir: Path, shim: list[str]) -> None:
+    subprocess.Popen([*shim, "--kill-tree", str(state_dir)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                     stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def _stopper_at_work(state_dir: Path) -> bool:
+    try:
+        fd = os.open(state_dir / STOPPING, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
 
 
 def first_line(path: Path) -> str:
@@ -698,24 +1053,42 @@ def first_line(path: Path) -> str:
     return next((line.strip() for line in text.splitlines() if line.strip()), "")
 
 
-def kill_group(pgid: int, grace_s: float) -> int:
-    """SIGTERM the group, then SIGKILL it if it outlives the grace (for a group whose shim is gone)."""
-    if not signal_group(pgid, signal.SIGTERM):
+def kill_tree(state_dir: Path) -> int:
+    """Stop what is left of a job whose shim is gone (SIGTERM, the grace, SIGKILL); say what in stopped.json.
+
+    One helper per job at a time (the flock on stopping.lock); a second one started meanwhile leaves.
+    """
+    job = read_json(state_dir / "job.json")
+    if job is None:
         return 0
-    signal_group(pgid, signal.SIGCONT)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        if not group_alive(pgid):
-            return 0
-        time.sleep(0.1)
-    signal_group(pgid, signal.SIGKILL)
+    grace_s = float((read_json(state_dir / "launch.json") or {}).get("grace_s", 30.0))
+    fd = os.open(state_dir / STOPPING, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return 0
+    if (state_dir / STOPPED).exists():
+        return 0  # a helper before this one did it all
+    ending = end_processes(lambda: job_survivors(job), grace_s, termed=False)
+    gone = f"executor shim pid {job['shim_pid']} gone"
+    evidence = []
+    if ending.termed:
+        evidence.append(f"{gone}: sent SIGTERM to {processes(len(ending.termed))} of the job still running"
+                        f" ({name_processes(ending.termed)}), SIGKILL after {format_seconds(grace_s)} s grace")
+    if ending.killed:
+        evidence.append(f"{name_processes(ending.killed)} still running {format_seconds(grace_s)} s after SIGTERM:"
+                        " sent SIGKILL")
+    if ending.stuck:
+        evidence.append(f"{name_processes(ending.stuck)} still there {format_seconds(KILL_WAIT_S)} s after SIGKILL")
+    write_json_atomic(state_dir / STOPPED, {"ended_at": utc_now().isoformat(), "evidence": evidence})
+    os.close(fd)
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) == 3 and args[0] == "--kill-group":
-        return kill_group(int(args[1]), float(args[2]))
+    if len(args) == 2 and args[0] == "--kill-tree":
+        return kill_tree(Path(args[1]))
     foreground = len(args) == 2 and args[0] == "--foreground"
     if foreground:
         args = args[1:]

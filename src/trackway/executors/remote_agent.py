@@ -9,9 +9,11 @@ so a host needs nothing but python3. It answers in one JSON document on stdout.
                                  {"boot_id", "job"} or {"error"}
     agent.py poll                stdin {"attempts": [{"dir", "offsets": {REL: bytes already
                                  copied}}], "max_bytes"}; prints {"boot_id", "attempts": {DIR:
-                                 {"exists", "job", "exit", "shim_alive", "child_alive", "files"}}}
+                                 {"exists", "job", "exit", "shim_alive", "child_alive", "files"},
+                                 with the shim and the command gone also "stopping" (processes of
+                                 the job still running, being stopped) and "stopped" (what was)}}
     agent.py cancel STATE_DIR    writes cancel.json, SIGTERMs the shim (or, with the shim gone,
-                                 the command's process group); prints {"signalled"}
+                                 every process of the job); prints {"signalled"}
 
 `poll` sends each attempt's append-only files (output.log, the spool's `*.jsonl`) from the
 offsets the executor already holds, so nothing is read twice; small files that are replaced
@@ -32,6 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import local_shim  # noqa: E402 - the copy beside this file
 
 START_TIMEOUT_S = 10.0
+SHIM = [sys.executable, str(Path(local_shim.__file__))]
 # Replaced whole by their writers (write-then-rename): copied whole, never by offset.
 WHOLE = ("spool/heartbeat.json", "spool/termination.json")
 
@@ -46,8 +49,7 @@ def boot_id() -> str | None:
 
 def start(state_dir: Path) -> dict:
     try:
-        job = local_shim.start_detached([sys.executable, str(Path(local_shim.__file__)), str(state_dir)], state_dir,
-                                        START_TIMEOUT_S)
+        job = local_shim.start_detached([*SHIM, str(state_dir)], state_dir, START_TIMEOUT_S)
     except local_shim.StartFailed as exc:
         return {"error": f"the shim {exc}"}
     return {"boot_id": boot_id(), "job": job}
@@ -71,6 +73,11 @@ def poll(request: dict) -> dict:
             "child_alive": bool(job) and local_shim.same_process(job.get("child_pid"), job.get("child_create_time")),
             "files": {},
         }
+        if job and answer["exit"] is None and not answer["shim_alive"] and not answer["child_alive"]:
+            # The command's processes that outlived it and its shim are stopped before the end is told.
+            running, stopped = local_shim.settle_orphans(state_dir, job, SHIM)
+            answer["stopping"] = None if stopped is not None else [f"pid {pid} ({name})" for pid, name in running]
+            answer["stopped"] = stopped or []
         offsets = item.get("offsets", {})
         for rel in _files(state_dir):
             path = state_dir / rel
@@ -96,7 +103,7 @@ def cancel(state_dir: Path) -> dict:
     job = _read_json(state_dir / "job.json")
     if job is None:
         return {"signalled": None, "error": f"no job.json in {state_dir}"}
-    return {"signalled": local_shim.stop_job(state_dir, job, [sys.executable, str(Path(local_shim.__file__))])}
+    return {"signalled": local_shim.stop_job(state_dir, job, SHIM)}
 
 
 def _files(state_dir: Path) -> list[str]:

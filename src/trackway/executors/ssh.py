@@ -397,9 +397,14 @@ class SshExecutor(Executor):
             return JobStatus(phase=JobPhase.RUNNING, started_at=started_at, cancelled=cancelled, placement=placement,
                              evidence=(*back, f"the shim on {job.target.spec} is gone; the command still runs, "
                                               "unsupervised"))
+        if found.get("stopping") is not None:
+            named = f" ({', '.join(found['stopping'])})" if found["stopping"] else ""
+            return JobStatus(phase=JobPhase.RUNNING, started_at=started_at, cancelled=cancelled, placement=placement,
+                             evidence=(*back, f"the shim and the command on {job.target.spec} are gone; stopping "
+                                              f"the job's processes still running{named}"))
         return JobStatus(phase=JobPhase.VANISHED, started_at=started_at, cancelled=cancelled, placement=placement,
                          evidence=(*back, f"the shim and the command on {job.target.spec} are gone and left no exit "
-                                          "status (killed on the host)"))
+                                          "status (killed on the host)", *found.get("stopped", [])))
 
     def _unreachable(self, handle: JobHandle, job: RemoteJob, why: str) -> JobStatus:
         state_dir = Path(handle.state_dir)

@@ -28,7 +28,8 @@ def metrics(
     first: bool = typer.Option(False, "--first", help="With --limit: the earliest N points instead of the latest."),
     as_json: bool = typer.Option(False, "--json", help="Print every point as JSON (an array, one point per line)."),
     as_csv: bool = typer.Option(False, "--csv", help="Print every point as CSV with a header row."),
-    rank: str = typer.Option(None, "--rank", help="Whose values: a rank number (default 0), or all (with a rank column)."),
+    rank: str = typer.Option(None, "--rank", metavar="N|all",
+                             help="Whose values: a rank number (default 0), or all (with a rank column)."),
 ) -> None:
     """Show a run's metrics: a summary per key, or every point of one key."""
     check_limit(limit)

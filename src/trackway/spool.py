@@ -4,9 +4,12 @@ The SDK writes here and nothing else, so training never waits on the ledger; the
 (or, for a script run alone, the SDK's own ingester) reads from here into the ledger.
 
     spool/
-      metrics-r0.jsonl   lines of rank 0's points, columnar, one per set of keys per slice (see below)
-      events.jsonl       one line per event: {"seq", "t", "kind", ...} (started, preemption_notice, ...)
-      heartbeat.json     replaced atomically: {"t", "step", "pid"}
+      metrics-r0.jsonl   lines of rank 0's points, columnar, one per set of keys per slice (see below);
+                         metrics-r1.jsonl and on: each other rank's, ingested into that rank's series
+      events.jsonl       one line per event: {"seq", "t", "kind", "rank", ...} (started, preemption_notice, ...)
+      heartbeat.json     rank 0's, replaced atomically: {"t", "rank", "step", "progress_t", "pid", ...};
+                         "closed": true once its process finished writing
+      heartbeat-r1.json  and on: each other rank's, the same fields (the supervisor compares their steps)
       termination.json   the attempt's own note on why it ends: {"reason", "message", "step", ...}
       quarantine.jsonl   written by the ingester: a copy of each line it could not read (see below)
 
@@ -73,6 +76,7 @@ from trackway.private_dir import make_private_dir
 METRICS_PREFIX = "metrics-"
 EVENTS_FILE = "events.jsonl"
 HEARTBEAT_FILE = "heartbeat.json"
+HEARTBEAT_PREFIX = "heartbeat-"  # heartbeat-r<N>.json: rank N's, for every rank but 0
 NOTE_FILE = "termination.json"
 QUARANTINE_FILE = "quarantine.jsonl"
 FALLBACK_ENV = "TRACKWAY_SPOOL_FALLBACK"
@@ -87,6 +91,24 @@ _KEY_MAX = 200  # metric_series.key
 
 def metrics_file(spool_dir: Path, rank: int) -> Path:
     return spool_dir / f"{METRICS_PREFIX}r{rank}.jsonl"
+
+
+def heartbeat_file(spool_dir: Path, rank: int) -> Path:
+    """Rank 0's heartbeat keeps the name every reader knew before ranks had their own."""
+    return spool_dir / (HEARTBEAT_FILE if rank == 0 else f"{HEARTBEAT_PREFIX}r{rank}.json")
+
+
+def read_heartbeats(spool_dir: Path) -> dict[int, dict[str, Any]]:
+    """Every rank's last heartbeat that can be read, by rank."""
+    beats = {}
+    paths = [spool_dir / HEARTBEAT_FILE, *spool_dir.glob(f"{HEARTBEAT_PREFIX}r*.json")]
+    for path in paths:
+        number = path.name.removeprefix(f"{HEARTBEAT_PREFIX}r").removesuffix(".json")
+        rank = 0 if path.name == HEARTBEAT_FILE else int(number) if number.isdigit() and len(number) < 10 else None
+        beat = read_json(path) if rank is not None else None
+        if beat is not None:
+            beats[rank] = beat
+    return beats
 
 
 class MetricBatch:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import math
 import signal
 import threading
@@ -111,20 +113,24 @@ def test_events_are_written_while_a_flush_runs(tmp_path):
     assert [line.count('"kind": "progress"') for line in events].count(1) == 20
 
 
-@pytest.mark.parametrize("log_all_ranks", [False, True], ids=["rank 0 logs", "every rank logs"])
-def test_another_rank_logs_only_when_asked_and_counts_its_steps_either_way(tmp_path, log_all_ranks):
+@pytest.mark.parametrize("asked", [{}, {"log_all_ranks": False}], ids=["every rank logs by default", "rank 0 only"])
+def test_another_rank_logs_unless_told_not_to_and_its_heartbeat_says_its_step_either_way(tmp_path, asked):
     context = AttemptContext(run_id="r1", attempt_id="r1/1", attempt_number=1, spool_dir=tmp_path / "spool",
                              checkpoint_dir=tmp_path / "ckpt", rank=1, world_size=2)
-    run = Run(context, {}, install_hooks=False, log_all_ranks=log_all_ranks)
+    run = Run(context, {}, install_hooks=False, **asked)
     for step in range(3):
         run.log({"loss": float(step)})
     run._writer.flush()
     spool = tmp_path / "spool" / "metrics-r1.jsonl"
     points = ({(key, step) for keys, steps, _, _ in (decode_metric_line(line) for line in read_complete_lines(spool, 0)[0])
                for key in keys for step in steps} if spool.exists() else set())
-    assert points == ({("loss", 0), ("loss", 1), ("loss", 2)} if log_all_ranks else set())
+    assert points == ({("loss", 0), ("loss", 1), ("loss", 2)} if not asked else set())
     assert run._step == 2
     run.finish()
+    # Its own heartbeat, beside rank 0's file (which it never touches): its rank, its step, and that it finished.
+    beat = json.loads((tmp_path / "spool" / "heartbeat-r1.json").read_text())
+    assert (beat["rank"], beat["step"], beat["closed"]) == (1, 2, True)
+    assert not (tmp_path / "spool" / "heartbeat.json").exists()
 
 
 def test_after_a_notice_is_read_the_script_logs_on_until_it_saves_and_exits(tmp_path):

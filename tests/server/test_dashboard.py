@@ -134,3 +134,45 @@ def test_a_resumed_run_reads_as_one_curve_with_its_restart_marked_and_explained(
             page.wait_for_selector("h1")
             assert not page.locator(".error").count(), page.inner_text("main")
         assert outside == [], f"the dashboard asked beyond this server: {outside}"
+
+
+def test_a_run_with_two_ranks_offers_a_rank_selector_that_draws_that_ranks_values(home, sqlite_url, browser):
+    from datetime import datetime, timezone
+
+    from trackway.ledger import open_ledger
+    from trackway.ledger.records import insert_run
+    from trackway.ledger.schema import metric_points, metric_series
+
+    ledger = open_ledger(sqlite_url)
+    with ledger.write() as conn:
+        for run_id, ranks in (("rtwo", (0, 1)), ("rone", (0,))):
+            insert_run(conn, dict(run_id=run_id, name=run_id, project="p", kind="full", state="completed",
+                                  command="[]", workdir="/w", resource="local", executor="local", gpus=0,
+                                  created_at=datetime.now(timezone.utc)))
+            for rank in ranks:
+                series = conn.execute(metric_series.insert().values(run_id=run_id, key="loss", rank=rank)
+                                      ).inserted_primary_key[0]
+                conn.execute(metric_points.insert(), [dict(series_id=series, step=s, value=1.0 + 4.0 * rank,
+                                                           attempt_number=1, logged_at=1.0) for s in range(10)])
+    ledger.dispose()
+    with serving(home, sqlite_url) as (base, _):
+        page = browser.new_context(viewport={"width": 1280, "height": 900}, bypass_csp=True).new_page()
+
+        def hovered() -> str:
+            box = page.locator("#chart .u-over").bounding_box()
+            page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+            return page.locator("#chart .u-legend .u-series").nth(1).locator(".u-value").inner_text()
+
+        page.goto(base + f"/#/runs/rtwo?token={TEST_TOKEN}")
+        page.wait_for_function("document.body.dataset.chart === 'drawn'")
+        assert page.locator("#rank option").all_inner_texts() == ["rank 0", "rank 1"]
+        assert float(hovered()) == 1.0  # rank 0's, by default
+        page.evaluate("delete document.body.dataset.chart")
+        page.select_option("#rank", "1")
+        page.wait_for_function("document.body.dataset.chart === 'drawn'")
+        assert float(hovered()) == 5.0
+        page.screenshot(path=str(ARTIFACTS / "run-ranks.png"), full_page=True)
+
+        page.goto(f"{base}/#/runs/rone")
+        page.wait_for_function("document.body.dataset.chart === 'drawn'")
+        assert page.locator("#rank").count() == 0  # one rank: nothing to choose

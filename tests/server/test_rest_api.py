@@ -202,3 +202,31 @@ def test_a_token_file_others_can_read_is_refused_with_the_fix(home, sqlite_url):
     assert done.stderr.strip() == (f"trackway: error: {token_file}: readable by group or others (mode 644); whoever "
                                    f"reads it can start jobs as you: `chmod 600 {token_file}`, or remove it and a new "
                                    "one is made")
+
+
+def test_metrics_are_rank_0s_unless_a_rank_is_asked_and_the_ranks_are_listed(server, sqlite_url):
+    from datetime import datetime, timezone
+
+    from trackway.ledger import open_ledger
+    from trackway.ledger.records import insert_run
+    from trackway.ledger.schema import metric_points, metric_series
+
+    ledger = open_ledger(sqlite_url)
+    with ledger.write() as conn:
+        insert_run(conn, dict(run_id="rtwo", name="two", project="p", kind="full", state="completed", command="[]",
+                              workdir="/w", resource="local", executor="local", gpus=0,
+                              created_at=datetime.now(timezone.utc)))
+        for rank in (0, 1):
+            series = conn.execute(metric_series.insert().values(run_id="rtwo", key="loss", rank=rank)).inserted_primary_key[0]
+            conn.execute(metric_points.insert(), [dict(series_id=series, step=s, value=10.0 * rank + s, attempt_number=1,
+                                                       logged_at=1.0) for s in range(3)])
+    ledger.dispose()
+    api, _ = server
+    chart = api.get("/api/runs/two/metrics")[1]
+    assert (chart["rank"], chart["ranks"], chart["series"]["loss"]["values"]) == (0, [0, 1], [0.0, 1.0, 2.0])
+    chart = api.get("/api/runs/two/metrics?rank=1")[1]
+    assert (chart["rank"], chart["series"]["loss"]["values"]) == (1, [10.0, 11.0, 12.0])
+    status, body, _ = api.get("/api/runs/two/metrics?rank=4")
+    assert status == 404 and body["error"]["message"] == "rank 4: run rtwo has no metrics from that rank; it has rank(s) 0, 1"
+    status, body, _ = api.get("/api/runs/two/metrics?rank=-1")
+    assert status == 422 and "rank" in json.dumps(body["error"])

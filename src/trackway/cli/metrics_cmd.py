@@ -1,4 +1,4 @@
-"""`trackway metrics`: a run's logged metrics, on its step axis, continuous across attempts."""
+"""`trackway metrics`: a run's logged metrics, on its step axis, continuous across attempts; rank 0's unless asked."""
 
 from __future__ import annotations
 
@@ -12,9 +12,12 @@ import typer
 from trackway.cli.context import app_context
 from trackway.cli.jsonout import print_json
 from trackway.errors import InputError, NotFound
+from trackway.ledger.reader import parse_rank
 from trackway.validation import limit as check_limit
 
 POINT_FIELDS = ("key", "step", "value", "attempt_number", "logged_at")
+RANK_FIELDS = ("key", "rank", "step", "value", "attempt_number", "logged_at")  # with --rank all
+ALL_RANKS = "all"
 
 
 def metrics(
@@ -25,9 +28,13 @@ def metrics(
     first: bool = typer.Option(False, "--first", help="With --limit: the earliest N points instead of the latest."),
     as_json: bool = typer.Option(False, "--json", help="Print every point as JSON (an array, one point per line)."),
     as_csv: bool = typer.Option(False, "--csv", help="Print every point as CSV with a header row."),
+    rank: str = typer.Option(None, "--rank", metavar="N|all",
+                             help="Whose values: a rank number (default 0), or all (with a rank column)."),
 ) -> None:
     """Show a run's metrics: a summary per key, or every point of one key."""
     check_limit(limit)
+    if rank is not None and rank != ALL_RANKS:
+        parse_rank(rank, "--rank")  # before the ledger is opened: a typo is told the same with or without one
     if first and not limit:
         raise InputError("--first: expected together with --limit N (the earliest N points)")
     if as_json and as_csv:
@@ -36,52 +43,62 @@ def metrics(
     app.reconcile()  # ingests the spools of attempts still running
     with app.reader() as reader:
         run_id = reader.run(run)["run_id"]
-        keys = reader.metric_keys(run_id)
-        if key is not None and key not in keys:
+        every_rank = rank == ALL_RANKS
+        ranks = (reader.metric_ranks(run_id) or [0]) if every_rank else [reader.check_rank(run_id, rank or 0, "--rank")]
+        keys = {r: reader.metric_keys(run_id, r) for r in ranks}
+        if key is not None and not any(key in keys[r] for r in ranks):
             # An empty table for a typo reads as "nothing logged": say which keys there are instead.
-            has = f"it has {', '.join(keys)}" if keys else "it has logged no metrics yet"
-            raise NotFound(f"--key {key}: no such metric for run {run}; {has}")
+            known = sorted({k for r in ranks for k in keys[r]})
+            has = f"it has {', '.join(known)}" if known else "it has logged no metrics yet"
+            whose = f" from rank {ranks[0]}" if ranks != [0] and not every_rank else ""
+            raise NotFound(f"--key {key}: no such metric{whose} for run {run}; {has}")
         if (as_json or as_csv) and not limit:
             # Every point: streamed a chunk at a time, as the driver hands them over.
-            series = ((name, chunk) for name in ([key] if key is not None else keys)
-                      for chunk in reader.series_chunks(run_id, name))
-            (_stream_json if as_json else _stream_csv)(series)
+            series = ((name, r, chunk) for r in ranks for name in ([key] if key is not None else keys[r])
+                      for chunk in reader.series_chunks(run_id, name, r))
+            (_stream_json if as_json else _stream_csv)(series, every_rank)
             return
         whole_run_summary = key is None and not limit and not (as_json or as_csv)
         if whole_run_summary:  # aggregated by the database: millions of points move as a few rows
-            summary = reader.metric_summary(run_id)
+            summary = [{**s, "rank": r} for r in ranks for s in reader.metric_summary(run_id, r)]
         else:
-            points = reader.metric_points(run_id, key=key, limit=limit or None, first=first)
+            points = [{**p, "rank": r} if every_rank else p
+                      for r in ranks for p in reader.metric_points(run_id, key=key, limit=limit or None, first=first, rank=r)]
+    fields = RANK_FIELDS if every_rank else POINT_FIELDS
     if as_json:
-        print_json(points)
+        print_json([{f: p[f] for f in fields} for p in points])
         return
     if as_csv:
-        _write_csv([[tuple(p[f] for f in POINT_FIELDS) for p in points]])
+        _write_csv([[tuple(p[f] for f in fields) for p in points]], fields)
         return
     from trackway.cli.render import KEY, Column, console, table
 
+    by_rank = [Column("rank", 10, right=True)] if every_rank else []
     if key:
         console.print(table(
-            None, [Column("step", KEY, right=True), Column(key, KEY, right=True), Column("attempt", 10, right=True)],
-            ((p["step"], p["value"], p["attempt_number"]) for p in points),
+            None, [*by_rank, Column("step", KEY, right=True), Column(key, KEY, right=True),
+                   Column("attempt", 10, right=True)],
+            ((*([p["rank"]] if every_rank else []), p["step"], p["value"], p["attempt_number"]) for p in points),
         ))
         return
     console.print(table(
         None,
-        [Column("key", KEY, shorten_to=16), Column("points", 20, right=True), Column("steps", 40, right=True),
+        [Column("key", KEY, shorten_to=16), *by_rank, Column("points", 20, right=True), Column("steps", 40, right=True),
          Column("last", 90, right=True), Column("min", 50, right=True), Column("max", 50, right=True),
          Column("attempts", 10)],
-        ((s["key"], s["points"], f"{s['first']}..{s['last']}", _g(s["last_value"]), _g(s["min"]), _g(s["max"]),
-          ",".join(str(a) for a in s["attempts"])) for s in (summary if whole_run_summary else _summarize(points))),
+        ((s["key"], *([s["rank"]] if every_rank else []), s["points"], f"{s['first']}..{s['last']}",
+          _g(s["last_value"]), _g(s["min"]), _g(s["max"]), ",".join(str(a) for a in s["attempts"]))
+         for s in (summary if whole_run_summary else _summarize(points))),
     ))
 
 
 def _summarize(points) -> list[dict]:
     """The summary `Reader.metric_summary` gives, of the points a --limit kept."""
-    summary: dict[str, dict] = {}
+    summary: dict[tuple, dict] = {}
     for p in points:
-        s = summary.setdefault(p["key"], {"key": p["key"], "points": 0, "first": p["step"], "min": None, "max": None,
-                                          "attempts": set()})
+        s = summary.setdefault((p.get("rank", 0), p["key"]), {
+            "key": p["key"], "rank": p.get("rank", 0), "points": 0, "first": p["step"], "min": None, "max": None,
+            "attempts": set()})
         s["points"] += 1
         s["last"], s["last_value"] = p["step"], p["value"]
         if p["value"] is not None:
@@ -91,9 +108,9 @@ def _summarize(points) -> list[dict]:
     return [{**s, "attempts": sorted(s["attempts"])} for s in summary.values()]
 
 
-def _write_csv(chunks) -> None:
+def _write_csv(chunks, fields=POINT_FIELDS) -> None:
     writer = csv.writer(sys.stdout)
-    writer.writerow(POINT_FIELDS)
+    writer.writerow(fields)
     for chunk in chunks:
         writer.writerows(chunk)
 
@@ -105,32 +122,36 @@ def _write_csv(chunks) -> None:
 _SPELLED_OTHERWISE = ('"value":None', '"value":nan', '"value":inf', '"value":-inf')
 
 
-def _stream_json(series) -> None:
+def _stream_json(series, with_rank: bool = False) -> None:
     out = sys.stdout
     written = False
     out.write("[")
-    for name, chunk in series:
-        template = '{"key":' + json.dumps(name, ensure_ascii=False) + ',"step":%d,"value":%r,"attempt_number":%d,"logged_at":%r}'
+    for name, rank, chunk in series:
+        ranked = f',"rank":{rank:d}' if with_rank else ""
+        template = ('{"key":' + json.dumps(name, ensure_ascii=False) + ranked
+                    + ',"step":%d,"value":%r,"attempt_number":%d,"logged_at":%r}')
         text = ",\n".join(map(template.__mod__, chunk))
         if any(word in text for word in _SPELLED_OTHERWISE):
-            text = ",\n".join(json.dumps(dict(zip(POINT_FIELDS, (name, *point))), separators=(",", ":"),
+            fields, head = (RANK_FIELDS, (name, rank)) if with_rank else (POINT_FIELDS, (name,))
+            text = ",\n".join(json.dumps(dict(zip(fields, (*head, *point))), separators=(",", ":"),
                                           ensure_ascii=False) for point in chunk)
         out.write((",\n" if written else "\n") + text)
         written = True
     out.write("\n]\n" if written else "]\n")
 
 
-def _stream_csv(series) -> None:
+def _stream_csv(series, with_rank: bool = False) -> None:
     out = sys.stdout
     writer = csv.writer(out)
-    writer.writerow(POINT_FIELDS)
-    for name, chunk in series:
+    writer.writerow(RANK_FIELDS if with_rank else POINT_FIELDS)
+    for name, rank, chunk in series:
+        head = (name, rank) if with_rank else (name,)
         quoted = io.StringIO()
-        csv.writer(quoted).writerow([name])
+        csv.writer(quoted).writerow(head)
         template = quoted.getvalue().rstrip("\r\n") + ",%d,%r,%d,%r\r\n"
         text = "".join(map(template.__mod__, chunk))
         if "None" in text:  # csv writes a missing value as an empty field
-            writer.writerows((name, *point) for point in chunk)
+            writer.writerows((*head, *point) for point in chunk)
             continue
         out.write(text)
 

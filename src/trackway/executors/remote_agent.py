@@ -85,7 +85,7 @@ def poll(request: dict) -> dict:
                 size = path.stat().st_size
             except OSError:
                 continue
-            if rel in WHOLE:
+            if _whole(rel):
                 answer["files"][rel] = {"whole": True, "size": size, "data": _read_b64(path, 0, size)}
                 continue
             offset = int(offsets.get(rel, 0))
@@ -111,10 +111,15 @@ def _files(state_dir: Path) -> list[str]:
     spool = state_dir / "spool"
     try:
         names += sorted(f"spool/{entry.name}" for entry in os.scandir(spool)
-                        if entry.is_file() and (entry.name.endswith(".jsonl") or f"spool/{entry.name}" in WHOLE))
+                        if entry.is_file() and (entry.name.endswith(".jsonl") or _whole(f"spool/{entry.name}")))
     except OSError:
         pass
     return [name for name in names if (state_dir / name).is_file()]
+
+
+def _whole(rel: str) -> bool:
+    """Whether `rel` is replaced whole: WHOLE, and each rank's own heartbeat (spool/heartbeat-r<N>.json)."""
+    return rel in WHOLE or (rel.startswith("spool/heartbeat-r") and rel.endswith(".json"))
 
 
 def _read_json(path: Path) -> dict | None:

@@ -112,7 +112,7 @@ def _loss(conn: Connection, run_id: str, key: str) -> Check:
         v for (v,) in conn.execute(
             select(metric_points.c.value)
             .join(metric_series, metric_points.c.series_id == metric_series.c.series_id)
-            .where(metric_series.c.run_id == run_id, metric_series.c.key == key)
+            .where(metric_series.c.run_id == run_id, metric_series.c.key == key, metric_series.c.rank == 0)
             .order_by(metric_points.c.step)
         )
     ]

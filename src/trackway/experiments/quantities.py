@@ -53,7 +53,7 @@ class RunNumbers:
         if kind == "steps":
             last = self.conn.execute(
                 select(func.max(metric_points.c.step)).select_from(self._points())
-                .where(metric_series.c.run_id == self.run_id)
+                .where(metric_series.c.run_id == self.run_id, metric_series.c.rank == 0)
             ).scalar()
             if last is None:
                 raise Missing(quantity, f"the {self.label} logged no metric")
@@ -67,7 +67,7 @@ class RunNumbers:
         return metric_points.join(metric_series, metric_points.c.series_id == metric_series.c.series_id)
 
     def _where(self, metric: str):
-        return (metric_series.c.run_id == self.run_id, metric_series.c.key == metric)
+        return (metric_series.c.run_id == self.run_id, metric_series.c.key == metric, metric_series.c.rank == 0)
 
     def metric(self, kind: str, metric: str, quantity: Quantity) -> float:
         points = self._points()
@@ -169,7 +169,7 @@ class RunNumbers:
         """(steps, seconds) that `step_rate` divides: intervals between logged points, and the time they spanned."""
         key = self.conn.execute(
             select(metric_series.c.key, func.count().label("n")).select_from(self._points())
-            .where(metric_series.c.run_id == self.run_id).group_by(metric_series.c.key)
+            .where(metric_series.c.run_id == self.run_id, metric_series.c.rank == 0).group_by(metric_series.c.key)
             .order_by(func.count().desc(), metric_series.c.key).limit(1)
         ).first()
         if key is None:

@@ -1,5 +1,7 @@
 """Ingesting an attempt's spool into the ledger: metric points, events, heartbeats, checkpoint commits.
 
+Each rank's metrics file (`metrics-r<N>.jsonl`) goes into that rank's series: (run, key, rank).
+
 Idempotent: each spool file's byte offset is stored with the rows read from it, in one
 transaction, and points are upserted on (series, step), so ingesting twice, or again after a
 crash between reading and committing, stores every point once.
@@ -78,6 +80,12 @@ class _Source:
     metrics: bool
 
     @property
+    def rank(self) -> int:
+        """The rank whose metrics file this is (`metrics-r<N>.jsonl`); 0 for any other name, as before ranks were kept."""
+        number = self.path.name.removeprefix(f"{METRICS_PREFIX}r").removesuffix(".jsonl")
+        return int(number) if number.isdigit() and len(number) < 10 else 0
+
+    @property
     def shown(self) -> str:
         """How events name it: the spool file's name, or a fallback file's full path."""
         return self.path.name if not self.cursor.startswith(FALLBACK_PREFIX) else str(self.path)
@@ -122,7 +130,7 @@ def ingest_attempt(ledger: Ledger, attempt: RowMapping,
             read[source.cursor] = end
             decoded = _decode_lines(conn, attempt, source, located, report, secrets)
             if source.metrics:
-                report.points += _ingest_metric_lines(conn, attempt, decoded)
+                report.points += _ingest_metric_lines(conn, attempt, decoded, source.rank)
             else:
                 events, committed = _ingest_events(conn, attempt, decoded, secrets)
                 report.events += events
@@ -265,25 +273,26 @@ def _file_code(cursor: str) -> int:
 # -- metrics ---------------------------------------------------------------------------------------------
 
 
-def _series_ids(conn: Connection, run_id: str, keys: set[str]) -> dict[str, int]:
+def _series_ids(conn: Connection, run_id: str, rank: int, keys: set[str]) -> dict[str, int]:
     known = {
         row.key: row.series_id
         for row in conn.execute(
-            select(metric_series.c.key, metric_series.c.series_id).where(metric_series.c.run_id == run_id)
+            select(metric_series.c.key, metric_series.c.series_id)
+            .where(metric_series.c.run_id == run_id, metric_series.c.rank == rank)
         )
     }
     missing = keys - known.keys()
     if not missing:
         return known
-    statement = dialect_insert(conn)(metric_series).on_conflict_do_nothing(index_elements=["run_id", "key"])
-    conn.execute(statement, [{"run_id": run_id, "key": key} for key in sorted(missing)])
-    return _series_ids(conn, run_id, set())
+    statement = dialect_insert(conn)(metric_series).on_conflict_do_nothing(index_elements=["run_id", "key", "rank"])
+    conn.execute(statement, [{"run_id": run_id, "key": key, "rank": rank} for key in sorted(missing)])
+    return _series_ids(conn, run_id, rank, set())
 
 
-def _ingest_metric_lines(conn: Connection, attempt: RowMapping, batches: list) -> int:
+def _ingest_metric_lines(conn: Connection, attempt: RowMapping, batches: list, rank: int = 0) -> int:
     if not batches:
         return 0
-    ids = _series_ids(conn, attempt["run_id"], {key for keys, *_ in batches for key in keys})
+    ids = _series_ids(conn, attempt["run_id"], rank, {key for keys, *_ in batches for key in keys})
     number = repeat(attempt["attempt_number"])
     series: dict[int, list[tuple[list, list, list]]] = {}  # series id: its (steps, values, times) per line
     ordered = True  # every series' steps strictly ascending through the lines, as one process logs them

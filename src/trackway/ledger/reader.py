@@ -195,23 +195,47 @@ class Reader:
 
     # -- metrics ----------------------------------------------------------------------------------
 
-    def metric_keys(self, run_id: str) -> list[str]:
-        _, rows = self._execute("SELECT key FROM metric_series WHERE run_id = :run_id ORDER BY key", {"run_id": run_id})
+    # Every metric read below is one rank's (the process that logged it): rank 0 unless asked.
+
+    def metric_keys(self, run_id: str, rank: int = 0) -> list[str]:
+        _, rows = self._execute("SELECT key FROM metric_series WHERE run_id = :run_id AND rank = :rank ORDER BY key",
+                                {"run_id": run_id, "rank": rank})
         return [row[0] for row in rows]
 
+    def metric_ranks(self, run_id: str) -> list[int]:
+        """The ranks that logged metrics for the run, lowest first (empty when none did)."""
+        _, rows = self._execute("SELECT DISTINCT rank FROM metric_series WHERE run_id = :run_id ORDER BY rank",
+                                {"run_id": run_id})
+        return [int(row[0]) for row in rows]
+
+    def check_rank(self, run_id: str, rank: Any, field: str = "rank") -> int:
+        """`rank` as a rank the run logged metrics from (rank 0 always passes: it is every read's default).
+
+        InputError naming `field` for anything but a whole number from 0, NotFound naming the ranks it has.
+        """
+        number = parse_rank(rank, field)
+        if number == 0:
+            return 0
+        ranks = self.metric_ranks(run_id)
+        if number not in ranks:
+            has = f"it has rank(s) {', '.join(map(str, ranks))}" if ranks else "it has logged no metrics yet"
+            raise NotFound(f"{field} {number}: run {run_id} has no metrics from that rank; {has}")
+        return number
+
     def metric_points(
-        self, run_id: str, key: str | None = None, limit: int | None = None, first: bool = False
+        self, run_id: str, key: str | None = None, limit: int | None = None, first: bool = False, rank: int = 0
     ) -> list[dict]:
         """(key, step, value, attempt_number, logged_at) rows ordered by key, then step.
 
         With `limit`, the latest `limit` points by step (what a person watching a run wants), or
         the earliest with `first`.
         """
-        params: dict[str, Any] = {"run_id": run_id}
+        params: dict[str, Any] = {"run_id": run_id, "rank": rank}
         sql = (
             "SELECT metric_series.key, metric_points.step, metric_points.value, metric_points.attempt_number,"
             " metric_points.logged_at FROM metric_series JOIN metric_points"
-            " ON metric_points.series_id = metric_series.series_id WHERE metric_series.run_id = :run_id"
+            " ON metric_points.series_id = metric_series.series_id"
+            " WHERE metric_series.run_id = :run_id AND metric_series.rank = :rank"
         )
         if key is not None:
             sql += " AND metric_series.key = :key"
@@ -222,19 +246,19 @@ class Reader:
         rows = self.dicts(sql + f" ORDER BY {order}, metric_series.key" + _limit(limit, params), params)
         return sorted(rows, key=lambda row: (row["key"], row["step"]))
 
-    def metric_summary(self, run_id: str) -> list[dict[str, Any]]:
+    def metric_summary(self, run_id: str, rank: int = 0) -> list[dict[str, Any]]:
         """Per key: points, first and last step, the last value, min, max and the attempts that logged it.
 
         Aggregated by the database (one pass per key and attempt, then one index probe per key for
         the last value), so a summary of millions of points moves a few rows, not the points.
         """
-        params = {"run_id": run_id}
+        params = {"run_id": run_id, "rank": rank}
         groups = self.dicts(
             "SELECT metric_series.series_id, metric_series.key, metric_points.attempt_number, count(*) AS points,"
             " min(metric_points.step) AS first, max(metric_points.step) AS last,"
             " min(metric_points.value) AS low, max(metric_points.value) AS high"
             " FROM metric_series JOIN metric_points ON metric_points.series_id = metric_series.series_id"
-            " WHERE metric_series.run_id = :run_id"
+            " WHERE metric_series.run_id = :run_id AND metric_series.rank = :rank"
             " GROUP BY metric_series.series_id, metric_series.key, metric_points.attempt_number", params)
         summary: dict[str, dict[str, Any]] = {}
         for group in groups:
@@ -255,7 +279,7 @@ class Reader:
                 {"series_id": entry.pop("series_id"), "step": entry["last"]})
         return [summary[key] for key in sorted(summary)]
 
-    def series_chunks(self, run_id: str, key: str) -> Iterator[list[tuple[int, float | None, int, float]]]:
+    def series_chunks(self, run_id: str, key: str, rank: int = 0) -> Iterator[list[tuple[int, float | None, int, float]]]:
         """Every point of one key as (step, value, attempt_number, logged_at) tuples, by step, in chunks.
 
         The rows go from the database driver to the caller without a dict or a datetime per point:
@@ -264,8 +288,9 @@ class Reader:
         return self._chunks(
             "SELECT metric_points.step, metric_points.value, metric_points.attempt_number, metric_points.logged_at"
             " FROM metric_points WHERE metric_points.series_id = ("
-            "SELECT series_id FROM metric_series WHERE run_id = :run_id AND key = :key) ORDER BY metric_points.step",
-            {"run_id": run_id, "key": key},
+            "SELECT series_id FROM metric_series WHERE run_id = :run_id AND key = :key AND rank = :rank)"
+            " ORDER BY metric_points.step",
+            {"run_id": run_id, "key": key, "rank": rank},
         )
 
     def _chunks(self, sql: str, params: dict[str, Any]) -> Iterator[list[Sequence[Any]]]:
@@ -279,6 +304,17 @@ class Reader:
                 chunk = []
         if chunk:
             yield chunk
+
+
+def parse_rank(rank: Any, field: str = "rank") -> int:
+    """A rank given as an int or as text: a whole number from 0; InputError naming `field` otherwise."""
+    value = rank
+    if isinstance(value, str) and value.strip().isdigit() and len(value.strip()) < 10:
+        value = int(value.strip())
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**31:
+        shown = rank if isinstance(rank, str) else repr(rank)
+        raise InputError(f"{field}: expected a rank, a whole number from 0, got {shown}")
+    return value
 
 
 def _placeholders(prefix: str, values: Sequence[Any], params: dict[str, Any]) -> str:

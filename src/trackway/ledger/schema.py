@@ -167,7 +167,9 @@ metric_series = Table(
     Column("series_id", Integer, primary_key=True, autoincrement=True),
     Column("run_id", String(32), ForeignKey("runs.run_id"), nullable=False),
     Column("key", String(200), nullable=False),
-    UniqueConstraint("run_id", "key", name="uq_metric_series_run_key"),
+    # The process (torch.distributed rank) that logged it: each rank's values are its own series (0017).
+    Column("rank", Integer, nullable=False, server_default="0"),
+    UniqueConstraint("run_id", "key", "rank", name="uq_metric_series_run_key_rank"),
 )
 
 # One point per (series, step): the step axis is the run's, continuous across attempts. A

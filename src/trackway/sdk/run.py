@@ -67,7 +67,7 @@ class Run:
         *,
         checkpoint_every_steps: int | None = None,
         checkpoint_every_minutes: float | None = None,
-        log_all_ranks: bool = False,
+        log_all_ranks: bool = True,
         install_hooks: bool = True,
         standalone: StandaloneSession | None = None,
         loss_keys: str | None = None,
@@ -85,7 +85,7 @@ class Run:
         self._writer = SpoolWriter(
             context.spool_dir,
             rank=context.rank,
-            heartbeat_interval_s=_heartbeat_interval(context.rank),
+            heartbeat_interval_s=_heartbeat_interval(),
             loss_keys=self._is_loss,
         )
         self._append = self._writer.queue.append
@@ -119,7 +119,7 @@ class Run:
             threading.Thread(target=self._watch_notice, name="trackway-notice", daemon=True).start()
         atexit.register(self._at_exit)
         self._writer.event("started", pid=os.getpid(), resume_from=context.resume_from, world_size=context.world_size)
-        if config and standalone is None and self._logging:
+        if config and standalone is None and context.rank == 0:
             # Under `trackway submit` the receipt holds the submitted config; the ingester merges this into it.
             self._writer.event("init_config", config=_json_safe(config))
 
@@ -156,6 +156,8 @@ class Run:
             if self._writer.non_finite is not None:
                 self._non_finite(*self._writer.non_finite)
             self._append((step, _now(), metrics.copy() if metrics.__class__ is dict else dict(metrics)))
+        else:
+            self._writer.progress(step, _now())  # its heartbeat still says how far this rank got
         if self._notice is not None and not self._notice_seen:
             self._logged_after_notice(step)
         self._plain_below = self._stop_at if self._logging else _ALWAYS
@@ -228,7 +230,7 @@ class Run:
                 on_restore=self._on_restore,
                 remote_url=self.context.checkpoint_url,
                 on_upload=self._on_upload,
-                on_round_trip=self._on_round_trip if self.context.restore_check and self._logging else None,
+                on_round_trip=self._on_round_trip if self.context.restore_check and self.rank == 0 else None,
                 before_save=self._raise_if_non_finite,
             )
         return self._checkpoints
@@ -526,9 +528,8 @@ def _json_safe(node: Any) -> Any:
     return repr(node)
 
 
-def _heartbeat_interval(rank: int) -> float:
-    if rank != 0:
-        return float("inf")  # one heartbeat per attempt: rank 0's
+def _heartbeat_interval() -> float:
+    # Every rank beats, each in its own file: the supervisor compares their steps to name a rank that stopped.
     return float(os.environ.get("TRACKWAY_HEARTBEAT_S", "5"))
 
 
@@ -549,11 +550,14 @@ def init(
     model_family: str | None = None,
     checkpoint_every_steps: int | None = None,
     checkpoint_every_minutes: float | None = None,
-    log_all_ranks: bool = False,
+    log_all_ranks: bool = True,
     install_hooks: bool = True,
     loss_keys: str | None = None,
 ) -> Run:
     """Join the attempt trackway started for this process, or (run alone) record a new run and attempt.
+
+    Every rank's `log` is kept as that rank's own series (read back with `--rank N`; rank 0's by
+    default); `log_all_ranks=False` keeps only rank 0's, and the other ranks' heartbeats still say their step.
 
     `loss_keys`: a regular expression over whole metric keys whose non-finite values end the attempt
     as nan_loss, case-insensitive (default: $TRACKWAY_LOSS_KEYS, else `loss`, `*_loss`, `*/loss`, `grad_norm`).

@@ -5,7 +5,9 @@ drains the queue in slices of `SLICE_ROWS` rows: each slice becomes one columnar
 keys, built by C loops (`trackway.spool.metric_batches`), and is appended before the next slice is
 taken. A slice holds the GIL for about a millisecond, and nothing holds it for a whole flush, so a
 log call never waits behind the writer for longer than that (or the interpreter's switch interval).
-Then the writer refreshes the heartbeat file. Nothing here touches the ledger, so a locked, slow or
+Then the writer refreshes its rank's heartbeat file (every rank has one: `trackway.spool.heartbeat_file`),
+which says the step this rank last logged and when it moved, so a rank that stopped stepping while its
+heartbeat thread beats on can be named. Nothing here touches the ledger, so a locked, slow or
 absent ledger cannot slow training.
 
 A spool that cannot be written (a full disk) loses nothing silently. The lines it refused stay
@@ -40,10 +42,10 @@ from typing import Any
 
 from trackway.spool import (
     EVENTS_FILE,
-    HEARTBEAT_FILE,
     MetricBatch,
     append_lines,
     end_torn_line,
+    heartbeat_file,
     make_fallback_dir,
     metric_batches,
     metrics_file,
@@ -167,7 +169,7 @@ class SpoolWriter:
         self.rank = rank
         self.metrics_path = metrics_file(spool_dir, rank)
         self.events_path = spool_dir / EVENTS_FILE
-        self.heartbeat_path = spool_dir / HEARTBEAT_FILE
+        self.heartbeat_path = heartbeat_file(spool_dir, rank)
         self.flush_interval_s = flush_interval_s
         self.heartbeat_interval_s = heartbeat_interval_s
         self.max_pending_bytes = max_pending_bytes
@@ -282,6 +284,10 @@ class SpoolWriter:
             if in_thread:
                 time.sleep(0)  # let a waiting training thread have the GIL between slices
 
+    def progress(self, step: Any, t: float) -> None:
+        """A step this rank reached without logging it (a rank that does not log): the heartbeat says it all the same."""
+        self._progress((step, t, None))
+
     def _progress(self, row: tuple[Any, float, Any]) -> None:
         step = row[0]
         try:
@@ -394,20 +400,20 @@ class SpoolWriter:
                         self.on_non_finite()
                     return
 
-    def heartbeat(self) -> None:
+    def heartbeat(self, closed: bool = False) -> None:
         self._last_heartbeat = time.monotonic()
+        beat = {
+            "t": time.time(),
+            "rank": self.rank,
+            "step": self.last_step,
+            "progress_t": self.last_progress_t,
+            "pid": os.getpid(),
+            "rss_bytes": _rss_bytes(),
+        }
+        if closed:
+            beat["closed"] = True  # this rank is done: its silence from now on is not a hang
         try:
-            write_json_atomic(
-                self.heartbeat_path,
-                {
-                    "t": time.time(),
-                    "step": self.last_step,
-                    "progress_t": self.last_progress_t,
-                    "pid": os.getpid(),
-                    "rss_bytes": _rss_bytes(),
-                },
-                fsync=False,
-            )
+            write_json_atomic(self.heartbeat_path, beat, fsync=False)
         except OSError:
             pass  # a full disk is told by the data writes; a missed heartbeat costs nothing held
         if self.on_heartbeat is not None:
@@ -441,7 +447,7 @@ class SpoolWriter:
                     self._give_up()
                 finally:
                     self._busy = False
-        self.heartbeat()
+        self.heartbeat(closed=True)
         for path in (self.metrics_path, self.events_path):
             try:
                 fd = os.open(path, os.O_RDONLY)

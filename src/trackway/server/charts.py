@@ -18,6 +18,7 @@ from sqlalchemy.engine import Connection
 from trackway.errors import NotFound
 from trackway.ledger import Ledger, rollups
 from trackway.ledger.records import resolve_run
+from trackway.ledger.reader import Reader
 from trackway.ledger.schema import attempts, metric_points, metric_series
 
 DEFAULT_POINTS = 2000
@@ -97,21 +98,30 @@ def _inside(block: tuple, first: int, last: int) -> int:
     return middle
 
 
-def run_chart(ledger: Ledger, run_id: str, keys: list[str] | None, max_points: int) -> dict[str, Any]:
-    """Every asked key's curve (all keys when none asked) and the attempts that drew them."""
+def run_chart(ledger: Ledger, run_id: str, keys: list[str] | None, max_points: int, rank: int = 0) -> dict[str, Any]:
+    """Every asked key's curve as `rank` logged it (all keys when none asked), the attempts that drew them,
+    and the ranks that logged metrics."""
     with ledger.read() as conn:
         run_id = resolve_run(conn, run_id)["run_id"]
+        ranks = Reader.over(conn).metric_ranks(run_id)
+        if rank and rank not in ranks:
+            has = f"it has rank(s) {', '.join(map(str, ranks))}" if ranks else "it has logged no metrics yet"
+            raise NotFound(f"rank {rank}: run {run_id} has no metrics from that rank; {has}")
         found = dict(conn.execute(
-            select(metric_series.c.key, metric_series.c.series_id).where(metric_series.c.run_id == run_id)
+            select(metric_series.c.key, metric_series.c.series_id)
+            .where(metric_series.c.run_id == run_id, metric_series.c.rank == rank)
         ).all())
         bounds = attempt_bounds(conn, run_id)
     wanted = keys or sorted(found)
     missing = [k for k in wanted if k not in found]
     if missing:
-        raise NotFound(f"keys: run {run_id} never logged {', '.join(repr(k) for k in missing)} "
+        whose = f"'s rank {rank}" if rank else ""
+        raise NotFound(f"keys: run {run_id}{whose} never logged {', '.join(repr(k) for k in missing)} "
                        f"(it logged {', '.join(sorted(found)) or 'nothing'})")
     return {
         "run_id": run_id,
+        "rank": rank,
+        "ranks": ranks or [0],
         "max_points": max_points,
         "series": {key: series_chart(ledger, found[key], max_points) for key in wanted},
         "attempts": bounds,

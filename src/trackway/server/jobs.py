@@ -171,7 +171,8 @@ def list_jobs(
 def _last_metric(conn, run_id: str) -> dict[str, Any] | None:
     """The run's newest `loss` point (else of its first key): what a runs list shows beside the state."""
     keys = dict(conn.execute(
-        select(metric_series.c.key, metric_series.c.series_id).where(metric_series.c.run_id == run_id)
+        select(metric_series.c.key, metric_series.c.series_id)
+        .where(metric_series.c.run_id == run_id, metric_series.c.rank == 0)  # rank 0's, as everywhere by default
     ).all())
     if not keys:
         return None

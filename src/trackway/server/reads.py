@@ -33,10 +33,12 @@ def metrics(
     run_id: str, request: Request,
     keys: str | None = Query(None, max_length=10_000, description="Comma-separated metric keys (default: all)."),
     max_points: int = Query(DEFAULT_POINTS, ge=2, le=MAX_POINTS, description="Points per key, at most."),
+    rank: int = Query(0, ge=0, le=2**31 - 1, description="Whose values: the rank that logged them (`ranks` lists them)."),
 ) -> dict[str, Any]:
-    """The run's curves on its continuous step axis, downsampled on the server, with each attempt's bounds."""
+    """One rank's curves (rank 0's by default) on the run's continuous step axis, downsampled on the server,
+    with each attempt's bounds and the ranks that logged metrics."""
     wanted = [k.strip() for k in keys.split(",") if k.strip()] if keys else None
-    return run_chart(request.app.state.ledger, run_id, wanted, max_points)
+    return run_chart(request.app.state.ledger, run_id, wanted, max_points, rank)
 
 
 @router.get("/runs/{run_id}/checkpoints")

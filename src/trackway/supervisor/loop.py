@@ -43,11 +43,13 @@ from trackway.supervisor.watchers import (
     loss_rising,
     memory_growing,
     plateau,
+    rank_positions,
+    rank_stalled,
     stall_evidence,
     throughput_falling,
 )
 from trackway.receipts.placement import gpu_utilization
-from trackway.spool import HEARTBEAT_FILE, read_json, write_json_atomic
+from trackway.spool import read_heartbeats, read_json, write_json_atomic
 from trackway.taxonomy import AttemptState, RunKind, RunState, TerminationReason
 
 LOG_TAIL_BYTES = 64 * 1024
@@ -522,7 +524,8 @@ class Supervisor:
         the attempt when it stalled, its log showed a non-finite loss, or a finding's kind is in
         `[supervisor] stop_on` (marked first, so its end is classified by what the watcher saw, not as
         a cancel)."""
-        heartbeat = read_json(spool_dir_of(attempt) / HEARTBEAT_FILE)
+        beats = read_heartbeats(spool_dir_of(attempt))  # every rank's, by rank
+        heartbeat = beats.get(0)
         findings = self._trend_findings(attempt, heartbeat, new_points)
         marker = Path(attempt["state_dir"]) / STOP_MARKER
         nan_marked = False
@@ -534,9 +537,13 @@ class Supervisor:
                 write_json_atomic(marker, {"t": time.time(), "kind": "nan_in_log", "why": nan.why(), "at": nan.at})
                 nan_marked = True
         if attempt["started_at"] is not None:
-            why = stall_evidence(heartbeat, attempt["started_at"].timestamp(), time.time(), self.settings.stall_seconds)
+            now = time.time()
+            why = stall_evidence(heartbeat, attempt["started_at"].timestamp(), now, self.settings.stall_seconds)
             if why is not None:
-                findings.append(("stalled", why))
+                where = rank_positions(beats, now)  # which rank the others wait for, when several ran
+                findings.append(("stalled", f"{why}; {where}" if where else why))
+            elif (behind := rank_stalled(beats, now, self.settings.stall_seconds / 2)) is not None:
+                findings.append(("rank_stalled", behind))
         stop = None
         if findings:
             with self.ledger.write() as conn:

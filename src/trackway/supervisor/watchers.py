@@ -1,4 +1,4 @@
-"""Watchers over a running attempt: stalls (no heartbeat or no new step) and trends in what it logged.
+"""Watchers over a running attempt: stalls (no heartbeat or no new step), ranks left behind, trends in what it logged.
 
 Pure functions of what the spool says and the time; the control loop acts on what they return:
 a stall and a non-finite loss in the log (`nan_in_log`) always end the attempt; any other kind
@@ -12,6 +12,7 @@ from typing import Any
 STOP_MARKER = "supervisor-stop.json"  # written before the supervisor ends an attempt: {kind, why}
 WATCHER_KINDS = (
     "stalled", "loss_rising", "plateau", "throughput_falling", "memory_growing", "gpu_underused", "nan_in_log",
+    "rank_stalled",
 )
 # Kinds that end the attempt whatever `[supervisor] stop_on` says. `nan_in_log`: a log pattern
 # (supervisor/log_metrics.py) read a NaN or infinite loss-named metric, which the SDK would have
@@ -34,6 +35,94 @@ def stall_evidence(heartbeat: dict[str, Any] | None, started_at: float, now: flo
             f"last step {heartbeat.get('step')}"
         )
     return None
+
+
+# -- ranks ------------------------------------------------------------------------------------------
+# Every rank's SDK writes its own heartbeat (spool/heartbeat.json for rank 0, heartbeat-r<N>.json for the
+# others) with the step it last logged and when that step moved (`progress_t`). A rank stuck in a
+# collective or a data loader keeps beating (the heartbeat is a thread), so ranks are compared by their
+# steps and the time each last moved, never by their heartbeats alone.
+
+
+def rank_stalled(beats: dict[int, dict[str, Any]], now: float, window: float) -> str | None:
+    """A rank whose step has not moved for `window` seconds while another rank stepped since: named, or None.
+
+    Ranks that never logged a step, and ranks whose process finished (`closed`), are not judged. Under
+    DDP every rank waits on the others each step, so a hung rank soon holds them all: then no rank
+    stepped since and this says nothing; the stall, when it comes, names the rank behind (`rank_positions`).
+    """
+    moving = _stepping(beats)
+    if len(moving) < 2:
+        return None
+    newest = max(at for _, at in moving.values())
+    behind = sorted(r for r, (_, at) in moving.items() if now - at > window and newest - at > window)
+    if not behind:
+        return None
+    rank = behind[0]
+    step, at = moving[rank]
+    lead = max((r for r in moving if r not in behind), key=lambda r: (moving[r][0], -r))
+    beat = _number(beats[rank].get("t"))
+    silent = f"; its heartbeat stopped too, {_ago(now - beat)} ago" if beat is not None and now - beat > window else ""
+    others = f" (and rank(s) {', '.join(map(str, behind[1:]))})" if len(behind) > 1 else ""
+    return (f"rank {rank}{others} stopped stepping: last stepped at step {step} ({_ago(now - at)} ago) while rank "
+            f"{lead} is at {moving[lead][0]} (stepped {_ago(now - moving[lead][1])} ago){silent}")
+
+
+def rank_positions(beats: dict[int, dict[str, Any]], now: float) -> str | None:
+    """Where each rank got to, naming the ranks behind the others: what a stall's evidence adds. None for one rank."""
+    if len(beats) < 2:
+        return None
+    moving = _stepping(beats)
+    silent = sorted(r for r in beats if r not in moving and not beats[r].get("closed"))
+    said = []
+    if moving:
+        low = min(step for step, _ in moving.values())
+        behind = sorted(r for r, (step, _) in moving.items() if step == low)
+        ahead = sorted((r for r in moving if r not in behind), key=lambda r: r)
+        oldest = min(moving[r][1] for r in behind)
+        if ahead:
+            steps = sorted({moving[r][0] for r in ahead})
+            where = f"is at {steps[0]}" if len(ahead) == 1 else (
+                f"are at {steps[0]}" if len(steps) == 1 else f"are at steps {steps[0]}..{steps[-1]}")
+            said.append(f"{_ranks(behind)} last stepped at step {low} ({_ago(now - oldest)} ago) while "
+                        f"{_ranks(ahead)} {where}")
+        else:
+            said.append(f"every rank that logged ({', '.join(map(str, behind))}) last stepped at step {low} "
+                        f"({_ago(now - oldest)} ago)")
+    if silent:
+        said.append(f"{_ranks(silent)} logged no step")
+    stopped = sorted(r for r, beat in beats.items() if not beat.get("closed") and (at := _number(beat.get("t"))) is not None
+                     and now - at > HEARTBEAT_SILENCE_S)
+    for rank in stopped:
+        said.append(f"rank {rank}'s heartbeat stopped {_ago(now - _number(beats[rank]['t']))} ago")
+    return "; ".join(said) or None
+
+
+# A rank whose heartbeat file is older than this has stopped beating (the SDK beats every 5 s).
+HEARTBEAT_SILENCE_S = 60.0
+
+
+def _stepping(beats: dict[int, dict[str, Any]]) -> dict[int, tuple[int, float]]:
+    """(last step, when it moved) of each rank that logged a step and is not finished."""
+    moving = {}
+    for rank, beat in beats.items():
+        step, at = beat.get("step"), _number(beat.get("progress_t"))
+        if isinstance(step, int) and not isinstance(step, bool) and at is not None and not beat.get("closed"):
+            moving[rank] = (step, at)
+    return moving
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
+
+
+def _ago(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
 
 
 # -- trends over the metrics a run logged ------------------------------------------------------

@@ -225,8 +225,9 @@ function drawChart(target, names, data, attempts, opts) {
   return plot;
 }
 
-async function runPage(runId) {
-  const [job, chart] = await Promise.all([api(`/api/jobs/${runId}`), api(`/api/runs/${runId}/metrics?max_points=2000`)]);
+async function runPage(runId, rank = 0) {
+  const [job, chart] = await Promise.all([api(`/api/jobs/${runId}`),
+    api(`/api/runs/${runId}/metrics?max_points=2000&rank=${rank}`)]);
   const keys = Object.keys(chart.series);
   const chosen = new Set(keys.includes("loss") ? ["loss"] : keys.slice(0, 1));
   const opts = { log: false, smooth: 0 };
@@ -239,7 +240,11 @@ async function runPage(runId) {
     for (let i = 1; i < data.length; i++) data[i] = ema(data[i], opts.smooth);
     drawChart(target, names, data, chart.attempts, opts);
   };
-  const controls = el("div", { class: "controls" },
+  // Each rank's own values: offered when more than one process logged (rank 0's by default).
+  const ranks = chart.ranks.length > 1 ? el("select", { id: "rank",
+    onchange: (e) => { listeners.clear(); runPage(runId, Number(e.target.value)).catch(failed); } },
+    chart.ranks.map((r) => el("option", { value: r, ...(r === chart.rank ? { selected: "" } : {}) }, `rank ${r}`))) : "";
+  const controls = el("div", { class: "controls" }, ranks,
     keys.map((k) => el("label", {}, el("input", { type: "checkbox", ...(chosen.has(k) ? { checked: "" } : {}),
       onchange: (e) => { e.target.checked ? chosen.add(k) : chosen.delete(k); redraw(); } }), " " + k)),
     el("label", {}, el("input", { type: "checkbox", id: "log", onchange: (e) => { opts.log = e.target.checked; redraw(); } }), " log scale"),
@@ -270,7 +275,7 @@ async function runPage(runId) {
   );
   redraw();
   open("attempts");
-  onEvents(() => { if (location.hash === "#/runs/" + runId) runPage(runId).catch(failed); },
+  onEvents(() => { if (location.hash === "#/runs/" + runId) runPage(runId, chart.rank).catch(failed); },
     (kind, data) => data.run_id === runId || (data.attempt_id || "").startsWith(runId + "/"));
 }
 

@@ -99,6 +99,33 @@ def test_a_run_over_two_nodes_is_one_attempt_placed_on_both(cli_sqlite, slurm_no
     explained = cli("explain", "two").out
     host = os.uname().nodename.split(".")[0]
     assert f"    node 0: {host}, GPUs none\n    node 1: {host}, GPUs none\n" in explained, explained
+    assert "lab (slurm), gpus 0 over 2 nodes" in cli("show", "two").out
+    assert cli("show", "two", "--json").json()["nodes"] == 2
     placed = cli("explain", "two", "--json").json()
     nodes = placed["placement"]["scheduler"]["nodes"]
     assert [(node["node_rank"], node["host"]) for node in nodes] == [(0, host), (1, host)]
+
+
+def test_a_run_over_two_ssh_hosts_is_one_attempt_placed_on_both(cli_sqlite, netns_hosts, tmp_path):
+    cli = cli_sqlite
+    first, second = netns_hosts("a"), netns_hosts("b")
+    Path("trackway.toml").write_text(textwrap.dedent(f"""
+        [resources.pods]
+        executor = "ssh"
+        hosts = ["{first.spec}", "{second.spec}"]
+        key_file = "{first.key}"
+        workdir = "{tmp_path / 'on-host' / '{host}'}"
+        ssh_options = ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"]
+    """))
+    Path("node.py").write_text("import os\nprint('node', os.environ['NODE_RANK'], 'of', os.environ['NNODES'], "
+                               "'master', os.environ['MASTER_ADDR'])\n")
+
+    result = cli("submit", "--name", "gang", "--resource", "pods", "--nodes", "2", "--", PY, "node.py")
+
+    assert result.code == 0, result.err
+    (run,) = cli("sql", "select nodes, state from runs", "--json").json()
+    assert run == {"nodes": 2, "state": "completed"}
+    assert cli("sql", "select count(*) as n from attempts", "--json").json() == [{"n": 1}]
+    assert f"node 0 of 2 master {first.address}" in cli("logs", "gang").out
+    explained = cli("explain", "gang").out
+    assert f"    node 0: {first.spec}, GPUs none\n    node 1: {second.spec}, GPUs none\n" in explained, explained

@@ -18,6 +18,12 @@ Slurm's SIGTERM to the training process; the SDK treats both as a preemption not
       job.json, exit.json   written by the shim (see local_shim), with Slurm's job variables
       cancel.json      trackway asked to cancel (before `scancel`): CANCELLED is then ours
       slurm-final.json the end once known: later polls read it instead of asking Slurm again
+      node-K.json      over several nodes: where node K's task runs (host, CUDA_VISIBLE_DEVICES)
+
+Over several nodes (`LaunchRequest.nodes`, `submit --nodes`) the job asks one task a node, the
+batch script exports the rendezvous (NNODES, WORLD_SIZE, MASTER_ADDR from the first node,
+MASTER_PORT) and the shim runs `srun`, which runs the command once on every node with its
+NODE_RANK (see node_command). The attempt is still one job, one output.log, one exit status.
 
 Polling is batched: `poll_many()` asks `squeue` once for every job still open (finished jobs stay
 in squeue for MinJobAge), then `sacct` once for the ones squeue no longer lists (`sacct -c`, the
@@ -591,7 +597,6 @@ def _rendezvous_lines(request: LaunchRequest) -> list[str]:
     ]
 
 
-NODE_FILE = "node-{rank}.json"
 # Each task, before the command: its NODE_RANK (RANK for one process a node), and where it runs,
 # written beside the attempt's other files so that the placement lists every node with its GPUs.
 _NODE_PROLOGUE = """\

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -21,7 +22,7 @@ import pytest
 from trackway.executors.slurm import render_script
 from trackway.settings.resources import Resource
 
-from .conftest import log_lines
+from .conftest import log_lines, wait_for
 from .test_slurm import slurm, wait_ended  # noqa: F401  (the fixture)
 
 JOB_DEADLINE_S = 120.0  # two torch imports and a gloo rendezvous on a loaded 2-core machine
@@ -147,3 +148,38 @@ def test_torchrun_over_two_nodes_works_as_written(slurm, make_request, tmp_path,
     assert status.exit_code == 0, (status, [text for _, _, text in log_lines(request.log_path)])
     assert sorted(line for line in out if line.startswith("torchrun ")) == [
         "torchrun rank 0 of 2 (group rank 0): sum 3", "torchrun rank 1 of 2 (group rank 1): sum 3"]
+
+
+NOTICE_TRAP = """
+import os, signal, sys, time
+rank = os.environ["NODE_RANK"]
+def on(signum, frame):
+    print("notice", rank, signal.Signals(signum).name, flush=True)
+    if signum == signal.SIGTERM:
+        sys.exit(75)
+signal.signal(signal.SIGUSR1, on)
+signal.signal(signal.SIGTERM, on)
+print("up", rank, flush=True)
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_a_notice_reaches_every_node_and_cancel_ends_them_all(slurm, make_request, tmp_path, monkeypatch):  # noqa: F811
+    fold_nodes_onto_this_one(tmp_path, monkeypatch)
+    request = make_request([sys.executable, "-c", NOTICE_TRAP], resource=LAB, nodes=2)
+    sub = slurm.submit(request)
+
+    def said(*lines):
+        return request.log_path.exists() and all(
+            line in [text for _, _, text in log_lines(request.log_path)] for line in lines)
+
+    wait_for(lambda: said("up 0", "up 1"), "both nodes up", JOB_DEADLINE_S, 0.2)
+    # Slurm's notice before a time limit or a preemption reaches the batch step (the shim) only.
+    subprocess.run(["scancel", "--signal=USR1", "--batch", sub.handle.job_id], check=True, timeout=30)
+    wait_for(lambda: said("notice 0 SIGUSR1", "notice 1 SIGUSR1"), "the notice on both nodes", 30, 0.2)
+    slurm.cancel(sub.handle)
+    status = wait_ended(slurm, sub.handle, timeout=JOB_DEADLINE_S)
+
+    assert status.cancelled and status.exit_code == 75, status
+    assert said("notice 0 SIGTERM", "notice 1 SIGTERM")

@@ -424,7 +424,7 @@ def test_render_script_options(make_request, tmp_path):
     resource = Resource(name="lab", executor="slurm", nodes=2, partition="lab", account="ml-group",
                         sbatch=("--constraint=b200", "--mem=200G"), setup="module load cuda/12.4")
     request = make_request(["train.py", "--lr", "1e-4"], gpus=16, time_limit_s=3601, grace_s=90.5,
-                           resource=resource, qos="gpu-short", env={"A": "1"})
+                           resource=resource, qos="gpu-short", env={"A": "1"}, nodes=2)
 
     script = render_script(request)
 
@@ -432,7 +432,7 @@ def test_render_script_options(make_request, tmp_path):
     assert options == [
         "--job-name=trackway-r0000000000_1", f"--output={request.state_dir}/slurm.out", "--open-mode=append",
         f"--chdir={request.state_dir}", "--no-requeue", "--signal=B:USR1@91", "--export=ALL", "--nodes=2",
-        "--partition=lab", "--account=ml-group", "--qos=gpu-short", "--time=61", "--gres=gpu:8",
+        "--ntasks-per-node=1", "--partition=lab", "--account=ml-group", "--qos=gpu-short", "--time=61", "--gres=gpu:8",
         "--constraint=b200", "--mem=200G",
     ]
     assert "export A=1\n" in script and "module load cuda/12.4\n" in script

@@ -76,6 +76,7 @@ def test_bad_input_gets_one_error_shape_naming_the_field_and_never_a_500(server)
     cases = [
         ("POST", "/api/jobs", {}, 422, "script"),
         ("POST", "/api/jobs", {"script": "x.py", "gpu_count": -1}, 422, "gpu_count"),
+        ("POST", "/api/jobs", {"script": "x.py", "nodes": 0}, 422, "nodes"),
         ("POST", "/api/jobs", {"script": "x.py", "time_limit_hours": "soon"}, 422, "time_limit_hours"),
         ("POST", "/api/jobs", {"script": "x.py", "surprise": 1}, 422, "surprise"),
         ("POST", "/api/jobs", {"script": "x.py", "prefer_resource": "moon"}, 400, None),
@@ -97,6 +98,8 @@ def test_bad_input_gets_one_error_shape_naming_the_field_and_never_a_500(server)
             assert field in [f["field"] for f in answer["error"]["fields"]], answer
     preflight = {"layers": 32, "hidden": 4096, "heads": 32, "vocab": 32000, "batch_size": 4, "max_length": 4096}
     Path("x.py").write_text("print('never runs')\n")
+    status, answer, _ = api.post("/api/jobs", {"script": "x.py", "nodes": 2})
+    assert status == 400 and answer["error"]["message"].startswith("--nodes 2: expected 1 to 1"), answer
     status, answer, _ = api.post("/api/jobs", {"script": "x.py", "config": {"preflight": preflight},
                                                "strict_memory_preflight": True})
     assert status == 400 and answer["error"]["message"].startswith(

@@ -17,7 +17,7 @@ from trackway.validation import attempt_ref, limit as check_limit
 RUN_COLUMNS = [
     "run_id", "name", "project", "model_family", "kind", "state", "termination_reason", "attempt_count",
     "created_at", "ended_at", "command", "workdir", "resource", "resource_request", "gpu_memory_min_gb", "executor",
-    "gpus", "time_limit_s",
+    "gpus", "nodes", "time_limit_s",
     "config_sha256", "data_manifest_sha256", "code_repo", "code_branch", "code_commit", "code_dirty_sha256",
     "checkpoint_root",
 ]
@@ -259,6 +259,7 @@ def _print_run(app: AppContext, run, config_sha, config, data_sha, manifest, sho
          + (f", ended {short_time(run['ended_at'])} UTC" if run["ended_at"] else "")),
         ("resource", ("auto, first chosen: " if run["resource_request"] == "auto" else "")
          + f"{run['resource']} ({run['executor']}), gpus {run['gpus']}"
+         + (f" over {run['nodes']} nodes" if (run.get("nodes") or 1) > 1 else "")
          + (f" of ≥ {run['gpu_memory_min_gb']:g} GB" if run["gpu_memory_min_gb"] else "") + f", time limit {limit}"),
         ("data", f"{short_sha(data_sha)}  {len(files)} file(s), {sum(f['size'] for f in files):,} bytes"
          if manifest else "no data declared"),

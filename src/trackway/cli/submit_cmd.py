@@ -29,7 +29,12 @@ def submit(
     config: str = typer.Option(None, "--config", help="Config file (TOML, YAML or JSON) snapshotted into the receipt."),
     overrides: list[str] = typer.Option([], "--set", help="Override a config key: --set optimizer.lr=3e-4 (repeatable)."),
     data: list[str] = typer.Option([], "--data", help="A data file or directory to hash into the manifest (repeatable)."),
-    gpus: int = typer.Option(0, "--gpus", help="GPUs to assign (through CUDA_VISIBLE_DEVICES)."),
+    gpus: int = typer.Option(0, "--gpus", help="GPUs to assign (through CUDA_VISIBLE_DEVICES), in all over --nodes."),
+    nodes: int = typer.Option(
+        1, "--nodes",
+        help="Nodes the run spans, up to its resource's (Slurm: nodes; SSH: hosts): one task per node with "
+             "MASTER_ADDR, MASTER_PORT, NODE_RANK and NNODES set, for `torchrun --nnodes=$NNODES ...`.",
+    ),
     time_limit: float = typer.Option(None, "--time-limit", help="Hours before the attempt is ended (SIGTERM, grace, SIGKILL)."),
     resource: str = typer.Option(
         None, "--resource",
@@ -83,6 +88,7 @@ def submit(
         overrides=list(overrides),
         data_paths=list(data),
         gpus=gpus,
+        nodes=nodes,
         time_limit_hours=time_limit,
         resource=resource,
         gpu_memory_min_gb=gpu_memory_min,

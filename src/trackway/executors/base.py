@@ -41,9 +41,10 @@ class LaunchRequest:
     env: dict[str, str]
     state_dir: Path
     log_path: Path
-    gpus: int = 0
+    gpus: int = 0  # in all, over every node
     time_limit_s: float | None = None
     grace_s: float = 30.0
+    nodes: int = 1  # the nodes the attempt spans: one task per node, with the rendezvous variables
     # True: `env` is the whole environment (the run's submitted one plus TRACKWAY_*); False: `env`
     # is added to the executor's own, for runs recorded before environments were stored.
     env_is_complete: bool = False

@@ -30,6 +30,9 @@ changed) or with the attempt's directory gone, or that never comes back within t
 the attempt with the resource's reason: `preempted` when it is preemptible (a reclaimed spot
 pod), `infra_transient` otherwise, with the evidence. The host is then avoided by the next
 submits for that window, so a retry goes to another host of the resource.
+
+A run over several nodes (`--nodes N`) is a gang of N such jobs, one a host, started all or none
+and ended as one attempt: see ssh_gang.py.
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ from datetime import datetime
 from pathlib import Path
 
 from trackway.errors import ExecutorError, NotFound
-from trackway.executors import local_shim, remote_agent
+from trackway.executors import local_shim, remote_agent, ssh_gang
 from trackway.executors.base import (
     Executor,
     JobHandle,
@@ -99,6 +102,7 @@ class RemoteJob:
     lost_reason: str
     local_log: str
     resource: str | None
+    local_dir: str | None = None  # where the spool is pulled; None: the state directory
 
     @classmethod
     def load(cls, state_dir: Path) -> RemoteJob:
@@ -109,7 +113,7 @@ class RemoteJob:
                    options=tuple(data.get("ssh_options") or ()), python=data["python"],
                    remote_dir=data["remote_dir"], agent=data["agent"], boot_id=data.get("boot_id"),
                    unreachable_s=float(data["unreachable_seconds"]), lost_reason=data["lost_reason"],
-                   local_log=data["local_log"], resource=data.get("resource"))
+                   local_log=data["local_log"], resource=data.get("resource"), local_dir=data.get("local_dir"))
 
     def client(self) -> SshClient:
         return SshClient(self.target, self.key_file, self.options)
@@ -133,8 +137,10 @@ class SshExecutor(Executor):
                                 "(trackway.toml: [resources.NAME] executor = \"ssh\", hosts = [...])")
         state_dir = Path(request.state_dir)
         state_dir.mkdir(parents=True, exist_ok=True)
-        if (state_dir / JOB_FILE).exists():
+        if (state_dir / JOB_FILE).exists() or ssh_gang.is_gang(state_dir):
             raise ExecutorError(f"attempt {request.attempt_id}: {state_dir} already holds a started job")
+        if request.nodes > 1:
+            return ssh_gang.submit_gang(self, request)
         tried = []
         for spec in self._host_order(resource):
             client = SshClient(SshTarget.parse(spec), resource.key_file, resource.ssh_options)
@@ -154,7 +160,10 @@ class SshExecutor(Executor):
         raise ExecutorError(f"attempt {request.attempt_id}: no host of resource {resource.name} could take it: "
                             + "; ".join(tried))
 
-    def _submit_to(self, client: SshClient, request: LaunchRequest, gpu_ids: list[int]) -> Submission:
+    def _submit_to(self, client: SshClient, request: LaunchRequest, gpu_ids: list[int],
+                   local_dir: Path | None = None) -> Submission:
+        """Start the attempt on one host. `local_dir`: where its spool is pulled, when not its state directory
+        (the first node of a gang: the attempt's own)."""
         resource = request.resource
         support = _support_hash()
         # `{host}` in the workdir: hosts that share a file system (an NFS home) keep their own directories.
@@ -207,6 +216,7 @@ class SshExecutor(Executor):
             "unreachable_seconds": resource.unreachable_seconds,
             "lost_reason": "preempted" if resource.preemptible else "infra_transient",
             "local_log": str(request.log_path), "resource": resource.name, "job": job,
+            "local_dir": str(local_dir) if local_dir is not None else None,
             "code": {"key": code.key, "source": code.source, "missing": code.missing} if code is not None else None,
             "submitted_at": utc_now().isoformat(),
         })
@@ -220,6 +230,8 @@ class SshExecutor(Executor):
         )
 
     def adopt(self, state_dir: Path) -> Submission | None:
+        if ssh_gang.is_gang(Path(state_dir)):
+            return ssh_gang.adopt_gang(self, Path(state_dir))
         data = read_json(Path(state_dir) / JOB_FILE)
         if not data or not data.get("job"):
             return None
@@ -323,6 +335,9 @@ class SshExecutor(Executor):
             final = read_json(state_dir / FINAL_FILE)
             if final is not None:
                 statuses[handle.job_id] = status_from_json(final)
+                continue
+            if ssh_gang.is_gang(state_dir):
+                statuses[handle.job_id] = ssh_gang.poll_gang(self, handle)
                 continue
             try:
                 job = RemoteJob.load(state_dir)
@@ -458,6 +473,8 @@ class SshExecutor(Executor):
     def cancel(self, handle: JobHandle) -> None:
         """Note that trackway asked, then have the host's agent SIGTERM the shim (SIGKILL after the grace)."""
         state_dir = Path(handle.state_dir)
+        if ssh_gang.is_gang(state_dir):
+            return ssh_gang.cancel_gang(self, handle)
         job = RemoteJob.load(state_dir)
         if (state_dir / FINAL_FILE).exists():
             return
@@ -469,6 +486,8 @@ class SshExecutor(Executor):
             pass  # the host's loss (or return) is what poll() reports; cancel.json says it was ours
 
     def logs(self, handle: JobHandle) -> Path:
+        if ssh_gang.is_gang(Path(handle.state_dir)):
+            return ssh_gang.gang_log(Path(handle.state_dir))
         return Path(RemoteJob.load(Path(handle.state_dir)).local_log)
 
     def _agent(self, client: SshClient, python: str, agent: str, args: list[str], stdin: bytes | None = None,
@@ -520,12 +539,13 @@ def _bundle(files: dict[str, bytes], code) -> bytes:
 
 
 def _local_path(state_dir: Path, job: RemoteJob, rel: str) -> Path:
-    return Path(job.local_log) if rel == "output.log" else state_dir / rel
+    return Path(job.local_log) if rel == "output.log" else Path(job.local_dir or state_dir) / rel
 
 
 def _offsets(state_dir: Path, job: RemoteJob) -> dict[str, int]:
     """How much of each remote file is already here: the sizes of the local copies."""
     offsets = {}
+    state_dir = Path(job.local_dir or state_dir)
     candidates = [("output.log", Path(job.local_log)), ("eval-output.jsonl", state_dir / "eval-output.jsonl")]
     spool = state_dir / "spool"
     if spool.is_dir():

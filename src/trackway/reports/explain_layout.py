@@ -290,6 +290,14 @@ def _placement_blocks(facts: dict[str, Any]) -> list[Block]:
         said += [f"{label} {scheduler[key]}" for key, label in (("partition", "partition"), ("qos", "QoS"),
                                                                    ("node_list", "nodes")) if scheduler.get(key)]
         blocks.append(("item", 0, "scheduler", ", ".join(said) or "placed"))
+        # A run over several nodes: every node with its GPUs, as each node's task said where it ran.
+        for node in scheduler.get("nodes") or ():
+            gpus = ",".join(str(gpu) for gpu in node.get("gpu_ids") or ()) or "none"
+            blocks.append(("item", 1, f"node {node['node_rank']}", f"{d.text_or(node.get('host'))}, GPUs {gpus}"))
+        expected = scheduler.get("nodes_expected")
+        if expected and len(scheduler.get("nodes") or ()) < expected:
+            blocks.append(("item", 1, "nodes", f"{len(scheduler.get('nodes') or ())} of {expected} said where they "
+                                               "ran (the others had not started when the job ended)"))
     return blocks + [
         ("item", 0, "host", d.text_or(p["host"], "no host yet (the attempt had not started)")),
         ("item", 0, "GPUs", d.gpus_text(p["gpu_count"], p["gpu_model"], p["gpu_ids"])),

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from trackway.errors import InputError
 from trackway.resources.availability import Availability
 from trackway.resources.gpu_catalog import KNOWN_GPUS, known_gpu, resource_capacity_gib
+from trackway.resources.nodes import unfit_nodes
 from trackway.settings.resources import QosTier, Resource
 from trackway.resources.selection_record import Selection
 
@@ -34,6 +35,7 @@ class Need:
     gpu_memory_min_gb: float | None = None
     time_limit_hours: float | None = None
     memory_peak_gib: float | None = None  # the memory preflight's estimate per GPU at the longest batch
+    nodes: int = 1  # the nodes the run spans (submit --nodes)
 
 
 class NoResourceFits(InputError):
@@ -93,6 +95,9 @@ def _unfit(need: Need, resource: Resource, row: Availability | None, explicit: b
     """Why `resource` cannot take the run, or None when it can."""
     if need.kind not in resource.use_for:
         return f"not used for {need.kind} runs (use_for: {', '.join(resource.use_for)})"
+    too_few_nodes = unfit_nodes(resource, need.nodes)
+    if too_few_nodes is not None:
+        return too_few_nodes
     if row is not None and not row.reachable and not explicit:
         return f"unreachable ({row.error})"
     if need.gpu_memory_min_gb is not None:
@@ -112,6 +117,10 @@ def _unfit(need: Need, resource: Resource, row: Availability | None, explicit: b
             return f"{need.gpus} GPU(s) asked, and its GPU count is unknown (declare gpus_per_node)"
         if total < need.gpus:
             return f"{need.gpus} GPU(s) asked, it has {total}"
+        # A run gets the GPUs of the nodes it spans, not of every node the resource has.
+        if resource.gpus_per_node is not None and resource.gpus_per_node * need.nodes < need.gpus:
+            return (f"{need.gpus} GPU(s) asked on {need.nodes} node(s) of {resource.gpus_per_node} GPU(s): "
+                    f"ask for more nodes (--nodes)")
     if resource.qos and need.time_limit_hours is not None and _tier(resource, need.time_limit_hours) is None:
         longest = resource.qos[-1]
         return f"{need.time_limit_hours:g} h asked, its longest QoS ({longest.name}) allows {longest.max_hours:g} h"

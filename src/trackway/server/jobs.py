@@ -25,6 +25,7 @@ from trackway import validation
 from trackway.ledger.records import resolve_run
 from trackway.ledger.schema import attempts, metric_points, metric_series, runs
 from trackway.output_log import read_from, tail_offset
+from trackway.resources.nodes import MAX_NODES
 from trackway.redaction import LogRedactor, redact_argv
 from trackway.taxonomy import RunState
 
@@ -44,7 +45,8 @@ class JobRequest(BaseModel):
     args: list[str] = Field(default_factory=list, max_length=1000)
     repo: str | None = Field(None, max_length=4096, description="A git URL cloned into the run's workspace.")
     branch: str | None = Field(None, max_length=400)
-    gpu_count: int = Field(0, ge=0, le=validation.MAX_GPUS)
+    gpu_count: int = Field(0, ge=0, le=validation.MAX_GPUS, description="GPUs in all, over `nodes`.")
+    nodes: int = Field(1, ge=1, le=MAX_NODES, description="Nodes the job spans, from 1 to its resource's (Slurm: nodes; SSH: hosts).")
     gpu_memory_min_gb: float | None = Field(None, gt=0, le=10_000)
     time_limit_hours: float | None = Field(None, gt=0, le=validation.TEN_YEARS_HOURS)
     prefer_resource: str | None = Field(None, max_length=200, description="A declared resource, or auto.")
@@ -129,7 +131,7 @@ def submit_job(job: JobRequest, request: Request) -> Submitted:
     spec = RunSpec(
         command=[sys.executable, script_path, *job.args], cwd=state.workdir, name=job.name, project=job.project,
         kind=job.kind, config_path=str(config_path) if config_path else None, data_paths=data,
-        gpus=job.gpu_count, time_limit_hours=job.time_limit_hours, resource=job.prefer_resource,
+        gpus=job.gpu_count, nodes=job.nodes, time_limit_hours=job.time_limit_hours, resource=job.prefer_resource,
         gpu_memory_min_gb=job.gpu_memory_min_gb, repo_url=job.repo, branch=job.branch, eval_spec_paths=evals,
         preflight_strict=job.strict_memory_preflight,
     )
@@ -226,7 +228,8 @@ def _summary(run) -> dict[str, Any]:
     return {
         "id": run["run_id"], "name": run["name"], "project": run["project"], "kind": run["kind"],
         "status": run["state"], "termination_reason": run["termination_reason"], "attempts": run["attempt_count"],
-        "resource": run["resource"], "gpu_count": run["gpus"], "command": redact_argv(json.loads(run["command"])),
+        "resource": run["resource"], "gpu_count": run["gpus"],
+        "nodes": run["nodes"] or 1, "command": redact_argv(json.loads(run["command"])),
         "created_at": run["created_at"], "ended_at": run["ended_at"],
     }
 

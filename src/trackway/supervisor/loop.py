@@ -232,9 +232,11 @@ class Supervisor:
     def _note_placements(self, polled: list[tuple[Any, JobStatus]]) -> None:
         """Where a queued job started (its node, its GPUs), recorded once its executor knows it."""
         # Only once the command runs ("host" known) or the job ended: before that the GPUs are not known yet.
+        # A gang (SSH over several hosts) knows its first host at submit: its nodes are noted at its end.
         changed = [(attempt, status) for attempt, status in polled
-                   if status.placement and not attempt["host"]
-                   and ("host" in status.placement or status.phase.is_terminal())]
+                   if status.placement and ((not attempt["host"]
+                                             and ("host" in status.placement or status.phase.is_terminal()))
+                                            or ("nodes" in status.placement and status.phase.is_terminal()))]
         if not changed:
             return
         with self.ledger.write() as conn:

@@ -28,7 +28,8 @@ from trackway.receipts.code import CodeRef, capture_code, clone_branch
 from trackway.receipts.config import load_config
 from trackway.receipts.data_manifest import build_data_manifest
 from trackway.settings import Settings
-from trackway.resources.placement import place
+from trackway.resources.nodes import MAX_NODES, check_nodes, node_limit
+from trackway.resources.placement import candidates, place
 from trackway.taxonomy import RunKind, RunState
 
 if TYPE_CHECKING:
@@ -52,7 +53,8 @@ class RunSpec:
     config_path: str | None = None
     overrides: list[str] = field(default_factory=list)
     data_paths: list[str] = field(default_factory=list)
-    gpus: int = 0
+    gpus: int = 0  # in all, over every node
+    nodes: int = 1  # the nodes the run spans, up to its resource's (resources/nodes.py)
     time_limit_hours: float | None = None
     repo_url: str | None = None
     branch: str | None = None
@@ -80,6 +82,7 @@ def _validate(spec: RunSpec) -> None:
     from trackway import validation
 
     validation.whole(spec.gpus, "--gpus", 0, validation.MAX_GPUS)
+    validation.whole(spec.nodes, "--nodes", 1, MAX_NODES)
     if spec.time_limit_hours is not None:
         validation.finite(
             spec.time_limit_hours, "--time-limit", 0, validation.TEN_YEARS_HOURS, "hours", low_open=True,
@@ -132,7 +135,14 @@ def preview_placement(settings: Settings, spec: RunSpec, preflight: str | None =
     if asked != AUTO and asked not in settings.resources and asked != "local":
         declared = ", ".join(sorted(settings.resources)) or "none"
         raise InputError(f"--resource {asked!r}: not declared in trackway.toml (declared: {declared}, or auto)")
-    run = {"resource_request": asked, "resource": asked, "kind": spec.kind, "gpus": spec.gpus,
+    if asked != AUTO:
+        check_nodes(settings.resource(asked), spec.nodes)
+    elif spec.nodes > 1:
+        # More nodes than any resource has is the option's fault, said as such (not as "no resource fits").
+        most = max(candidates(settings), key=node_limit)
+        if spec.nodes > node_limit(most):
+            check_nodes(most, spec.nodes)
+    run = {"resource_request": asked, "resource": asked, "kind": spec.kind, "gpus": spec.gpus, "nodes": spec.nodes,
            "time_limit_s": spec.time_limit_hours * 3600 if spec.time_limit_hours else None,
            "gpu_memory_min_gb": spec.gpu_memory_min_gb, "preflight": preflight}
     return place(settings, run)
@@ -237,6 +247,7 @@ def _insert_submitted_run(conn, settings: Settings, spec: RunSpec, run_id: str, 
             gpu_memory_min_gb=spec.gpu_memory_min_gb,
             executor=settings.resource(selection.resource).executor,
             gpus=spec.gpus,
+            nodes=spec.nodes,
             time_limit_s=spec.time_limit_hours * 3600 if spec.time_limit_hours else None,
             config_sha256=config_sha,
             data_manifest_sha256=data_sha,

@@ -106,7 +106,7 @@ runs = Table(
     Column("checkpoint_root", Text),
     # The memory preflight at submit (resources/preflight.py, 0012): JSON with the estimate and each verdict.
     Column("preflight", Text),
-    # The nodes the run spans, submit --nodes (0017_run_nodes); NULL before: one node.
+    # The nodes the run spans, submit --nodes (0018_run_nodes); NULL before: one node.
     Column("nodes", Integer),
 )
 

@@ -40,7 +40,7 @@ def need_of(run: Mapping[str, Any], gpu_memory_min_gb: float | None = None) -> N
         gpu_memory_min_gb=gpu_memory_min_gb if gpu_memory_min_gb is not None else run.get("gpu_memory_min_gb"),
         time_limit_hours=limit / 3600 if limit else None,
         memory_peak_gib=preflight[0] if preflight is not None else None,
-        nodes=run.get("nodes") or 1,  # runs recorded before 0017 ran on one node
+        nodes=run.get("nodes") or 1,  # runs recorded before 0018 ran on one node
     )
 
 

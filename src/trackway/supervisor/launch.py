@@ -465,7 +465,7 @@ def build_request(settings: Settings, plan: AttemptPlan, claim: ClaimedAttempt) 
         gpus=run["gpus"],
         time_limit_s=run["time_limit_s"],
         grace_s=resource.grace_seconds,
-        nodes=run.get("nodes") or 1,  # runs recorded before 0017: one node
+        nodes=run.get("nodes") or 1,  # runs recorded before 0018: one node
         env_is_complete=submitted is not None,
         resource=resource if resource.declared else None,
         qos=plan.placement.qos,

@@ -8,7 +8,6 @@ Revises: 0017
 Create Date: 2026-11-28
 """
 
-import sqlalchemy as sa
 from alembic import op
 
 revision = "0018"
@@ -18,10 +17,9 @@ depends_on = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("runs") as batch:
-        batch.add_column(sa.Column("nodes", sa.Integer))
+    # Plain ADD COLUMN (not a batch copy of `runs`): the views over `runs` name their columns and keep working.
+    op.execute("ALTER TABLE runs ADD COLUMN nodes INTEGER")
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("runs") as batch:
-        batch.drop_column("nodes")
+    op.execute("ALTER TABLE runs DROP COLUMN nodes")

@@ -242,3 +242,20 @@ def test_one_poll_asks_every_host_and_a_silent_one_does_not_hide_the_others(tmp_
         assert away.phase is JobPhase.RUNNING and away.placement["unreachable_since"]
     finally:
         other.close()
+
+
+def test_the_agent_sends_every_ranks_heartbeat_whole(tmp_path):
+    """Each rank's heartbeat file is replaced whole by its writer: the host sends it whole, never by offset."""
+    import base64
+    import json as jsonlib
+
+    from trackway.executors import remote_agent
+
+    spool = tmp_path / "attempt" / "spool"
+    spool.mkdir(parents=True)
+    for name, rank in (("heartbeat.json", 0), ("heartbeat-r1.json", 1)):
+        (spool / name).write_text(jsonlib.dumps({"t": 1.0, "rank": rank, "step": 3}))
+    answer = remote_agent.poll({"attempts": [{"dir": str(tmp_path / "attempt"), "offsets": {}}]})
+    files = answer["attempts"][str(tmp_path / "attempt")]["files"]
+    sent = {rel: jsonlib.loads(base64.b64decode(item["data"]))["rank"] for rel, item in files.items() if item.get("whole")}
+    assert sent == {"spool/heartbeat.json": 0, "spool/heartbeat-r1.json": 1}

@@ -524,7 +524,12 @@ class CheckpointManager:
 
     def _distributed(self) -> _Ranks | None:
         if self._ranks is False:
-            self._ranks = _Ranks.detect()
+            ranks = _Ranks.detect()
+            # Asked before init_process_group (Lightning's ranks connect inside fit(), after the script
+            # picked its resume checkpoint): not an answer to keep, or later saves would run unshared.
+            if ranks is not None or _Ranks.connected():
+                self._ranks = ranks
+            return ranks
         return self._ranks
 
     def _begin(self, step: int, token: str | None) -> PendingCheckpoint:
@@ -741,6 +746,15 @@ class _Ranks:
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() <= 1:
             return None
         return cls(dist, dist.get_rank(), dist.get_world_size())
+
+    @staticmethod
+    def connected() -> bool:
+        """Whether torch.distributed is set up in this process (then `detect()`'s answer is final)."""
+        if "torch" not in sys.modules:
+            return False
+        import torch.distributed as dist
+
+        return dist.is_available() and dist.is_initialized()
 
     def _group(self, writer: bool) -> Any:
         return self._writer_group if writer else self._control_group

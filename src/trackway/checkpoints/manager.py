@@ -527,7 +527,8 @@ class CheckpointManager:
             ranks = _Ranks.detect()
             # Asked before init_process_group (Lightning's ranks connect inside fit(), after the script
             # picked its resume checkpoint): not an answer to keep, or later saves would run unshared.
-            if ranks is not None or _Ranks.connected():
+            dist = sys.modules.get("torch.distributed")
+            if ranks is not None or (dist is not None and dist.is_available() and dist.is_initialized()):
                 self._ranks = ranks
             return ranks
         return self._ranks
@@ -746,15 +747,6 @@ class _Ranks:
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() <= 1:
             return None
         return cls(dist, dist.get_rank(), dist.get_world_size())
-
-    @staticmethod
-    def connected() -> bool:
-        """Whether torch.distributed is set up in this process (then `detect()`'s answer is final)."""
-        if "torch" not in sys.modules:
-            return False
-        import torch.distributed as dist
-
-        return dist.is_available() and dist.is_initialized()
 
     def _group(self, writer: bool) -> Any:
         return self._writer_group if writer else self._control_group

@@ -39,15 +39,15 @@ SAMPLES = 256  # batches of 16: 16 steps per epoch on one process, 8 per rank on
 EPOCHS = 3
 
 
-def _command(launcher: str, stateful: bool = True) -> list[str]:
+def _command(launcher: str, stateful: bool = True, port: int = 29561) -> list[str]:
     args = [str(EXAMPLE), "--epochs", str(EPOCHS), "--samples", str(SAMPLES), "--checkpoint-every", str(EVERY),
             "--step-delay", "0.15", "--shuffle", *(["--stateful-loader"] if stateful else [])]
     if launcher == "single":
         return [sys.executable, *args]
     if launcher == "lightning":  # Lightning's own launcher starts the script again for rank 1
         return [sys.executable, *args, "--devices", "2", "--strategy", "ddp"]
-    # torchrun: one process per rank; the port is this test's own, so a leftover elsewhere cannot answer
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29561", *args,
+    # torchrun: one process per rank; a port per run, as the reference and the preempted run train at once
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}", *args,
             "--devices", "2", "--strategy", "ddp"]
 
 
@@ -56,15 +56,15 @@ def _child_of(shim: int) -> int:
     return int(Path(f"/proc/{shim}/task/{shim}/children").read_text().split()[0])
 
 
-def _drive(home, sqlite_url, monkeypatch, command: list[str], notice_after: int, to_group: bool, deadline_s: float):
+def _drive(home, sqlite_url, monkeypatch, command, notice_after: int, to_group: bool, deadline_s: float):
     """A reference run and one SIGTERMed once its log shows `step {notice_after}`; both driven to their end."""
     monkeypatch.setenv("TRACKWAY_DB", sqlite_url)
     settings = load_settings()
     ledger = open_ledger(sqlite_url)
     supervisor = Supervisor(ledger, settings)
     runs = []
-    for _ in range(2):
-        run_id = submit_run(ledger, settings, RunSpec(command=command, cwd=Path.cwd()))
+    for i in range(2):
+        run_id = submit_run(ledger, settings, RunSpec(command=command(i), cwd=Path.cwd()))
         start_attempt(ledger, settings, run_id, supervisor.executor("local"))
         runs.append(run_id)
     reference, preempted = runs
@@ -80,7 +80,8 @@ def _drive(home, sqlite_url, monkeypatch, command: list[str], notice_after: int,
                 ended = True
                 break
             log = Path(latest["log_path"])
-            if not sent and latest["state"] == "running" and log.exists() and f"step {notice_after}\n" in log.read_text():
+            seen = log.exists() and f"step {notice_after}\n" in log.read_text()
+            if not sent and latest["state"] == "running" and seen:
                 shim = int(latest["executor_job_id"])
                 # To the shim, which sends it to the command's whole group: every rank gets it, as on a cancel or a
                 # host shutdown. To the launcher only (the shim's child): rank 1 hears of it from the agreement
@@ -136,7 +137,7 @@ def _check_resumed(settings, runs, attempts, losses, steps_per_epoch: int, notic
 def test_lightning_ddp_preempted_mid_epoch_resumes_bit_identical(home, sqlite_url, monkeypatch):
     """Lightning's own launcher, 2 ranks, SIGTERM to the whole group mid-epoch (the case in which plain
     Lightning's own handler hangs): saved there, resumed there, the same final loss to the bit."""
-    out = _drive(home, sqlite_url, monkeypatch, _command("lightning"), notice_after=11, to_group=True,
+    out = _drive(home, sqlite_url, monkeypatch, lambda i: _command("lightning"), notice_after=11, to_group=True,
                  deadline_s=240)
     settings, runs, attempts, losses = out
     _check_resumed(*out, steps_per_epoch=8, notice_after=11)
@@ -153,8 +154,8 @@ def test_lightning_ddp_preempted_mid_epoch_resumes_bit_identical(home, sqlite_ur
 def test_lightning_launchers_preempted_mid_epoch_resume_bit_identical(
     home, sqlite_url, monkeypatch, launcher, steps_per_epoch, to_group
 ):
-    out = _drive(home, sqlite_url, monkeypatch, _command(launcher), notice_after=11, to_group=to_group,
-                 deadline_s=300)
+    out = _drive(home, sqlite_url, monkeypatch, lambda i: _command(launcher, port=29561 + i), notice_after=11,
+                 to_group=to_group, deadline_s=300)
     settings, runs, attempts, losses = out
     _check_resumed(*out, steps_per_epoch=steps_per_epoch, notice_after=11)
     reference, preempted = runs
@@ -165,7 +166,7 @@ def test_lightning_launchers_preempted_mid_epoch_resume_bit_identical(
 def test_plain_loader_resumes_but_not_exactly(home, sqlite_url, monkeypatch):
     """A plain DataLoader under DDP: the resume works (Lightning's state, the committed file loads, the run
     completes) but the interrupted epoch's batches start again, so the loss is not the reference's."""
-    out = _drive(home, sqlite_url, monkeypatch, _command("lightning", stateful=False), notice_after=11,
+    out = _drive(home, sqlite_url, monkeypatch, lambda i: _command("lightning", stateful=False), notice_after=11,
                  to_group=True, deadline_s=300)
     settings, runs, attempts, losses = out
     _check_resumed(*out, steps_per_epoch=8, notice_after=11)

@@ -12,6 +12,9 @@
   policy names (`run.checkpoints.due(step)`), mid-epoch included, and after the step under way when
   a preemption notice came, with Lightning's loop state (fit loop and batch progress; the dataloader
   position too when the loader is stateful, e.g. torchdata's `StatefulDataLoader`).
+- A save due on an epoch's last batch is taken at that epoch's end (`on_train_epoch_end`): taken in
+  the batch hook, a stateful loader's saved position is "exhausted" and Lightning 2.6 resumes into an
+  empty epoch (measured: the resumed run ended one epoch short).
 - A notice stops the fit loop (`trainer.should_stop`) after that save and ends the attempt
   preempted (`run.exit_preempted()`, exit code 75).
 
@@ -93,6 +96,7 @@ class TrackwayLightning(Logger, Callback):
         self._saved_step: int | None = None
         self._stopping = False  # the ranks agreed to stop on a notice
         self._exiting = False
+        self._due_at_epoch_end: int | None = None
 
     # -- Logger ---------------------------------------------------------------------------------
     @property
@@ -127,11 +131,21 @@ class TrackwayLightning(Logger, Callback):
         # got a notice" is the same on every rank, where each rank's own flag would not be.
         noticed = trainer.strategy.reduce_boolean_decision(bool(self.run.should_stop), all=False)
         step = int(trainer.global_step)
-        if self.run.checkpoints.due(step) or noticed:
-            self._save(trainer, step)
         if noticed:
             self._stopping = True
             trainer.should_stop = True
+        if self.run.checkpoints.due(step) or noticed:
+            if batch_idx + 1 >= trainer.num_training_batches:
+                # The epoch's last batch: saved at the epoch's end instead. Saved here, a stateful loader's
+                # state is "exhausted" and Lightning resumes into an empty epoch (one epoch short).
+                self._due_at_epoch_end = step
+            else:
+                self._save(trainer, step)
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        step, self._due_at_epoch_end = self._due_at_epoch_end, None
+        if step is not None:
+            self._save(trainer, step)
 
     def _save(self, trainer: Any, step: int) -> None:
         if self._saved_step == step or step == 0:

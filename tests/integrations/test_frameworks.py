@@ -107,9 +107,10 @@ def test_lightning_preempted_resumes_same_loss(home, sqlite_url, monkeypatch):
 
     def command(i):
         return [sys.executable, str(EXAMPLES / "lightning_module.py"), "--epochs", "15",
-                "--checkpoint-every", "16", "--step-delay", "0.1"]
+                "--checkpoint-every", "16", "--step-delay", "0.1", "--stateful-loader"]
 
-    # 4 steps per epoch: the first checkpoint is at step 16; the notice comes after step 26.
+    # 4 steps per epoch: the first checkpoint is at step 16; the notice comes after step 26 and is saved
+    # there, mid-epoch; the stateful loader's position is in it, so the resume is exact.
     settings, runs, attempts, losses, keys = _scenario(home, sqlite_url, monkeypatch, command, "step 26\n")
     reference, preempted = runs
     assert "loss" in keys

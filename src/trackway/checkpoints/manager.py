@@ -524,7 +524,13 @@ class CheckpointManager:
 
     def _distributed(self) -> _Ranks | None:
         if self._ranks is False:
-            self._ranks = _Ranks.detect()
+            ranks = _Ranks.detect()
+            # Asked before init_process_group (Lightning's ranks connect inside fit(), after the script
+            # picked its resume checkpoint): not an answer to keep, or later saves would run unshared.
+            dist = sys.modules.get("torch.distributed")
+            if ranks is not None or (dist is not None and dist.is_available() and dist.is_initialized()):
+                self._ranks = ranks
+            return ranks
         return self._ranks
 
     def _begin(self, step: int, token: str | None) -> PendingCheckpoint:

@@ -374,8 +374,12 @@ def _take_back(fd: int, start: int, written: int) -> None:
         pass
 
 
-def write_json_atomic(path: Path, payload: dict[str, Any], fsync: bool = True) -> None:
-    """Replace `path` with `payload` so that a reader sees the old or the new content, never half of one."""
+def write_json_atomic(path: Path, payload: dict[str, Any], fsync: bool = True, replace: bool = True) -> bool:
+    """Replace `path` with `payload` so that a reader sees the old or the new content, never half of one.
+
+    With `replace=False` an existing `path` is kept (the link that would create it fails atomically):
+    returns whether this call wrote it.
+    """
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     data = json.dumps(payload).encode()
     try:
@@ -388,7 +392,16 @@ def write_json_atomic(path: Path, payload: dict[str, Any], fsync: bool = True) -
                 os.fsync(fd)
         finally:
             os.close(fd)
-        os.replace(tmp, path)
+        if replace:
+            os.replace(tmp, path)
+            return True
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        finally:
+            tmp.unlink(missing_ok=True)
+        return True
     except OSError:
         # A full disk must not also fill up with half-written temporaries.
         tmp.unlink(missing_ok=True)

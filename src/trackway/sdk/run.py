@@ -363,7 +363,9 @@ class Run:
         reason = TerminationReason(reason)
         payload = {"reason": reason.value, "message": message, "step": self._step, "rank": self.rank, "t": time.time(), **extra}
         try:
-            write_json_atomic(self.context.spool_dir / NOTE_FILE, payload)
+            # One note per attempt, shared by its ranks: rank 0's is the attempt's word; another rank's is
+            # kept only where rank 0 said nothing (a rank that alone met a non-finite loss), never over it.
+            write_json_atomic(self.context.spool_dir / NOTE_FILE, payload, replace=self.rank == 0)
         except OSError as exc:
             # A full disk must not turn a clear ending into a traceback: the event below may still land.
             print(f"trackway: could not write the termination note: {exc}", file=sys.stderr, flush=True)

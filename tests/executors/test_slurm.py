@@ -154,9 +154,10 @@ def test_gpus_environment_and_setup_prologue(slurm, make_request, tmp_path):
     assert lines[0] in ("0 short", "1 short")
     assert lines[1:4] == ["set up: run's value", "a 'b' \"c\" $d `e` \\f", "next"]
     # The whole environment is the run's: nothing from the supervisor's leaks in (bash adds PWD, SHLVL
-    # and _; Python's C-locale coercion adds LC_CTYPE).
+    # and _; Python's C-locale coercion adds LC_CTYPE; the shim adds TRACKWAY_JOB_TREE, the mark by which it
+    # finds the job's processes that left its session).
     assert set(eval(lines[4])) <= {"PATH", "FROM_RUN", "TRICKY", "FROM_SETUP", "PWD", "SHLVL", "_", "OLDPWD",
-                                   "LC_CTYPE"}
+                                   "LC_CTYPE", "TRACKWAY_JOB_TREE"}
     assert status.placement["gpu_ids"] == [int(lines[0][0])]
     assert status.placement["partition"] == "short"
     assert sub.gpu_model == "FakeGPU"

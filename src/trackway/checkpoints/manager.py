@@ -45,6 +45,17 @@ These collectives run on gloo groups of their own: one for the writer thread, on
 training thread (restore, `due` by minutes, `writing`), so they never interleave with the
 training's own collectives or with each other.
 
+Collective calls (every rank makes them, in the same order): `save()`, `writing()`,
+`restore_latest()`, `latest()`, `due()` when `every_minutes` is set, and `any_rank()`. Each
+starts with a rendezvous on the job's own store (the one `init_process_group` made), limited to
+$TRACKWAY_COLLECTIVE_TIMEOUT_S (60 s): a call that some rank does not make in time (saving on
+rank 0 only, the most common DDP slip) raises CollectiveCallError on the ranks that made it,
+naming the call and the ranks that did not join (and what those are calling instead, if
+anything), rather than hanging. Only that entry is time-limited: a long write between a save's
+start and its gather waits as long as it takes. A store rendezvous rather than a gloo
+`monitored_barrier`: creating trackway's groups is itself collective (a lone first call would
+hang there), and `monitored_barrier` names the missing ranks on rank 0 only.
+
 torch is imported only when a torch feature is used: scripts that do not use torch can
 checkpoint with `writing()` without it.
 """
@@ -52,10 +63,12 @@ checkpoint with `writing()` without it.
 from __future__ import annotations
 
 import errno
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -76,6 +89,14 @@ if TYPE_CHECKING:
     from trackway.checkpoints.uploader import Uploader
 
 STATE_FILE = "state.pt"
+# How long a collective checkpoint call waits for every rank to make it ($TRACKWAY_COLLECTIVE_TIMEOUT_S):
+# ranks reach a save seconds apart (a slower data loader, a rank-0 log line), never a minute apart
+# unless one of them is not coming.
+COLLECTIVE_TIMEOUT_S = 60.0
+
+
+class CollectiveCallError(CheckpointError):
+    """A collective checkpoint call that not every rank made in time: the message names the call and the ranks."""
 
 
 def shard_name(rank: int, format: str = DEFAULT_FORMAT) -> str:  # noqa: A002 - the user-facing word
@@ -174,8 +195,24 @@ class CheckpointManager:
             return False
         elapsed = self._clock() - self._last_save_at >= self.every_minutes * 60
         ranks = self._distributed()
+        if ranks is None:
+            return elapsed
         # Clocks differ between ranks; a save that only some ranks start would hang the others.
-        return ranks.agree(elapsed) if ranks is not None else elapsed
+        ranks.enter(f"due({step})")
+        return ranks.agree(elapsed)
+
+    def any_rank(self, flag: bool) -> bool:
+        """`flag` agreed across ranks: true on every rank when it is true on any (alone: `flag`).
+
+        For a preemption notice under DDP (`run.checkpoints.any_rank(run.should_stop)`): the
+        launcher forwards the signal to every rank, but each reads it at its own step, and a save
+        that only some ranks start is a hang. Collective: every rank calls it at the same point.
+        """
+        ranks = self._distributed()
+        if ranks is None:
+            return bool(flag)
+        ranks.enter("any_rank()")
+        return ranks.any(bool(flag))
 
     def save(
         self,
@@ -210,6 +247,7 @@ class CheckpointManager:
         if ranks is None:
             persist = self._persist_single(step, metrics)
         else:
+            ranks.enter(f"save({step})")
             persist = self._persist_sharded(step, metrics, ranks)
         self._wait_saves()
         self._last_step = step
@@ -256,6 +294,8 @@ class CheckpointManager:
         """A directory to write any files into: committed on clean exit, discarded on an exception.
 
         With several ranks, all of them get the same directory and rank 0 commits what they wrote.
+        Every rank enters the block only once every rank has made the call, so files a framework
+        wrote elsewhere before it (on any rank) are complete when the block moves them in.
         """
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise InputError(f"checkpoint step must be a non-negative integer, got {step!r}")
@@ -263,6 +303,8 @@ class CheckpointManager:
             self.before_save()
         self._wait_saves()
         ranks = self._distributed()
+        if ranks is not None:
+            ranks.enter(f"writing({step})")
         pending = self._begin(step, ranks.token() if ranks is not None else None)
         try:
             yield pending.path
@@ -318,6 +360,8 @@ class CheckpointManager:
         """
         self._wait_saves()
         ranks = self._distributed()
+        if ranks is not None:
+            ranks.enter("restore_latest()")
         objects = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler}
         skipped: list[SetAside] = []
         fetch = self._fetch()
@@ -349,7 +393,10 @@ class CheckpointManager:
         """
         skipped: list[SetAside] = []
         resuming = not self._resume_reported and self._last_step is None
-        info = self._pick(self._distributed(), skipped, self._fetch() if resuming else None)
+        ranks = self._distributed()
+        if ranks is not None:
+            ranks.enter("latest()")
+        info = self._pick(ranks, skipped, self._fetch() if resuming else None)
         if resuming:
             self._resumed(info, skipped)
         return info
@@ -710,6 +757,19 @@ def _agree_on_load(ranks: _Ranks, refusal: str | None, failure: BaseException | 
     return text if kind == "refused" else None
 
 
+def _collective_timeout() -> float:
+    text = os.environ.get("TRACKWAY_COLLECTIVE_TIMEOUT_S", "")
+    try:
+        value = float(text) if text else COLLECTIVE_TIMEOUT_S
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        print(f"trackway: TRACKWAY_COLLECTIVE_TIMEOUT_S={text!r} is not a positive number of seconds; "
+              f"using {COLLECTIVE_TIMEOUT_S:g}", file=sys.stderr, flush=True)
+        return COLLECTIVE_TIMEOUT_S
+    return value
+
+
 def _step_of(info: CheckpointInfo | None) -> int | None:
     return None if info is None else info.step
 
@@ -724,13 +784,15 @@ def _abort(pending: PendingCheckpoint) -> None:
 class _Ranks:
     """This process's place in a torch.distributed job, and the collectives checkpointing needs."""
 
-    def __init__(self, dist: Any, rank: int, world_size: int) -> None:
+    def __init__(self, dist: Any, rank: int, world_size: int, store: Any = None, timeout_s: float | None = None) -> None:
         self.dist = dist
         self.rank = rank
         self.world_size = world_size
-        # Groups are made by every rank in the same order: here, on the first checkpoint call.
-        self._writer_group = dist.new_group(backend="gloo")
-        self._control_group = dist.new_group(backend="gloo")
+        self.timeout_s = timeout_s if timeout_s is not None else _collective_timeout()
+        self._store = store  # the job's own key-value store: None leaves calls unchecked (they then wait as torch does)
+        self._calls = 0  # collective calls this rank made: the n-th call of every rank meets under one key
+        self._writer_group: Any = None
+        self._control_group: Any = None
 
     @classmethod
     def detect(cls) -> _Ranks | None:
@@ -740,10 +802,80 @@ class _Ranks:
 
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() <= 1:
             return None
-        return cls(dist, dist.get_rank(), dist.get_world_size())
+        try:
+            store = dist.distributed_c10d._get_default_store()
+        except (AttributeError, RuntimeError, ValueError):
+            store = None  # a torch without it: calls go unchecked rather than not at all
+        return cls(dist, dist.get_rank(), dist.get_world_size(), store)
+
+    def enter(self, call: str) -> None:
+        """Return once every rank made this call; CollectiveCallError naming those that did not, after the timeout.
+
+        The first call that passes makes trackway's two gloo groups, on every rank in the same order
+        (making a group is itself collective: a lone rank would hang there, unnamed).
+        """
+        if self._store is not None:
+            self._calls += 1
+            key = f"trackway/collective/{self._calls}"
+            self._store.set(f"{key}/rank{self.rank}", call)
+            if self._store.add(f"{key}/{call}", 1) == self.world_size:
+                self._store.set(f"{key}/{call}/all", "1")
+            else:
+                try:
+                    self._store.wait([f"{key}/{call}/all"], timedelta(seconds=self.timeout_s))
+                except self.dist.DistStoreError as exc:
+                    if "timeout" not in str(exc).lower():
+                        raise
+                    raise CollectiveCallError(self._who_is_missing(key, call)) from None
+            if self.rank == 0 and self._calls > 2:
+                self._forget(f"trackway/collective/{self._calls - 2}")
+        if self._control_group is None:
+            self._writer_group = self.dist.new_group(backend="gloo")
+            self._control_group = self.dist.new_group(backend="gloo")
+
+    def _who_is_missing(self, key: str, call: str) -> str:
+        missing, elsewhere = [], []
+        for rank in range(self.world_size):
+            name = f"{key}/rank{rank}"
+            if rank == self.rank or not self._store.check([name]):
+                if rank != self.rank:
+                    missing.append(rank)
+                continue
+            other = self._store.get(name).decode()
+            if other != call:
+                missing.append(rank)
+                elsewhere.append(f"rank {rank} called {other} instead")
+        ranks = ", ".join(str(r) for r in missing)
+        instead = f" ({'; '.join(elsewhere)})" if elsewhere else ""
+        return (
+            f"rank {self.rank} called the collective checkpoint call {call}, and rank{'s' if len(missing) > 1 else ''} "
+            f"{ranks} of {self.world_size} did not join within {self.timeout_s:g} s{instead}: every rank must make "
+            "the same checkpoint calls in the same order (save, writing, restore_latest, latest, any_rank, due "
+            "with every_minutes), not rank 0 alone ($TRACKWAY_COLLECTIVE_TIMEOUT_S sets the wait)"
+        )
+
+    def _forget(self, key: str) -> None:
+        """Drop a call's keys once every rank is past it (rank 0 entered two calls later: all met at the one between)."""
+        try:
+            names = [f"{key}/rank{r}" for r in range(self.world_size)]
+            for name in names:
+                if self._store.check([name]):
+                    call = self._store.get(name).decode()
+                    self._store.delete_key(f"{key}/{call}")
+                    self._store.delete_key(f"{key}/{call}/all")
+                self._store.delete_key(name)
+        except (RuntimeError, NotImplementedError):
+            pass  # a store that cannot delete keeps a few bytes per call
 
     def _group(self, writer: bool) -> Any:
         return self._writer_group if writer else self._control_group
+
+    def any(self, flag: bool) -> bool:
+        import torch
+
+        box = torch.tensor([1 if flag else 0], dtype=torch.int32)
+        self.dist.all_reduce(box, op=self.dist.ReduceOp.MAX, group=self._control_group)
+        return bool(box.item())
 
     def broadcast(self, value: Any, *, writer: bool = False) -> Any:
         box = [value if self.rank == 0 else None]

@@ -1,0 +1,106 @@
+"""HF Trainer, accelerate and the plain SDK under two ranks (gloo, CPU), driven by the supervisor as a user's
+run is: SIGTERM mid-run to the attempt's process group (the launcher and every rank, as the local executor
+sends it) → attempt 1 `preempted` → resumed from the checkpoint every rank wrote into → attempt 2 completes
+with the final loss of an uninterrupted run; each checkpoint stored once; no hang (each scenario has its
+own deadline and kills what it started)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from trackway.ledger import open_ledger
+from trackway.ledger.reader import Reader
+from trackway.ledger.records import list_attempts, resolve_run
+from trackway.settings import load_settings
+from trackway.supervisor.launch import start_attempt
+from trackway.supervisor.loop import Supervisor, handle_of
+from trackway.supervisor.submit import RunSpec, submit_run
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "integrations"
+BIN = Path(sys.executable).parent
+TORCHRUN = [str(BIN / "torchrun"), "--standalone", "--nproc_per_node=2"]
+DEADLINE_S = 420
+
+
+def _drive(home, sqlite_url, monkeypatch, command, notice_after: str):
+    """Submit a reference run and one that gets a SIGTERM once its log shows `notice_after`; drive both to their end."""
+    monkeypatch.setenv("TRACKWAY_DB", sqlite_url)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    settings = load_settings()
+    ledger = open_ledger(sqlite_url)
+    supervisor = Supervisor(ledger, settings)
+    runs = []
+    for i in range(2):
+        run_id = submit_run(ledger, settings, RunSpec(command=command(i), cwd=Path.cwd()))
+        start_attempt(ledger, settings, run_id, supervisor.executor("local"))
+        runs.append(run_id)
+    reference, preempted = runs
+    sent = False
+    deadline = time.time() + DEADLINE_S
+    try:
+        while time.time() < deadline:
+            supervisor.tick()
+            with ledger.read() as conn:
+                states = {r: resolve_run(conn, r)["state"] for r in runs}
+                attempts = list_attempts(conn, run_id=preempted)
+            if all(s in ("completed", "failed") for s in states.values()):
+                break
+            latest = attempts[-1]
+            log = Path(latest["log_path"])
+            if not sent and latest["state"] == "running" and log.exists() and notice_after in log.read_text():
+                os.kill(int(latest["executor_job_id"]), signal.SIGTERM)  # the shim: SIGTERM to the whole group
+                sent = True
+            time.sleep(0.2)
+        else:
+            pytest.fail(f"not ended within {DEADLINE_S} s: {states}")
+    finally:
+        with ledger.read() as conn:
+            for run_id in runs:
+                for attempt in list_attempts(conn, run_id=run_id):
+                    if attempt["state"] == "running":  # a hang: end it here (TERM, grace, KILL), not with the suite
+                        supervisor.executor("local").cancel(handle_of(attempt))
+    with ledger.read() as conn:
+        attempts = list_attempts(conn, run_id=preempted)
+        losses = {r: Reader.over(conn).metric_points(r, key="loss") for r in runs}
+    ledger.dispose()
+    assert sent
+    assert states == {reference: "completed", preempted: "completed"}, [dict(a) for a in attempts]
+    assert [a["termination_reason"] for a in attempts] == ["preempted", "completed"]
+    assert json.loads(attempts[0]["retry_decision"])["action"] == "resume"
+    assert attempts[1]["resumed_from_checkpoint"]
+    return settings, runs, losses
+
+
+def _committed(settings, run_id: str) -> list[Path]:
+    root = settings.runs_dir / run_id / "checkpoints"
+    return sorted(p for p in root.iterdir() if (p / "COMMITTED").exists())
+
+
+def test_hf_trainer_under_torchrun_two_ranks_preempted_resumes_same_loss(home, sqlite_url, monkeypatch, tmp_path):
+    pytest.importorskip("transformers", reason="the `frameworks` extra is not installed")
+
+    def command(i):
+        return [*TORCHRUN, str(EXAMPLES / "hf_trainer.py"), "--output-dir", str(tmp_path / f"out{i}"),
+                "--steps", "12", "--save-steps", "4", "--step-delay", "0.3"]
+
+    settings, (reference, preempted), losses = _drive(home, sqlite_url, monkeypatch, command, "step 6\n")
+    assert losses[preempted][-1]["step"] == losses[reference][-1]["step"] == 12
+    # Bit-identical: seeded, the DistributedSampler's order depends on seed and epoch only, and every
+    # rank's RNG comes back from its own rng_state_N.pth.
+    assert losses[preempted][-1]["value"] == losses[reference][-1]["value"]
+    committed = _committed(settings, preempted)
+    steps = [int(p.name.split("-")[1]) for p in committed]
+    assert 4 in steps and 12 in steps and any(4 < s < 12 for s in steps)  # the notice's own save among them
+    for path in committed:  # both ranks' files in the one committed directory
+        manifest = json.loads((path / "MANIFEST.json").read_text())
+        assert {"model.safetensors", "rng_state_0.pth", "rng_state_1.pth", "trainer_state.json"} <= set(manifest["files"])
+    # Stored once: nothing left in HF's output_dir.
+    assert not list((tmp_path / "out1").glob("checkpoint-*"))

@@ -39,7 +39,7 @@ from trackway.sdk.hooks import (
     restore_handlers,
 )
 from trackway.sdk.writer import DEFAULT_LOSS_KEYS, LossKeys, SpoolWriter
-from trackway.spool import NOTE_FILE, write_json_atomic
+from trackway.spool import NOTE_FILE, read_json, write_json_atomic
 from trackway.taxonomy import TerminationReason
 
 if TYPE_CHECKING:
@@ -360,8 +360,15 @@ class Run:
         """Write the attempt's own termination note: the most trusted evidence of why it ends."""
         reason = TerminationReason(reason)
         payload = {"reason": reason.value, "message": message, "step": self._step, "rank": self.rank, "t": time.time(), **extra}
+        path = self.context.spool_dir / NOTE_FILE
+        earlier = read_json(path) if self.context.world_size > 1 else None
+        if earlier is not None and earlier.get("rank") != self.rank:
+            # Another rank ended first and said why: what ends this one (most often "connection closed by
+            # peer" in its next collective) is a consequence. Its own word stays in its event.
+            self._writer.event("termination_note", **payload, superseded_by_rank=earlier.get("rank"))
+            return
         try:
-            write_json_atomic(self.context.spool_dir / NOTE_FILE, payload)
+            write_json_atomic(path, payload)
         except OSError as exc:
             # A full disk must not turn a clear ending into a traceback: the event below may still land.
             print(f"trackway: could not write the termination note: {exc}", file=sys.stderr, flush=True)

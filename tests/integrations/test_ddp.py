@@ -196,3 +196,45 @@ def test_saving_on_rank_0_only_fails_in_seconds_naming_the_call_and_the_rank(hom
     said = json.dumps(json.loads(attempt["termination_evidence"]))
     assert "CollectiveCallError" in said and "save(5)" in said and "rank 1 of 2 did not join within 3 s" in said, said
     assert attempt["last_step"] == 5
+
+
+def test_hf_a_notice_after_training_ended_resumes_nothing(home, sqlite_url, monkeypatch, tmp_path):
+    """A pod deleted once its training is done: the SIGTERM comes after on_train_end, which finished the run."""
+    pytest.importorskip("transformers", reason="the `frameworks` extra is not installed")
+    monkeypatch.setenv("TRACKWAY_DB", sqlite_url)
+    settings = load_settings()
+    ledger = open_ledger(sqlite_url)
+    supervisor = Supervisor(ledger, settings)
+    command = [sys.executable, str(EXAMPLES / "hf_trainer.py"), "--output-dir", str(tmp_path / "out"),
+               "--steps", "6", "--save-steps", "3", "--linger", "4"]
+    run_id = submit_run(ledger, settings, RunSpec(command=command, cwd=Path.cwd()))
+    start_attempt(ledger, settings, run_id, supervisor.executor("local"))
+    sent = False
+    deadline = time.time() + 180
+    try:
+        while time.time() < deadline:
+            supervisor.tick()
+            with ledger.read() as conn:
+                state = resolve_run(conn, run_id)["state"]
+                attempts = list_attempts(conn, run_id=run_id)
+            if state in ("completed", "failed"):
+                break
+            log = Path(attempts[-1]["log_path"])
+            if not sent and log.exists() and "trained\n" in log.read_text():
+                os.kill(int(attempts[-1]["executor_job_id"]), signal.SIGTERM)
+                sent = True
+            time.sleep(0.2)
+        else:
+            pytest.fail(f"not ended within 180 s: {state}")
+    finally:
+        with ledger.read() as conn:
+            for attempt in list_attempts(conn, run_id=run_id):
+                if attempt["state"] == "running":
+                    supervisor.executor("local").cancel(handle_of(attempt))
+        with ledger.read() as conn:
+            attempts = list_attempts(conn, run_id=run_id)
+            losses = Reader.over(conn).metric_points(run_id, key="loss")
+        ledger.dispose()
+    assert sent and state == "completed"
+    assert [a["termination_reason"] for a in attempts] == ["completed"]  # no preempted, no second attempt
+    assert losses[-1]["step"] == 6  # nothing trained past max_steps

@@ -47,14 +47,9 @@ training's own collectives or with each other.
 
 Collective calls (every rank makes them, in the same order): `save()`, `writing()`,
 `restore_latest()`, `latest()`, `due()` when `every_minutes` is set, and `any_rank()`. Each
-starts with a rendezvous on the job's own store (the one `init_process_group` made), limited to
-$TRACKWAY_COLLECTIVE_TIMEOUT_S (60 s): a call that some rank does not make in time (saving on
-rank 0 only, the most common DDP slip) raises CollectiveCallError on the ranks that made it,
-naming the call and the ranks that did not join (and what those are calling instead, if
-anything), rather than hanging. Only that entry is time-limited: a long write between a save's
-start and its gather waits as long as it takes. A store rendezvous rather than a gloo
-`monitored_barrier`: creating trackway's groups is itself collective (a lone first call would
-hang there), and `monitored_barrier` names the missing ranks on rank 0 only.
+starts with a meeting limited to $TRACKWAY_COLLECTIVE_TIMEOUT_S (60 s): one that some rank does
+not make in time (saving on rank 0 only) raises CollectiveCallError naming the call and the
+ranks, rather than hanging (ranks.py). Only that meeting is time-limited.
 
 torch is imported only when a torch feature is used: scripts that do not use torch can
 checkpoint with `writing()` without it.
@@ -63,17 +58,15 @@ checkpoint with `writing()` without it.
 from __future__ import annotations
 
 import errno
-import os
-import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trackway.checkpoints.formats import DEFAULT_FORMAT, check_format, state_file
-from trackway.checkpoints.layout import CheckpointError, CheckpointInfo, CheckpointRefused, CheckpointState, new_token
+from trackway.checkpoints.layout import CheckpointError, CheckpointInfo, CheckpointRefused, CheckpointState
+from trackway.checkpoints.ranks import CollectiveCallError, Ranks
 from trackway.checkpoints.recover import SetAside
 from trackway.checkpoints.store import CheckpointStore
 from trackway.checkpoints.write import CheckpointDiskFull, PendingCheckpoint, disk_full_named
@@ -89,16 +82,7 @@ if TYPE_CHECKING:
     from trackway.checkpoints.uploader import Uploader
 
 STATE_FILE = "state.pt"
-# How long a collective checkpoint call waits for every rank to make it ($TRACKWAY_COLLECTIVE_TIMEOUT_S):
-# ranks reach a save seconds apart (a slower data loader, a rank-0 log line), never a minute apart
-# unless one of them is not coming.
-COLLECTIVE_TIMEOUT_S = 60.0
-
-
-class CollectiveCallError(CheckpointError):
-    """A collective checkpoint call that not every rank made in time: the message names the call and the ranks."""
-
-
+__all__ = ["CheckpointManager", "CollectiveCallError", "shard_name"]
 def shard_name(rank: int, format: str = DEFAULT_FORMAT) -> str:  # noqa: A002 - the user-facing word
     """The file one rank's state lives in: rank 0 writes `state.pt`, rank r `rank-0000r.pt` (`.safetensors` alike)."""
     return state_file(rank, format)
@@ -166,7 +150,7 @@ class CheckpointManager:
         self._saver: AsyncSaver | None = None
         self._uploader: Uploader | None = None
         self._sources: dict[str, str] = {}  # checkpoint name → the URL it was downloaded from
-        self._ranks: _Ranks | None | bool = False
+        self._ranks: Ranks | None | bool = False
         # Read the next save back from storage and compare it with what was given (checkpoints/round_trip.py).
         self.on_round_trip = on_round_trip
         self.before_save = before_save
@@ -402,7 +386,7 @@ class CheckpointManager:
         return info
 
     def _pick(
-        self, ranks: _Ranks | None, skipped: list[SetAside], fetch: _Fetch | None = None
+        self, ranks: Ranks | None, skipped: list[SetAside], fetch: _Fetch | None = None
     ) -> CheckpointInfo | None:
         """The newest committed checkpoint that verifies; what rank 0 set aside on the way goes to `skipped`.
 
@@ -440,7 +424,7 @@ class CheckpointManager:
         return info
 
     def _load(
-        self, info: CheckpointInfo, ranks: _Ranks | None, skipped: list[SetAside], objects: dict, restore_rng: bool,
+        self, info: CheckpointInfo, ranks: Ranks | None, skipped: list[SetAside], objects: dict, restore_rng: bool,
         fetch: _Fetch | None = None,
     ) -> Restored | None:
         """Load this rank's shard of `info` into `objects`; None when some rank's loader refused it (now set aside)."""
@@ -569,9 +553,9 @@ class CheckpointManager:
             self._saver = AsyncSaver()
         return self._saver
 
-    def _distributed(self) -> _Ranks | None:
+    def _distributed(self) -> Ranks | None:
         if self._ranks is False:
-            self._ranks = _Ranks.detect()
+            self._ranks = Ranks.detect()
         return self._ranks
 
     def _begin(self, step: int, token: str | None) -> PendingCheckpoint:
@@ -599,7 +583,7 @@ class CheckpointManager:
 
         return persist
 
-    def _persist_sharded(self, step: int, metrics: dict | None, ranks: _Ranks) -> Callable[[Snapshot], Any]:
+    def _persist_sharded(self, step: int, metrics: dict | None, ranks: Ranks) -> Callable[[Snapshot], Any]:
         def persist(snapshot: Snapshot) -> CheckpointInfo | None:
             token = ranks.token(writer=True)
             pending = None
@@ -621,7 +605,7 @@ class CheckpointManager:
         return persist
 
     def _finish_shared(
-        self, pending: PendingCheckpoint, ranks: _Ranks, error: str | None, metrics: dict | None
+        self, pending: PendingCheckpoint, ranks: Ranks, error: str | None, metrics: dict | None
     ) -> CheckpointInfo | None:
         report: list[tuple[str, int, str]] | str = error if error is not None else []
         return _commit_gathered(pending, ranks, report, metrics, writer=False, root=self.store.root)
@@ -686,7 +670,7 @@ class _Fetch:
 
 def _commit_gathered(
     pending: PendingCheckpoint | None,
-    ranks: _Ranks,
+    ranks: Ranks,
     report: list[tuple[str, int, str]] | str,
     metrics: dict | None,
     *,
@@ -737,7 +721,7 @@ def _commit_gathered(
     return info
 
 
-def _agree_on_load(ranks: _Ranks, refusal: str | None, failure: BaseException | None) -> str | None:
+def _agree_on_load(ranks: Ranks, refusal: str | None, failure: BaseException | None) -> str | None:
     """Every rank's load outcome, agreed: the refusal to act on (None: all loaded); raises if any rank failed."""
     if failure is not None:
         mine = ("error", f"rank {ranks.rank}: {type(failure).__name__}: {failure}")
@@ -757,19 +741,6 @@ def _agree_on_load(ranks: _Ranks, refusal: str | None, failure: BaseException | 
     return text if kind == "refused" else None
 
 
-def _collective_timeout() -> float:
-    text = os.environ.get("TRACKWAY_COLLECTIVE_TIMEOUT_S", "")
-    try:
-        value = float(text) if text else COLLECTIVE_TIMEOUT_S
-    except ValueError:
-        value = 0.0
-    if not value > 0:
-        print(f"trackway: TRACKWAY_COLLECTIVE_TIMEOUT_S={text!r} is not a positive number of seconds; "
-              f"using {COLLECTIVE_TIMEOUT_S:g}", file=sys.stderr, flush=True)
-        return COLLECTIVE_TIMEOUT_S
-    return value
-
-
 def _step_of(info: CheckpointInfo | None) -> int | None:
     return None if info is None else info.step
 
@@ -779,128 +750,3 @@ def _abort(pending: PendingCheckpoint) -> None:
         pending.abort()
     except Exception:  # noqa: BLE001 - the original failure is the one worth raising
         pass
-
-
-class _Ranks:
-    """This process's place in a torch.distributed job, and the collectives checkpointing needs."""
-
-    def __init__(self, dist: Any, rank: int, world_size: int, store: Any = None, timeout_s: float | None = None) -> None:
-        self.dist = dist
-        self.rank = rank
-        self.world_size = world_size
-        self.timeout_s = timeout_s if timeout_s is not None else _collective_timeout()
-        self._store = store  # the job's own key-value store: None leaves calls unchecked (they then wait as torch does)
-        self._calls = 0  # collective calls this rank made: the n-th call of every rank meets under one key
-        self._writer_group: Any = None
-        self._control_group: Any = None
-
-    @classmethod
-    def detect(cls) -> _Ranks | None:
-        if "torch" not in sys.modules:
-            return None
-        import torch.distributed as dist
-
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() <= 1:
-            return None
-        try:
-            store = dist.distributed_c10d._get_default_store()
-        except (AttributeError, RuntimeError, ValueError):
-            store = None  # a torch without it: calls go unchecked rather than not at all
-        return cls(dist, dist.get_rank(), dist.get_world_size(), store)
-
-    def enter(self, call: str) -> None:
-        """Return once every rank made this call; CollectiveCallError naming those that did not, after the timeout.
-
-        The first call that passes makes trackway's two gloo groups, on every rank in the same order
-        (making a group is itself collective: a lone rank would hang there, unnamed).
-        """
-        if self._store is not None:
-            self._calls += 1
-            key = f"trackway/collective/{self._calls}"
-            self._store.set(f"{key}/rank{self.rank}", call)
-            if self._store.add(f"{key}/{call}", 1) == self.world_size:
-                self._store.set(f"{key}/{call}/all", "1")
-            else:
-                try:
-                    self._store.wait([f"{key}/{call}/all"], timedelta(seconds=self.timeout_s))
-                except self.dist.DistStoreError as exc:
-                    if "timeout" not in str(exc).lower():
-                        raise
-                    raise CollectiveCallError(self._who_is_missing(key, call)) from None
-            if self.rank == 0 and self._calls > 2:
-                self._forget(f"trackway/collective/{self._calls - 2}")
-        if self._control_group is None:
-            self._writer_group = self.dist.new_group(backend="gloo")
-            self._control_group = self.dist.new_group(backend="gloo")
-
-    def _who_is_missing(self, key: str, call: str) -> str:
-        missing, elsewhere = [], []
-        for rank in range(self.world_size):
-            name = f"{key}/rank{rank}"
-            if rank == self.rank or not self._store.check([name]):
-                if rank != self.rank:
-                    missing.append(rank)
-                continue
-            other = self._store.get(name).decode()
-            if other != call:
-                missing.append(rank)
-                elsewhere.append(f"rank {rank} called {other} instead")
-        ranks = ", ".join(str(r) for r in missing)
-        instead = f" ({'; '.join(elsewhere)})" if elsewhere else ""
-        return (
-            f"rank {self.rank} called the collective checkpoint call {call}, and rank{'s' if len(missing) > 1 else ''} "
-            f"{ranks} of {self.world_size} did not join within {self.timeout_s:g} s{instead}: every rank must make "
-            "the same checkpoint calls in the same order (save, writing, restore_latest, latest, any_rank, due "
-            "with every_minutes), not rank 0 alone ($TRACKWAY_COLLECTIVE_TIMEOUT_S sets the wait)"
-        )
-
-    def _forget(self, key: str) -> None:
-        """Drop a call's keys once every rank is past it (rank 0 entered two calls later: all met at the one between)."""
-        try:
-            names = [f"{key}/rank{r}" for r in range(self.world_size)]
-            for name in names:
-                if self._store.check([name]):
-                    call = self._store.get(name).decode()
-                    self._store.delete_key(f"{key}/{call}")
-                    self._store.delete_key(f"{key}/{call}/all")
-                self._store.delete_key(name)
-        except (RuntimeError, NotImplementedError):
-            pass  # a store that cannot delete keeps a few bytes per call
-
-    def _group(self, writer: bool) -> Any:
-        return self._writer_group if writer else self._control_group
-
-    def any(self, flag: bool) -> bool:
-        import torch
-
-        box = torch.tensor([1 if flag else 0], dtype=torch.int32)
-        self.dist.all_reduce(box, op=self.dist.ReduceOp.MAX, group=self._control_group)
-        return bool(box.item())
-
-    def broadcast(self, value: Any, *, writer: bool = False) -> Any:
-        box = [value if self.rank == 0 else None]
-        self.dist.broadcast_object_list(box, src=0, group=self._group(writer))
-        return box[0]
-
-    def gather(self, value: Any, *, writer: bool = False) -> list[Any]:
-        out: list[Any] = [None] * self.world_size if self.rank == 0 else None
-        self.dist.gather_object(value, out, dst=0, group=self._group(writer))
-        return out or []
-
-    def token(self, *, writer: bool = False) -> str:
-        return self.broadcast(new_token() if self.rank == 0 else None, writer=writer)
-
-    def from_rank0(self, compute: Callable[[], Any]) -> Any:
-        value = None
-        if self.rank == 0:
-            try:
-                value = ("ok", compute())
-            except Exception as exc:  # noqa: BLE001 - the other ranks must not wait forever
-                value = ("error", f"{type(exc).__name__}: {exc}")
-        status, payload = self.broadcast(value)
-        if status != "ok":
-            raise CheckpointError(f"rank 0 failed while choosing the checkpoint: {payload}")
-        return payload
-
-    def agree(self, flag: bool) -> bool:
-        return bool(self.broadcast(flag))

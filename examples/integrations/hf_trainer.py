@@ -3,6 +3,9 @@
     trackway submit --name hf -- python examples/integrations/hf_trainer.py --output-dir out/hf
 
 The model is built from a config (nothing is downloaded); the data are seeded random tokens.
+Under DDP, the same script on every rank:
+
+    trackway submit --name hf2 -- torchrun --standalone --nproc_per_node=2 examples/integrations/hf_trainer.py
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--save-steps", type=int, default=10)
     p.add_argument("--step-delay", type=float, default=0.0)
+    p.add_argument("--linger", type=float, default=0.0, help="seconds to stay after training (a pod not yet deleted)")
     args = p.parse_args()
 
     torch.manual_seed(0)
@@ -59,6 +63,9 @@ def main() -> None:
         callbacks=[TrackwayCallback(), Pace(args.step_delay)],       # <- trackway: the one line
     )
     trainer.train(resume_from_checkpoint=resume_checkpoint())          # <- resume from the newest committed one
+    if args.linger:
+        print("trained", flush=True)  # the run is finished (on_train_end): a SIGTERM from here on ends nothing
+        time.sleep(args.linger)
 
 
 if __name__ == "__main__":

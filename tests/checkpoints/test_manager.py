@@ -284,3 +284,37 @@ def _manifest_files(manifest: dict) -> list[str]:
     if isinstance(files, dict):
         return list(files)
     return [f.get("path") or f.get("name") for f in files]
+
+
+def collective_calls(root: Path, mode: str, timeout_s: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TRACKWAY_COLLECTIVE_TIMEOUT_S": timeout_s}
+    return subprocess.run(
+        [str(TORCHRUN), "--standalone", "--nproc_per_node=2", str(SCRIPTS / "collective_calls.py"), str(root), mode],
+        capture_output=True, text=True, timeout=120, env=env,
+    )
+
+
+def test_a_restore_on_rank_0_only_fails_in_seconds_naming_the_rank_that_did_not_join(tmp_path: Path) -> None:
+    # Not a hang until gloo's 30-minute timeout: collective_calls' own limit is 120 s.
+    done = collective_calls(tmp_path / "ckpt", "restore-rank0-only", "3")
+    assert done.returncode != 0
+    assert ("CollectiveCallError: rank 0 called the collective checkpoint call restore_latest(), "
+            "and rank 1 of 2 did not join within 3 s") in done.stderr
+
+
+@pytest.mark.slow
+def test_mismatched_collective_calls_name_what_the_other_rank_called(tmp_path: Path) -> None:
+    done = collective_calls(tmp_path / "ckpt", "mismatch", "3")
+    assert done.returncode != 0
+    assert "rank 1 of 2 did not join within 3 s (rank 1 called latest() instead)" in done.stderr
+    assert "rank 0 of 2 did not join within 3 s (rank 0 called save(5) instead)" in done.stderr
+
+
+def test_ranks_arriving_apart_and_a_long_write_are_not_mistaken_for_a_missing_rank(tmp_path: Path) -> None:
+    # Rank 1 reaches save 2 s late and spends 5 s in writing()'s block: both under a 4 s limit, as only entry is timed.
+    done = collective_calls(tmp_path / "ckpt", "skew", "4")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sorted(line for line in done.stdout.splitlines() if line.startswith("ok")) == ["ok 0 12", "ok 1 12"]
+    committed = [c for c in CheckpointStore(tmp_path / "ckpt").list() if c.state is CheckpointState.COMMITTED]
+    assert [c.step for c in committed] == [5, 6]
+    assert sorted(committed[1].manifest["files"]) == ["rank0.txt", "rank1.txt"]

@@ -13,7 +13,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-import pytest
 
 PY = sys.executable
 TOML = """

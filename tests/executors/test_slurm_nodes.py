@@ -9,15 +9,12 @@ would start one on each of two nodes. Everything else (srun, scontrol, the tasks
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
-
-import pytest
 
 from trackway.executors.slurm import render_script
 from trackway.settings.resources import Resource

@@ -150,17 +150,20 @@ def test_after_a_notice_is_read_the_script_logs_on_until_it_saves_and_exits(tmp_
     assert ended.value.code == 75  # preempted: resumed, never completed
 
 
-def test_the_shared_termination_note_is_rank_0s_and_another_rank_never_writes_over_it(tmp_path):
+def test_the_shared_termination_note_is_the_first_ending_rank_s_and_rank_0_only_restates_it(tmp_path):
     spool = tmp_path / "spool"
     ranks = [Run(AttemptContext(run_id="r1", attempt_id="r1/1", attempt_number=1, spool_dir=spool,
                                 checkpoint_dir=tmp_path / "ckpt", rank=rank, world_size=2), {}, install_hooks=False)
              for rank in (0, 1)]
     note = spool / "termination.json"
-    ranks[1].note("preempted", "rank 1 first")  # where rank 0 said nothing yet, rank 1's note is kept
-    assert json.loads(note.read_text())["rank"] == 1
-    ranks[0].note("nan_loss", "loss is nan at step 3")
-    ranks[1].note("preempted", "rank 1 again")  # too late: rank 0's word stands
-    assert json.loads(note.read_text())["message"] == "loss is nan at step 3"
+    ranks[1].note("oom", "rank 1 ran out of memory")  # the cause
+    ranks[0].note("code_error", "RuntimeError: Connection closed by peer")  # its consequence on rank 0
+    assert (json.loads(note.read_text())["rank"], json.loads(note.read_text())["reason"]) == (1, "oom")
+    note.unlink()
+    ranks[1].note("preempted", "rank 1 saved and stopped")
+    ranks[0].note("preempted", "rank 0 saved and stopped")  # the same reason: rank 0's word, with its step
+    ranks[1].note("code_error", "rank 1 again")  # a different reason after: never over it
+    assert json.loads(note.read_text())["message"] == "rank 0 saved and stopped"
     assert [p.name for p in spool.iterdir() if p.name.endswith(".tmp")] == []
     for run in ranks:
         run._close(None, None)

@@ -45,6 +45,12 @@ These collectives run on gloo groups of their own: one for the writer thread, on
 training thread (restore, `due` by minutes, `writing`), so they never interleave with the
 training's own collectives or with each other.
 
+Collective calls (every rank makes them, in the same order): `save()`, `writing()`,
+`restore_latest()`, `latest()`, `due()` when `every_minutes` is set, and `any_rank()`. Each
+starts with a meeting limited to $TRACKWAY_COLLECTIVE_TIMEOUT_S (60 s): one that some rank does
+not make in time (saving on rank 0 only) raises CollectiveCallError naming the call and the
+ranks, rather than hanging (ranks.py). Only that meeting is time-limited.
+
 torch is imported only when a torch feature is used: scripts that do not use torch can
 checkpoint with `writing()` without it.
 """
@@ -60,7 +66,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trackway.checkpoints.formats import DEFAULT_FORMAT, check_format, state_file
-from trackway.checkpoints.layout import CheckpointError, CheckpointInfo, CheckpointRefused, CheckpointState, new_token
+from trackway.checkpoints.layout import CheckpointError, CheckpointInfo, CheckpointRefused, CheckpointState
+from trackway.checkpoints.ranks import CollectiveCallError, Ranks
 from trackway.checkpoints.recover import SetAside
 from trackway.checkpoints.store import CheckpointStore
 from trackway.checkpoints.write import CheckpointDiskFull, PendingCheckpoint, disk_full_named
@@ -76,8 +83,7 @@ if TYPE_CHECKING:
     from trackway.checkpoints.uploader import Uploader
 
 STATE_FILE = "state.pt"
-
-
+__all__ = ["CheckpointManager", "CollectiveCallError", "shard_name"]
 def shard_name(rank: int, format: str = DEFAULT_FORMAT) -> str:  # noqa: A002 - the user-facing word
     """The file one rank's state lives in: rank 0 writes `state.pt`, rank r `rank-0000r.pt` (`.safetensors` alike)."""
     return state_file(rank, format)
@@ -145,7 +151,7 @@ class CheckpointManager:
         self._saver: AsyncSaver | None = None
         self._uploader: Uploader | None = None
         self._sources: dict[str, str] = {}  # checkpoint name → the URL it was downloaded from
-        self._ranks: _Ranks | None | bool = False
+        self._ranks: Ranks | None | bool = False
         # Read the next save back from storage and compare it with what was given (checkpoints/round_trip.py).
         self.on_round_trip = on_round_trip
         self.before_save = before_save
@@ -174,8 +180,24 @@ class CheckpointManager:
             return False
         elapsed = self._clock() - self._last_save_at >= self.every_minutes * 60
         ranks = self._distributed()
+        if ranks is None:
+            return elapsed
         # Clocks differ between ranks; a save that only some ranks start would hang the others.
-        return ranks.agree(elapsed) if ranks is not None else elapsed
+        ranks.enter(f"due({step})")
+        return ranks.agree(elapsed)
+
+    def any_rank(self, flag: bool) -> bool:
+        """`flag` agreed across ranks: true on every rank when it is true on any (alone: `flag`).
+
+        For a preemption notice under DDP (`run.checkpoints.any_rank(run.should_stop)`): the
+        launcher forwards the signal to every rank, but each reads it at its own step, and a save
+        that only some ranks start is a hang. Collective: every rank calls it at the same point.
+        """
+        ranks = self._distributed()
+        if ranks is None:
+            return bool(flag)
+        ranks.enter("any_rank()")
+        return ranks.any(bool(flag))
 
     def save(
         self,
@@ -210,6 +232,7 @@ class CheckpointManager:
         if ranks is None:
             persist = self._persist_single(step, metrics)
         else:
+            ranks.enter(f"save({step})")
             persist = self._persist_sharded(step, metrics, ranks)
         self._wait_saves()
         self._last_step = step
@@ -256,6 +279,8 @@ class CheckpointManager:
         """A directory to write any files into: committed on clean exit, discarded on an exception.
 
         With several ranks, all of them get the same directory and rank 0 commits what they wrote.
+        Every rank enters the block only once every rank has made the call, so files a framework
+        wrote elsewhere before it (on any rank) are complete when the block moves them in.
         """
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise InputError(f"checkpoint step must be a non-negative integer, got {step!r}")
@@ -263,6 +288,8 @@ class CheckpointManager:
             self.before_save()
         self._wait_saves()
         ranks = self._distributed()
+        if ranks is not None:
+            ranks.enter(f"writing({step})")
         pending = self._begin(step, ranks.token() if ranks is not None else None)
         try:
             yield pending.path
@@ -318,6 +345,8 @@ class CheckpointManager:
         """
         self._wait_saves()
         ranks = self._distributed()
+        if ranks is not None:
+            ranks.enter("restore_latest()")
         objects = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler}
         skipped: list[SetAside] = []
         fetch = self._fetch()
@@ -349,13 +378,16 @@ class CheckpointManager:
         """
         skipped: list[SetAside] = []
         resuming = not self._resume_reported and self._last_step is None
-        info = self._pick(self._distributed(), skipped, self._fetch() if resuming else None)
+        ranks = self._distributed()
+        if ranks is not None:
+            ranks.enter("latest()")
+        info = self._pick(ranks, skipped, self._fetch() if resuming else None)
         if resuming:
             self._resumed(info, skipped)
         return info
 
     def _pick(
-        self, ranks: _Ranks | None, skipped: list[SetAside], fetch: _Fetch | None = None
+        self, ranks: Ranks | None, skipped: list[SetAside], fetch: _Fetch | None = None
     ) -> CheckpointInfo | None:
         """The newest committed checkpoint that verifies; what rank 0 set aside on the way goes to `skipped`.
 
@@ -393,7 +425,7 @@ class CheckpointManager:
         return info
 
     def _load(
-        self, info: CheckpointInfo, ranks: _Ranks | None, skipped: list[SetAside], objects: dict, restore_rng: bool,
+        self, info: CheckpointInfo, ranks: Ranks | None, skipped: list[SetAside], objects: dict, restore_rng: bool,
         fetch: _Fetch | None = None,
     ) -> Restored | None:
         """Load this rank's shard of `info` into `objects`; None when some rank's loader refused it (now set aside)."""
@@ -522,9 +554,9 @@ class CheckpointManager:
             self._saver = AsyncSaver()
         return self._saver
 
-    def _distributed(self) -> _Ranks | None:
+    def _distributed(self) -> Ranks | None:
         if self._ranks is False:
-            ranks = _Ranks.detect()
+            ranks = Ranks.detect()
             # Asked before init_process_group (Lightning's ranks connect inside fit(), after the script
             # picked its resume checkpoint): not an answer to keep, or later saves would run unshared.
             dist = sys.modules.get("torch.distributed")
@@ -558,7 +590,7 @@ class CheckpointManager:
 
         return persist
 
-    def _persist_sharded(self, step: int, metrics: dict | None, ranks: _Ranks) -> Callable[[Snapshot], Any]:
+    def _persist_sharded(self, step: int, metrics: dict | None, ranks: Ranks) -> Callable[[Snapshot], Any]:
         def persist(snapshot: Snapshot) -> CheckpointInfo | None:
             token = ranks.token(writer=True)
             pending = None
@@ -580,7 +612,7 @@ class CheckpointManager:
         return persist
 
     def _finish_shared(
-        self, pending: PendingCheckpoint, ranks: _Ranks, error: str | None, metrics: dict | None
+        self, pending: PendingCheckpoint, ranks: Ranks, error: str | None, metrics: dict | None
     ) -> CheckpointInfo | None:
         report: list[tuple[str, int, str]] | str = error if error is not None else []
         return _commit_gathered(pending, ranks, report, metrics, writer=False, root=self.store.root)
@@ -645,7 +677,7 @@ class _Fetch:
 
 def _commit_gathered(
     pending: PendingCheckpoint | None,
-    ranks: _Ranks,
+    ranks: Ranks,
     report: list[tuple[str, int, str]] | str,
     metrics: dict | None,
     *,
@@ -696,7 +728,7 @@ def _commit_gathered(
     return info
 
 
-def _agree_on_load(ranks: _Ranks, refusal: str | None, failure: BaseException | None) -> str | None:
+def _agree_on_load(ranks: Ranks, refusal: str | None, failure: BaseException | None) -> str | None:
     """Every rank's load outcome, agreed: the refusal to act on (None: all loaded); raises if any rank failed."""
     if failure is not None:
         mine = ("error", f"rank {ranks.rank}: {type(failure).__name__}: {failure}")
@@ -725,56 +757,3 @@ def _abort(pending: PendingCheckpoint) -> None:
         pending.abort()
     except Exception:  # noqa: BLE001 - the original failure is the one worth raising
         pass
-
-
-class _Ranks:
-    """This process's place in a torch.distributed job, and the collectives checkpointing needs."""
-
-    def __init__(self, dist: Any, rank: int, world_size: int) -> None:
-        self.dist = dist
-        self.rank = rank
-        self.world_size = world_size
-        # Groups are made by every rank in the same order: here, on the first checkpoint call.
-        self._writer_group = dist.new_group(backend="gloo")
-        self._control_group = dist.new_group(backend="gloo")
-
-    @classmethod
-    def detect(cls) -> _Ranks | None:
-        if "torch" not in sys.modules:
-            return None
-        import torch.distributed as dist
-
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() <= 1:
-            return None
-        return cls(dist, dist.get_rank(), dist.get_world_size())
-
-    def _group(self, writer: bool) -> Any:
-        return self._writer_group if writer else self._control_group
-
-    def broadcast(self, value: Any, *, writer: bool = False) -> Any:
-        box = [value if self.rank == 0 else None]
-        self.dist.broadcast_object_list(box, src=0, group=self._group(writer))
-        return box[0]
-
-    def gather(self, value: Any, *, writer: bool = False) -> list[Any]:
-        out: list[Any] = [None] * self.world_size if self.rank == 0 else None
-        self.dist.gather_object(value, out, dst=0, group=self._group(writer))
-        return out or []
-
-    def token(self, *, writer: bool = False) -> str:
-        return self.broadcast(new_token() if self.rank == 0 else None, writer=writer)
-
-    def from_rank0(self, compute: Callable[[], Any]) -> Any:
-        value = None
-        if self.rank == 0:
-            try:
-                value = ("ok", compute())
-            except Exception as exc:  # noqa: BLE001 - the other ranks must not wait forever
-                value = ("error", f"{type(exc).__name__}: {exc}")
-        status, payload = self.broadcast(value)
-        if status != "ok":
-            raise CheckpointError(f"rank 0 failed while choosing the checkpoint: {payload}")
-        return payload
-
-    def agree(self, flag: bool) -> bool:
-        return bool(self.broadcast(flag))

@@ -12,6 +12,17 @@
   COMMITTED beside them. Each checkpoint is stored once.
 - `resume_checkpoint()` names the newest committed checkpoint (None on a fresh start); HF loads
   model, optimizer, scheduler, RNG and trainer state from it.
+- Training that ends on its own (`on_train_end`, no notice) finishes the run: a SIGTERM after it
+  (a pod deleted once done) ends nothing and resumes nothing.
+
+Under DDP (`torchrun`, `accelerate launch`) the same line on every rank. Each save is collective:
+every rank enters `run.checkpoints.writing(step)` after HF wrote its own files (rank 0 the model,
+optimizer and trainer state, every rank its `rng_state_N.pth`); rank 0 moves the whole
+`checkpoint-N` into `step-N/` only once every rank is in, and every rank goes on training only
+once the commit is durable. A notice is agreed across ranks at each step (`any_rank`), so every
+rank stops and saves at the same step even when the launcher's SIGTERM reaches them apart.
+`resume_checkpoint()` is collective too: call it on every rank (as `trainer.train(...)` is).
+HF's `output_dir` must be one directory every rank sees (one node, or a shared filesystem).
 """
 
 from __future__ import annotations
@@ -56,7 +67,8 @@ class TrackwayCallback(TrainerCallback):
         return control
 
     def on_step_end(self, args, state, control, **kwargs):
-        if self.run.should_stop:
+        # Agreed across ranks: a save that only the ranks which saw the notice start is a hang.
+        if self.run.checkpoints.any_rank(self.run.should_stop):
             self.preempted = True
             control.should_save = True
             control.should_training_stop = True
@@ -65,10 +77,14 @@ class TrackwayCallback(TrainerCallback):
     def on_save(self, args, state, control, **kwargs):
         step = int(state.global_step)
         source = Path(args.output_dir) / f"checkpoint-{step}"
-        if state.is_world_process_zero and source.is_dir():
+        # Every rank checks before any rank enters writing(), so none can see it after rank 0 moved it.
+        if source.is_dir():
             metrics = numeric(state.log_history[-1]) if state.log_history else None
+            # Collective: it returns on each rank once every rank is in (so every rank's HF files are
+            # complete), and leaves it once the commit is durable.
             with self.run.checkpoints.writing(step, metrics=metrics) as target:
-                adopt_into(source, Path(target))
+                if state.is_world_process_zero:
+                    adopt_into(source, Path(target))
         if self.preempted and self.exit_on_preemption:
             self.run.exit_preempted()
         return control
@@ -76,4 +92,7 @@ class TrackwayCallback(TrainerCallback):
     def on_train_end(self, args, state, control, **kwargs):
         if self.run.should_stop and self.exit_on_preemption:
             self.run.exit_preempted()
+        elif not self.preempted:
+            # Trained to the end: finished, so a notice from here on (the pod deleted once done) is ignored.
+            self.run.finish()
         return control

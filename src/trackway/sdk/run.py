@@ -39,7 +39,7 @@ from trackway.sdk.hooks import (
     restore_handlers,
 )
 from trackway.sdk.writer import DEFAULT_LOSS_KEYS, LossKeys, SpoolWriter
-from trackway.spool import NOTE_FILE, write_json_atomic
+from trackway.spool import NOTE_FILE, read_json, write_json_atomic
 from trackway.taxonomy import TerminationReason
 
 if TYPE_CHECKING:
@@ -362,10 +362,23 @@ class Run:
         """Write the attempt's own termination note: the most trusted evidence of why it ends."""
         reason = TerminationReason(reason)
         payload = {"reason": reason.value, "message": message, "step": self._step, "rank": self.rank, "t": time.time(), **extra}
+        path = self.context.spool_dir / NOTE_FILE
+        replace = True
+        if self.context.world_size > 1:
+            # One note per attempt, shared by its ranks. The first rank to end says why: what ends the others
+            # (most often "connection closed by peer" in their next collective) is a consequence, kept in
+            # their own event. Rank 0 may restate the same reason with its own step; no rank writes over
+            # another's different reason.
+            earlier = read_json(path)
+            if earlier is None:
+                replace = False  # the first: a rank that wrote in between keeps its word
+            elif earlier.get("rank") != self.rank and not (self.rank == 0 and earlier.get("reason") == reason.value):
+                self._writer.event("termination_note", **payload, superseded_by_rank=earlier.get("rank"))
+                return
         try:
-            # One note per attempt, shared by its ranks: rank 0's is the attempt's word; another rank's is
-            # kept only where rank 0 said nothing (a rank that alone met a non-finite loss), never over it.
-            write_json_atomic(self.context.spool_dir / NOTE_FILE, payload, replace=self.rank == 0)
+            if not write_json_atomic(path, payload, replace=replace):
+                self._writer.event("termination_note", **payload, superseded_by_rank=(read_json(path) or {}).get("rank"))
+                return
         except OSError as exc:
             # A full disk must not turn a clear ending into a traceback: the event below may still land.
             print(f"trackway: could not write the termination note: {exc}", file=sys.stderr, flush=True)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,8 @@ from trackway.executors.code_snapshot import build_snapshot
 from trackway.executors.ssh import SshExecutor
 from trackway.settings.resources import Resource
 from ssh_hosts import SshHost
+
+from .conftest import wait_for, wait_terminal
 
 NO_HOST_KEYS = ("-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null")
 DEADLINE_S = 120.0
@@ -62,16 +63,6 @@ def launch(tmp_path: Path, res: Resource, script: str, nodes: int = 2) -> tuple[
     return SshExecutor(tmp_path / "home"), request
 
 
-def wait_for(executor, handle, done, timeout=DEADLINE_S):
-    deadline = time.monotonic() + timeout
-    while True:
-        status = executor.poll(handle)
-        if done(status):
-            return status
-        assert time.monotonic() < deadline, f"last status: {status}"
-        time.sleep(0.2)
-
-
 def out(path: Path) -> list[str]:
     return [line.split(" ", 2)[2] for line in path.read_text().splitlines() if line.split(" ", 2)[1:2] == ["out"]]
 
@@ -85,7 +76,7 @@ def test_two_hosts_run_one_gloo_job_as_one_attempt(tmp_path, netns_hosts):
     try:
         executor, request = launch(tmp_path, gang_resource(tmp_path, first, second), GLOO_NODE)
         submission = executor.submit(request)
-        status = wait_for(executor, submission.handle, lambda s: s.phase.is_terminal())
+        status = wait_terminal(executor, submission.handle, DEADLINE_S)
     finally:
         second.close()
 
@@ -126,12 +117,16 @@ def test_a_lost_node_ends_the_gang_as_one_attempt_naming_it(tmp_path, netns_host
     executor, request = launch(tmp_path, res, SLEEPER)
     submission = executor.submit(request)
     node1_log = request.state_dir / "nodes" / "1" / "output.log"
-    wait_for(executor, submission.handle,
-             lambda s: node1_log.exists() and "node 1 up" in node1_log.read_text()
-             and request.log_path.exists() and "node 0 up" in request.log_path.read_text())
+
+    def both_up() -> bool:
+        executor.poll(submission.handle)  # a poll is what brings the hosts' output here
+        return (node1_log.exists() and "node 1 up" in node1_log.read_text()
+                and request.log_path.exists() and "node 0 up" in request.log_path.read_text())
+
+    wait_for(both_up, "both nodes up", DEADLINE_S, 0.2)
 
     second.reclaim()  # a spot pod taken back: every process in its namespace killed, sshd with them
-    status = wait_for(executor, submission.handle, lambda s: s.phase.is_terminal())
+    status = wait_terminal(executor, submission.handle, DEADLINE_S)
 
     assert status.phase is JobPhase.VANISHED and status.reason == "preempted", status
     assert status.evidence[0].startswith(f"the gang of 2 nodes ended with node 1 on {second.spec}:"), status.evidence

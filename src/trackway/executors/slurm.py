@@ -23,7 +23,7 @@ Slurm's SIGTERM to the training process; the SDK treats both as a preemption not
 Over several nodes (`LaunchRequest.nodes`, `submit --nodes`) the job asks one task a node, the
 batch script exports the rendezvous (NNODES, WORLD_SIZE, MASTER_ADDR from the first node,
 MASTER_PORT) and the shim runs `srun`, which runs the command once on every node with its
-NODE_RANK (see node_command). The attempt is still one job, one output.log, one exit status.
+NODE_RANK (see slurm_nodes.py). The attempt is still one job, one output.log, one exit status.
 
 Polling is batched: `poll_many()` asks `squeue` once for every job still open (finished jobs stay
 in squeue for MinJobAge), then `sacct` once for the ones squeue no longer lists (`sacct -c`, the
@@ -77,6 +77,7 @@ from trackway.executors.base import (
     status_to_json,
 )
 from trackway.executors.local_shim import read_json, utc_now, write_json_atomic
+from trackway.executors.slurm_nodes import node_command, node_placements, rendezvous_lines
 
 SLURM_TIMEOUT_S = float(os.environ.get("TRACKWAY_SLURM_TIMEOUT_S", "30"))
 # A shim that exited writes exit.json before its job ends; on a shared file system the file may
@@ -496,7 +497,7 @@ def render_script(request: LaunchRequest) -> str:
         "",
         *_environment_lines(request),
         *_setup_lines(request),
-        *_rendezvous_lines(request),
+        *rendezvous_lines(request),
         "",
         "# The shim is stdlib-only Python: this interpreter where the node has it, else python3.",
         f"trackway_python={shlex.quote(sys.executable)}",
@@ -567,58 +568,6 @@ def _environment_lines(request: LaunchRequest) -> list[str]:
     if not request.gpus:
         lines.append("export CUDA_VISIBLE_DEVICES=  # no GPU asked: none to be taken")
     return lines
-
-
-def _rendezvous_lines(request: LaunchRequest) -> list[str]:
-    """Over several nodes: the variables `torchrun --nnodes=$NNODES --node_rank=$NODE_RANK
-    --master_addr=$MASTER_ADDR --master_port=$MASTER_PORT` reads, the same on every node but NODE_RANK
-    (set per task by node_command)."""
-    if request.nodes <= 1:
-        return []
-    log_q = shlex.quote(str(request.log_path))
-    # A port of the job's own (20000-29999, below the ephemeral range), unless the run chose one.
-    port = ('export MASTER_PORT=${MASTER_PORT:?}' if "MASTER_PORT" in request.env
-            else 'export MASTER_PORT=$((20000 + ${SLURM_JOB_ID:-0} % 10000))')
-    return [
-        "",
-        f"# A run over {request.nodes} nodes: srun starts one task per node (--ntasks-per-node=1) and the",
-        "# command on each sees the same rendezvous; NODE_RANK is the task's (= SLURM_NODEID, one task a node).",
-        f"export NNODES=${{SLURM_NTASKS:-{request.nodes}}}",
-        "export WORLD_SIZE=$NNODES  # one process per node without torchrun; torchrun sets its own",
-        "MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)",
-        "[ -n \"$MASTER_ADDR\" ] || {",
-        f"  mkdir -p {shlex.quote(str(Path(request.log_path).parent))}",
-        "  printf '%s err trackway: scontrol show hostnames %s named no first node for MASTER_ADDR\\n' \\",
-        f"    \"$(date -u +%Y-%m-%dT%H:%M:%S.%6NZ)\" \"$SLURM_JOB_NODELIST\" >>{log_q}",
-        "  exit 1",
-        "}",
-        "export MASTER_ADDR",
-        port,
-    ]
-
-
-# Each task, before the command: its NODE_RANK (RANK for one process a node), and where it runs,
-# written beside the attempt's other files so that the placement lists every node with its GPUs.
-_NODE_PROLOGUE = """\
-export NODE_RANK="$SLURM_PROCID" RANK="$SLURM_PROCID" LOCAL_RANK=0
-trackway_node=${{SLURMD_NODENAME:-$(hostname)}}
-printf '{{"node_rank": %s, "slurm_nodeid": %s, "host": "%s", "cuda_visible_devices": "%s"}}\\n' \\
-  "$NODE_RANK" "${{SLURM_NODEID:-null}}" "$trackway_node" "${{CUDA_VISIBLE_DEVICES-}}" \\
-  >{state}/.node-"$NODE_RANK".json.tmp && mv -f {state}/.node-"$NODE_RANK".json.tmp {state}/node-"$NODE_RANK".json
-unset trackway_node
-exec "$@"
-"""
-
-
-def node_command(request: LaunchRequest) -> list[str]:
-    """What the batch step's shim runs over several nodes: srun, one task per node, each running the command.
-
-    srun takes its task count from the job (--nodes, --ntasks-per-node=1); --kill-on-bad-exit ends
-    every task once one fails, so a lost node ends the whole attempt, and srun's own line
-    (`srun: error: NODE: task 1: Exited with exit code 3`) names the node in output.log.
-    """
-    prologue = _NODE_PROLOGUE.format(state=shlex.quote(str(request.state_dir)))
-    return ["srun", "--kill-on-bad-exit=1", "bash", "-c", prologue, "trackway-node", *request.command]
 
 
 def _setup_lines(request: LaunchRequest) -> list[str]:
@@ -756,23 +705,6 @@ def _who(uid_text: str | None) -> str | None:
         return f"uid {uid}"
 
 
-def _node_placements(state_dir: Path) -> list[dict]:
-    """Every node's task as it said where it runs (node_command's node-RANK.json), by node rank."""
-    nodes = []
-    for path in state_dir.glob("node-*.json"):
-        try:
-            said = read_json(path)
-        except ValueError:
-            continue  # written by rename: a torn file is not ours
-        if not isinstance(said, dict) or not isinstance(said.get("node_rank"), int):
-            continue
-        visible = str(said.get("cuda_visible_devices") or "")
-        gpu_ids = [int(part) for part in visible.split(",") if part.strip().isdigit()]
-        nodes.append({"node_rank": said["node_rank"], "host": said.get("host"), "gpu_ids": gpu_ids,
-                      **({"cuda_visible_devices": visible} if visible else {})})
-    return sorted(nodes, key=lambda node: node["node_rank"])
-
-
 def _placement(job_id: str, record: SlurmRecord | None, job: dict | None, state_dir: Path | None = None) -> dict:
     batch = (job or {}).get("batch_env") or {}
     placement: dict = {"slurm_job_id": job_id}
@@ -786,7 +718,7 @@ def _placement(job_id: str, record: SlurmRecord | None, job: dict | None, state_
     if expected > 1:
         # The batch step runs on the first node only: where the job ran is every node's task's word.
         placement["nodes_expected"] = expected
-        placement["nodes"] = _node_placements(state_dir)
+        placement["nodes"] = node_placements(state_dir)
         if job:
             placement["host"] = job.get("host")
         return {key: value for key, value in placement.items() if value is not None}

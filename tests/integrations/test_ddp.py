@@ -23,6 +23,8 @@ from trackway.supervisor.launch import start_attempt
 from trackway.supervisor.loop import Supervisor, handle_of
 from trackway.supervisor.submit import RunSpec, submit_run
 
+from preempted_runs import drive_preempted
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "integrations"
 BIN = Path(sys.executable).parent
 TORCHRUN = [str(BIN / "torchrun"), "--standalone", "--nproc_per_node=2"]
@@ -31,51 +33,15 @@ DEADLINE_S = 420
 
 def _drive(home, sqlite_url, monkeypatch, command, notice_after: str):
     """Submit a reference run and one that gets a SIGTERM once its log shows `notice_after`; drive both to their end."""
-    monkeypatch.setenv("TRACKWAY_DB", sqlite_url)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    settings = load_settings()
-    ledger = open_ledger(sqlite_url)
-    supervisor = Supervisor(ledger, settings)
-    runs = []
-    for i in range(2):
-        run_id = submit_run(ledger, settings, RunSpec(command=command(i), cwd=Path.cwd()))
-        start_attempt(ledger, settings, run_id, supervisor.executor("local"))
-        runs.append(run_id)
-    reference, preempted = runs
-    sent = False
-    deadline = time.time() + DEADLINE_S
-    try:
-        while time.time() < deadline:
-            supervisor.tick()
-            with ledger.read() as conn:
-                states = {r: resolve_run(conn, r)["state"] for r in runs}
-                attempts = list_attempts(conn, run_id=preempted)
-            if all(s in ("completed", "failed") for s in states.values()):
-                break
-            latest = attempts[-1]
-            log = Path(latest["log_path"])
-            if not sent and latest["state"] == "running" and log.exists() and notice_after in log.read_text():
-                os.kill(int(latest["executor_job_id"]), signal.SIGTERM)  # the shim: SIGTERM to the whole group
-                sent = True
-            time.sleep(0.2)
-        else:
-            pytest.fail(f"not ended within {DEADLINE_S} s: {states}")
-    finally:
-        with ledger.read() as conn:
-            for run_id in runs:
-                for attempt in list_attempts(conn, run_id=run_id):
-                    if attempt["state"] == "running":  # a hang: end it here (TERM, grace, KILL), not with the suite
-                        supervisor.executor("local").cancel(handle_of(attempt))
-    with ledger.read() as conn:
-        attempts = list_attempts(conn, run_id=preempted)
-        losses = {r: Reader.over(conn).metric_points(r, key="loss") for r in runs}
-    ledger.dispose()
-    assert sent
-    assert states == {reference: "completed", preempted: "completed"}, [dict(a) for a in attempts]
+    driven = drive_preempted(sqlite_url, monkeypatch, command, notice_after, DEADLINE_S)
+    reference, preempted = driven.runs
+    attempts = driven.attempts[preempted]
+    assert driven.states == {reference: "completed", preempted: "completed"}, attempts
     assert [a["termination_reason"] for a in attempts] == ["preempted", "completed"]
     assert json.loads(attempts[0]["retry_decision"])["action"] == "resume"
     assert attempts[1]["resumed_from_checkpoint"]
-    return settings, runs, losses
+    return driven.settings, driven.runs, driven.losses
 
 
 def _committed(settings, run_id: str) -> list[Path]:

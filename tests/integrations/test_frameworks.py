@@ -5,61 +5,24 @@ with the same final loss as an uninterrupted run; each checkpoint is stored once
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from trackway.ledger import open_ledger
-from trackway.ledger.reader import Reader
-from trackway.ledger.records import list_attempts, resolve_run
-from trackway.settings import load_settings
-from trackway.supervisor.launch import start_attempt
-from trackway.supervisor.submit import RunSpec, submit_run
-from trackway.supervisor.loop import Supervisor
+from preempted_runs import drive_preempted
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "integrations"
 
 
 def _scenario(home, sqlite_url, monkeypatch, command, notice_after: str):
     """Submit a reference run and one that gets a SIGTERM once its log shows `notice_after`; drive both."""
-    monkeypatch.setenv("TRACKWAY_DB", sqlite_url)
-    settings = load_settings()
-    ledger = open_ledger(sqlite_url)
-    supervisor = Supervisor(ledger, settings)
-    runs = []
-    for i in range(2):
-        spec = RunSpec(command=command(i), cwd=Path.cwd())
-        run_id = submit_run(ledger, settings, spec)
-        start_attempt(ledger, settings, run_id, supervisor.executor("local"))
-        runs.append(run_id)
+    driven = drive_preempted(sqlite_url, monkeypatch, command, notice_after, deadline_s=400)
+    settings, runs, states, keys = driven.settings, driven.runs, driven.states, driven.keys
     reference, preempted = runs
-    sent = False
-    deadline = time.time() + 400
-    while time.time() < deadline:
-        supervisor.tick()
-        with ledger.read() as conn:
-            states = {r: resolve_run(conn, r)["state"] for r in runs}
-            attempts = list_attempts(conn, run_id=preempted)
-        if all(s in ("completed", "failed") for s in states.values()):
-            break
-        latest = attempts[-1]
-        log = Path(latest["log_path"])
-        if not sent and latest["state"] == "running" and log.exists() and notice_after in log.read_text():
-            os.kill(int(latest["executor_job_id"]), signal.SIGTERM)
-            sent = True
-        time.sleep(0.2)
-    with ledger.read() as conn:
-        attempts = list_attempts(conn, run_id=preempted)
-        losses = {r: Reader.over(conn).metric_points(r, key="loss") for r in runs}
-        keys = {p["key"] for p in Reader.over(conn).metric_points(preempted)}
-    ledger.dispose()
-    assert sent
-    assert states == {reference: "completed", preempted: "completed"}, [dict(a) for a in attempts]
+    attempts, losses = driven.attempts[preempted], driven.losses
+    assert states == {reference: "completed", preempted: "completed"}, attempts
     assert [a["termination_reason"] for a in attempts] == ["preempted", "completed"]
     assert attempts[0]["exit_code"] == 75  # run.exit_preempted(): never a clean exit 0
     assert json.loads(attempts[0]["retry_decision"])["action"] == "resume"

@@ -14,21 +14,12 @@ not the reference's (test_plain_loader_resumes_but_not_exactly says by how much 
 from __future__ import annotations
 
 import json
-import os
-import signal
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from trackway.ledger import open_ledger
-from trackway.ledger.reader import Reader
-from trackway.ledger.records import list_attempts, resolve_run
-from trackway.settings import load_settings
-from trackway.supervisor.launch import start_attempt
-from trackway.supervisor.loop import Supervisor
-from trackway.supervisor.submit import RunSpec, submit_run
+from preempted_runs import drive_preempted
 
 pytest.importorskip("lightning", reason="the `frameworks` extra is not installed")
 pytest.importorskip("torchdata", reason="the `frameworks` extra is not installed")
@@ -51,62 +42,17 @@ def _command(launcher: str, stateful: bool = True, port: int = 29561) -> list[st
             "--devices", "2", "--strategy", "ddp"]
 
 
-def _child_of(shim: int) -> int:
-    """The command the local shim runs: its one child, leader of the command's process group."""
-    return int(Path(f"/proc/{shim}/task/{shim}/children").read_text().split()[0])
-
-
 def _drive(home, sqlite_url, monkeypatch, command, notice_after: int, to_group: bool, deadline_s: float):
-    """A reference run and one SIGTERMed once its log shows `step {notice_after}`; both driven to their end."""
-    monkeypatch.setenv("TRACKWAY_DB", sqlite_url)
-    settings = load_settings()
-    ledger = open_ledger(sqlite_url)
-    supervisor = Supervisor(ledger, settings)
-    runs = []
-    for i in range(2):
-        run_id = submit_run(ledger, settings, RunSpec(command=command(i), cwd=Path.cwd()))
-        start_attempt(ledger, settings, run_id, supervisor.executor("local"))
-        runs.append(run_id)
-    reference, preempted = runs
-    sent, ended = False, False
-    deadline = time.monotonic() + deadline_s
-    try:
-        while time.monotonic() < deadline:
-            supervisor.tick()
-            with ledger.read() as conn:
-                states = {r: resolve_run(conn, r)["state"] for r in runs}
-                latest = list_attempts(conn, run_id=preempted)[-1]
-            if all(s in ("completed", "failed") for s in states.values()):
-                ended = True
-                break
-            log = Path(latest["log_path"])
-            seen = log.exists() and f"step {notice_after}\n" in log.read_text()
-            if not sent and latest["state"] == "running" and seen:
-                shim = int(latest["executor_job_id"])
-                # To the shim, which sends it to the command's whole group: every rank gets it, as on a cancel or a
-                # host shutdown. To the launcher only (the shim's child): rank 1 hears of it from the agreement
-                # alone (Lightning's launcher) or from torchrun.
-                os.kill(shim if to_group else _child_of(shim), signal.SIGTERM)
-                sent = True
-            time.sleep(0.2)
-        with ledger.read() as conn:
-            attempts = {r: [dict(a) for a in list_attempts(conn, run_id=r)] for r in runs}
-            losses = {r: Reader.over(conn).metric_points(r, key="loss") for r in runs}
-    finally:
-        if not ended:  # a hang: end every process this test started (the command's group), then fail
-            with ledger.read() as conn:
-                for r in runs:
-                    for a in list_attempts(conn, run_id=r):
-                        if a["executor_job_id"] and a["state"] == "running":
-                            try:
-                                os.killpg(_child_of(int(a["executor_job_id"])), signal.SIGKILL)
-                            except (ProcessLookupError, FileNotFoundError, StopIteration):
-                                pass
-        ledger.dispose()
-    assert ended, f"not ended within {deadline_s:g} s (hung?): {states}"
-    assert sent
-    assert states == {reference: "completed", preempted: "completed"}, attempts[preempted]
-    return settings, runs, attempts, losses
+    """A reference run and one SIGTERMed once its log shows `step {notice_after}`; both driven to their end.
+
+    To the whole group every rank gets it, as on a cancel or a host shutdown. To the launcher only, rank 1
+    hears of it from the agreement alone (Lightning's launcher) or from torchrun.
+    """
+    driven = drive_preempted(sqlite_url, monkeypatch, command, f"step {notice_after}\n", deadline_s,
+                             to_launcher_only=not to_group)
+    reference, preempted = driven.runs
+    assert driven.states == {reference: "completed", preempted: "completed"}, driven.attempts[preempted]
+    return driven.settings, driven.runs, driven.attempts, driven.losses
 
 
 def _check_resumed(settings, runs, attempts, losses, steps_per_epoch: int, notice_after: int) -> list[int]:

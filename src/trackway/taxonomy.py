@@ -42,6 +42,9 @@ class TerminationReason(str, Enum):
     TIMEOUT = "timeout"
     INFRA_TRANSIENT = "infra_transient"
     STALLED = "stalled"
+    # A watcher listed in `[supervisor] stop_on` ended it (loss rising, a plateau, throughput falling, host
+    # memory growing, GPUs underused): none of the other reasons is true of such an ending.
+    WATCHER_STOP = "watcher_stop"
     OOM = "oom"
     NAN_LOSS = "nan_loss"
     BAD_DATA = "bad_data"

@@ -137,10 +137,12 @@ def test_a_watcher_listed_in_stop_on_ends_the_attempt(cli):
     result = cli("submit", "--name", "diverging", "--", PY, script)
     assert result.code == 1
     (attempt,) = cli("attempts", "diverging", "--json").json()
-    assert attempt["termination_reason"] == "nan_loss"
+    assert attempt["termination_reason"] == "watcher_stop"  # not nan_loss: the loss rose, it never went NaN
     assert attempt["termination_evidence"]["rule"] == "watcher:loss_rising"
     assert __import__("json").loads(attempt["retry_decision"])["action"] == "stop"
     assert attempt["last_step"] < 399  # ended while it ran, not after
+    advice = cli("explain", "diverging", "--json").json()["next_steps"]["person"]
+    assert "learning rate" in advice and "stop_on" in advice and "trackway resume diverging" in advice
 
 
 def test_stop_on_names_known_watchers_only(cli):

@@ -30,7 +30,7 @@ def settings_with(tmp_path, text: str):
      "trackway.toml:2: [supervisor] stall_seconds: expected a number of seconds from 1 to 604800, got nan"),
     ("[supervisor]\nstop_on = [\"loss\"]\n",
      "trackway.toml:2: [supervisor] stop_on: expected a list of loss_rising, plateau, throughput_falling, "
-     "memory_growing, gpu_underused, got 'loss'"),
+     "memory_growing, gpu_underused, rank_stalled, got 'loss'"),
     ("[evals]\nmax_running = 0\n", "trackway.toml:2: [evals] max_running: expected a whole number ≥ 1, got 0"),
     ("[evals]\nmax_running = true\n", "trackway.toml:2: [evals] max_running: expected a whole number ≥ 1, got true"),
     ("[notify]\nurls = [\"slack\"]\n",

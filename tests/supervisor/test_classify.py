@@ -90,8 +90,14 @@ def test_evidence_json_keeps_the_raw_facts():
         ({"cancelled": True}, R.USER_CANCELLED),
         ({"timed_out": True}, R.TIMEOUT),
         ({"stopped_by": ("stalled", "no new step")}, R.STALLED),
-        ({"stopped_by": ("loss_rising", "loss rising")}, R.NAN_LOSS),
-        ({"stopped_by": ("memory_growing", "RSS 40 GiB")}, R.OOM),
+        ({"stopped_by": ("rank_stalled", "rank 1 stopped stepping")}, R.STALLED),
+        ({"stopped_by": ("nan_in_log", "loss nan at step 9")}, R.NAN_LOSS),
+        # A trend a watcher saw is not the ending it may lead to: a rising loss is not yet NaN, growing memory
+        # not yet out of it.
+        ({"stopped_by": ("loss_rising", "loss rising")}, R.WATCHER_STOP),
+        ({"stopped_by": ("memory_growing", "RSS 40 GiB")}, R.WATCHER_STOP),
+        ({"stopped_by": ("plateau", "plateau")}, R.WATCHER_STOP),
+        ({"stopped_by": ("gpu_underused", "GPU 3%")}, R.WATCHER_STOP),
     ],
 )
 def test_a_preempted_note_caused_by_trackways_own_sigterm_is_not_a_preemption(flags, reason):

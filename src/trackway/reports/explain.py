@@ -510,14 +510,36 @@ def _next(run: RowMapping, history: list[RowMapping], run_checkpoints: list[dict
     stopped = f"nothing: the run is {state.value}"
     if decision and decision["action"] == "stop":
         stopped += f"; the retry policy stopped it{rule}"
-    return {"trackway": stopped, "person": _advice(ref, reason, decision, start, config)}
+    evidence = json.loads(last["termination_evidence"]) if last is not None and last["termination_evidence"] else {}
+    return {"trackway": stopped, "person": _advice(ref, reason, decision, start, config, evidence.get("rule") or "")}
 
 
-def _advice(ref: str, reason: R | None, decision: dict[str, Any] | None, start: str, config: Any) -> str:
+# What to change after a watcher in `[supervisor] stop_on` ended a run, by watcher: its finding, with the numbers
+# and the rule, is the receipt's evidence.
+WATCHER_ADVICE = {
+    "loss_rising": "the loss rose well above its own noise (the evidence has the numbers and the window): lower the "
+                   "learning rate or check the data the rise began on",
+    "plateau": "the loss stopped improving over the watcher's window: the run may be done; if it is not, change the "
+               "schedule (the learning rate) or the model",
+    "throughput_falling": "steps slowed down: look for what took the machine (another job, the data loader, a "
+                          "full or slow disk, thermal throttling)",
+    "memory_growing": "host memory kept growing (a leak: tensors kept with their graph, a cache that only grows, "
+                      "data loader workers): fix it",
+    "gpu_underused": "the GPUs sat below the watcher's threshold: feed them faster (more data loader workers, pinned "
+                     "memory) or give the run fewer GPUs or a larger batch",
+}
+
+
+def _advice(ref: str, reason: R | None, decision: dict[str, Any] | None, start: str, config: Any, rule: str = "") -> str:
     """What a person should change before the run can go on, and the command that goes on (and where from)."""
     resume = f"`trackway resume {ref}`"
     if decision and decision["rule"].endswith("disk full"):
         return decision["message"]  # names where to free space and the command
+    if reason is R.WATCHER_STOP:
+        watcher = rule.removeprefix("watcher:")
+        said = WATCHER_ADVICE.get(watcher, f"read the {watcher or 'watcher'}'s finding in the evidence")
+        return (f"{said}; then {resume} goes on {start} (to keep it running next time, take {watcher or 'the watcher'} "
+                "out of `[supervisor] stop_on` or widen its rule: `submit --watch` or `[watchers]`)")
     if reason is R.NAN_LOSS:
         keys = _keys_like(config, ("lr", "learning_rate"))
         return (f"lower the learning rate{_values(keys)} or fix the data, then "

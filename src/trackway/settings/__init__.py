@@ -99,7 +99,8 @@ keep_last = 2          # at least 2
 # it is ended (SIGTERM, grace, SIGKILL) and retried once.
 stall_seconds = 600
 # Other watchers only record what they notice; list the ones that should end the attempt too:
-# loss_rising (→ nan_loss), memory_growing (→ oom), plateau, throughput_falling, gpu_underused (→ stalled).
+# loss_rising, plateau, throughput_falling, memory_growing, gpu_underused (→ watcher_stop, not retried),
+# rank_stalled (one rank left behind the others → stalled, retried once).
 stop_on = []
 # `trackway submit --detach` (and `eval --detach`) start a supervisor in the background when none is
 # running; it exits after nothing has been in flight for this long (TRACKWAY_SUPERVISOR_IDLE_S overrides).

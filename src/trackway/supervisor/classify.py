@@ -60,17 +60,14 @@ EXECUTOR_STATES: dict[str, R] = {
 }
 
 
-# What an attempt the supervisor ended for a watcher's finding counts as. A rising loss is the
-# divergence nan_loss names (stop, point at the last good checkpoint); growing host memory ends
-# the way an OOM would; no progress of any other kind is a stall (retried once).
+# What an attempt the supervisor ended for a watcher's finding counts as. A stall (of the attempt
+# or of one rank) is `stalled`, a non-finite loss a log pattern read (scripts without the SDK) the
+# divergence `nan_loss` names. Every other watcher saw a trend, not an ending of its own: a loss
+# rising is not yet NaN, growing memory not yet out of it, so they end as `watcher_stop`, the
+# evidence naming the watcher, its numbers and its rule.
 WATCHER_REASONS: dict[str, R] = {
     "stalled": R.STALLED,
-    "loss_rising": R.NAN_LOSS,
-    "memory_growing": R.OOM,
-    "plateau": R.STALLED,
-    "throughput_falling": R.STALLED,
-    "gpu_underused": R.STALLED,
-    # A log pattern read a non-finite loss (scripts without the SDK): the divergence itself.
+    "rank_stalled": R.STALLED,
     "nan_in_log": R.NAN_LOSS,
 }
 
@@ -401,7 +398,7 @@ def _classify(evidence: Evidence) -> Classification:
         return Classification(R.TIMEOUT, "trackway:time-limit", tuple(e.executor_lines[-MAX_EVIDENCE_LINES:]))
     if e.stopped_by:
         kind, why = e.stopped_by
-        reason = WATCHER_REASONS.get(kind, R.STALLED)
+        reason = WATCHER_REASONS.get(kind, R.WATCHER_STOP)
         return Classification(reason, f"watcher:{kind}", (why,) + tuple(e.executor_lines[-MAX_EVIDENCE_LINES:]))
     if e.cancelled:
         return Classification(R.USER_CANCELLED, "trackway:cancel", tuple(e.executor_lines[-MAX_EVIDENCE_LINES:]))

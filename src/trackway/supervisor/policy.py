@@ -13,7 +13,7 @@ attempt as `retry_decision`. The defaults are docs/taxonomy.md's table (a test h
     oom              resume   3       only if batch shape / activation checkpointing / precision /
                                       placement changed since the attempt that ran out of memory
     evaluator_crash  retry    2       (evaluation runs)
-    nan_loss, bad_data, config_error, code_error, unknown   stop
+    nan_loss, watcher_stop, bad_data, config_error, code_error, unknown   stop
     completed, user_cancelled                                 none
 
 Whatever a reason's budget, a failure whose signature (exception, message shape, file and line,
@@ -66,6 +66,7 @@ DEFAULT_RULES: dict[R, ReasonRule] = {
     R.OOM: ReasonRule("resume", budget=3, requires="changed_memory_fingerprint"),
     R.EVALUATOR_CRASH: ReasonRule("resume", budget=2),
     R.NAN_LOSS: ReasonRule("stop"),
+    R.WATCHER_STOP: ReasonRule("stop"),
     R.BAD_DATA: ReasonRule("stop"),
     R.CONFIG_ERROR: ReasonRule("stop"),
     R.CODE_ERROR: ReasonRule("stop"),
@@ -76,6 +77,8 @@ DEFAULT_RULES: dict[R, ReasonRule] = {
 STOP_ADVICE: dict[R, str] = {
     R.NAN_LOSS: "the loss diverged; retrying replays the same numbers: lower the learning rate or fix the data, "
     "then `trackway resume` (it starts from the last good checkpoint)",
+    R.WATCHER_STOP: "a watcher listed in `[supervisor] stop_on` ended it: a person decides what its finding means "
+    "before more GPU time is spent",
     R.BAD_DATA: "retrying bad data is wishful thinking with a GPU attached: fix or exclude the input",
     R.CONFIG_ERROR: "the command cannot start as configured: fix the import, path or argument",
     R.CODE_ERROR: "an uncaught exception in the training code: fix it, then `trackway resume`",

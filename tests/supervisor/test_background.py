@@ -250,3 +250,44 @@ def test_commands_start_none_when_it_is_turned_off(bg, monkeypatch):
     assert submitted.returncode == 0, submitted.stderr
     assert "TRACKWAY_BACKGROUND_SUPERVISOR is off" in submitted.stderr
     assert background_children(bg) == []
+
+
+# -- it follows trackway.toml -----------------------------------------------------------------------
+
+
+def test_an_edit_of_stop_on_takes_effect_in_a_running_background_supervisor(bg, tmp_path):
+    # The story: after an edit of `stop_on`, a run was still stopped by the old rule.
+    Path("trackway.toml").write_text('[supervisor]\nstop_on = ["loss_rising"]\n')
+    cue = tmp_path / "go"
+    script = str(Path(__file__).parent / "scripts" / "rises_on_cue.py")
+    submitted = trackway("submit", "--detach", "--name", "climb", "--", PY, script, str(cue))
+    assert submitted.returncode == 0, submitted.stderr
+    log = background.place_of(load_settings()).log
+    wait_for(lambda: log.exists() and "supervising" in log.read_text(), "the background supervisor to start")
+    Path("trackway.toml").write_text('[supervisor]\nstop_on = []\n')
+    wait_for(lambda: log.exists() and "now in effect: stop_on: ['loss_rising'] → []" in log.read_text(),
+             "the background supervisor to take the edit")
+    cue.touch()
+    wait_for(lambda: not background_children(bg), "the background supervisor to exit on its own")
+    (attempt,) = read(bg, select(attempts.c.attempt_id, attempts.c.termination_reason))
+    assert attempt["termination_reason"] == "completed"  # noticed, not stopped: the rule in effect says so
+    explained = trackway("explain", "climb", "--json")
+    assert any("loss rising" in line for line in json.loads(explained.stdout)["watchers"])
+
+
+def test_a_bad_edit_keeps_the_running_settings_and_says_why(bg, tmp_path):
+    Path("trackway.toml").write_text('[supervisor]\nstop_on = ["loss_rising"]\n')
+    cue = tmp_path / "go"
+    script = str(Path(__file__).parent / "scripts" / "rises_on_cue.py")
+    submitted = trackway("submit", "--detach", "--name", "climb", "--", PY, script, str(cue))
+    assert submitted.returncode == 0, submitted.stderr
+    log = background.place_of(load_settings()).log
+    wait_for(lambda: log.exists() and "supervising" in log.read_text(), "the background supervisor to start")
+    Path("trackway.toml").write_text('[supervisor]\nstop_on = ["vibes"]\n')
+    wait_for(lambda: log.exists() and "changed but was not applied" in log.read_text(),
+             "the background supervisor to refuse the edit")
+    assert "stop_on: expected a list of" in log.read_text()
+    cue.touch()
+    wait_for(lambda: not background_children(bg), "the background supervisor to exit on its own")
+    (attempt,) = read(bg, select(attempts.c.termination_reason))
+    assert attempt["termination_reason"] == "watcher_stop"  # the rule that was running still holds

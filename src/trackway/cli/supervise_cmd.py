@@ -72,7 +72,23 @@ def _foreground(app: AppContext, once: bool, interval: float) -> None:
         tell(supervisor.tick())
         supervisor.settle(timeout=30)  # what this pass recorded is sent before it exits
     else:
-        supervisor.run(lambda: False, interval_s=interval, on_ends=tell)
+        from trackway.supervisor.background import follow_settings
+
+        follower = _follower(app)
+
+        def follow() -> bool:  # before each tick: an edit of trackway.toml takes effect
+            follow_settings(follower, supervisor, lambda line: say(err_console, line))
+            return False
+
+        supervisor.run(follow, interval_s=interval, on_ends=tell)
+
+
+def _follower(app: AppContext):
+    """What follows trackway.toml for a supervisor that outlives an edit of it."""
+    from trackway.settings import load_settings
+    from trackway.settings.follow import SettingsFollower
+
+    return SettingsFollower(app.settings, lambda: load_settings(home=app.home, db=app.db))
 
 
 def tell(ends) -> None:
@@ -189,8 +205,9 @@ def _background_child(app: AppContext, interval: float, lock_fd: int | None, idl
     install_stop_handlers(stop_requested)
     log_line(f"pid {os.getpid()}: supervising {place_of(app.settings).ledger} from {os.getcwd()} "
              f"(exits after {idle:g} s with nothing in flight)")
-    why = serve(app.supervisor(), idle, interval, stop_requested,
-                on_ends=lambda ends: [log_line(describe_end(end)) for end in ends])
+    supervisor = app.supervisor()
+    why = serve(supervisor, idle, interval, stop_requested,
+                on_ends=lambda ends: [log_line(describe_end(end)) for end in ends], follow=_follower(app))
     log_line(f"pid {os.getpid()}: {why}")
     return 0
 

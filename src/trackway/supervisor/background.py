@@ -11,6 +11,9 @@ two; for PostgreSQL it lies under `$TRACKWAY_HOME/supervisor/` (several hosts ma
 the ledger's transaction guards keep that safe). The lock file also holds who holds it (pid,
 since, log), which `trackway supervise --status` prints.
 
+The child follows trackway.toml: an edit (of `stop_on`, a watcher's window, a resource) takes
+effect at its next tick and is logged; an edit that does not read keeps the running settings.
+
 The child exits once nothing has been in flight for the idle period (`TRACKWAY_SUPERVISOR_IDLE_S`,
 else `[supervisor] idle_exit_seconds`, else 300 s): no unfinished attempt, no queued or running
 run (a due or future retry, a queued evaluation seed), no evaluation in flight and no committed
@@ -41,6 +44,7 @@ from trackway.supervisor.lock_file import held, ledger_key, lock_path, sqlite_da
 from trackway.validation import finite
 
 if TYPE_CHECKING:
+    from trackway.settings.follow import SettingsFollower
     from trackway.supervisor.loop import Supervisor
 
 AUTOSTART_ENV = "TRACKWAY_BACKGROUND_SUPERVISOR"  # "0", "off", "no" or "false": commands start none
@@ -336,8 +340,12 @@ def serve(
     interval_s: float = DEFAULT_INTERVAL_S,
     stop_requested: threading.Event | None = None,
     on_ends: Callable[[list], None] | None = None,
+    follow: SettingsFollower | None = None,
 ) -> str:
-    """Tick `supervisor` until nothing has been in flight for `idle_exit_s` (or a stop is requested); return why it ended."""
+    """Tick `supervisor` until nothing has been in flight for `idle_exit_s` (or a stop is requested); return why it ended.
+
+    With `follow`, an edit of trackway.toml takes effect at the next tick, said in the log.
+    """
     ledger, settings = supervisor.ledger, supervisor.settings
     stop_requested = stop_requested or threading.Event()
     idle_since: float | None = None
@@ -348,6 +356,8 @@ def serve(
         if gone:
             return gone
         now = time.monotonic()
+        if follow is not None:
+            follow_settings(follow, supervisor, log_line)
         try:
             ends = supervisor.tick()
             with ledger.read() as conn:
@@ -375,6 +385,15 @@ def serve(
                 return f"nothing in flight for {idle_exit_s:g} s; exiting"
         stop_requested.wait(0 if supervisor.backlog else interval_s)  # a backlog is worked off at once
     return "asked to stop; exiting"
+
+
+def follow_settings(follow: SettingsFollower, supervisor: Supervisor, say: Callable[[str], None]) -> None:
+    """Put an edited trackway.toml into effect for `supervisor`'s next tick, saying what changed (or why not)."""
+    loaded, lines = follow.check()
+    for line in lines:
+        say(line)
+    if loaded is not None:
+        supervisor.settings = loaded
 
 
 class _ErrorLog:

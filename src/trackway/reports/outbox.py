@@ -54,12 +54,13 @@ class Claimant:
         import psutil
 
         try:
-            started = psutil.Process(self.pid).create_time()
+            process = psutil.Process(self.pid)
+            started, state = process.create_time(), process.status()
         except psutil.NoSuchProcess:
             return True
         except psutil.Error:
             return False  # there, but not ours to look at: alive
-        return abs(started - self.started) > 1.0
+        return abs(started - self.started) > 1.0 or state == psutil.STATUS_ZOMBIE  # a zombie sends nothing more
 
 
 def me() -> Claimant:

@@ -211,7 +211,7 @@ def _pending(ledger, key: str = "attempt_ended:r1/1", **values) -> None:
             "state": "pending", "tries": 0, "created_at": datetime.now(timezone.utc), **values}))
 
 
-def test_a_claim_by_a_dead_process_here_is_taken_over_at_once_and_a_live_or_leased_one_is_not(sqlite_url):
+def test_a_claim_by_a_dead_process_here_is_taken_over_at_once_and_a_live_or_leased_one_is_not(ledger_url):
     import os
     import subprocess
     from datetime import datetime, timedelta, timezone
@@ -225,7 +225,7 @@ def test_a_claim_by_a_dead_process_here_is_taken_over_at_once_and_a_live_or_leas
     gone.wait()
     host = os.uname().nodename
     later = datetime.now(timezone.utc) + timedelta(hours=1)
-    ledger = open_ledger(sqlite_url)
+    ledger = open_ledger(ledger_url)
     try:
         for key, holder in [("dead", Claimant(host, gone.pid, started)), ("alive", me()),
                             ("elsewhere", Claimant("another-host", os.getpid(), 1.0))]:
@@ -272,3 +272,27 @@ def test_a_destination_that_took_it_is_not_sent_it_again_when_another_failed(sql
         ledger.dispose()
         took.server.shutdown()
         refused.server.shutdown()
+
+
+def test_a_read_only_command_hands_what_it_recorded_to_a_background_supervisor_it_starts(
+        cli_process, receiver, home, monkeypatch, tmp_path):
+    from trackway.settings import load_settings
+    from trackway.supervisor import background
+
+    monkeypatch.setenv("TRACKWAY_DB", f"sqlite:///{tmp_path / 'ledger.db'}")
+    _configure(receiver, 'events = ["attempts"]\n')
+    detached = cli_process("submit", "--detach", "--", sys.executable, "-c", "open('ended', 'w').close(); 1/0")
+    assert detached.code == 0, detached.err
+    deadline = time.time() + 30
+    while not Path("ended").exists() and time.time() < deadline:
+        time.sleep(0.1)
+    time.sleep(0.5)
+    monkeypatch.delenv(background.AUTOSTART_ENV)
+    monkeypatch.setenv(background.IDLE_ENV, "1")
+    try:
+        listed = cli_process("runs")
+        assert listed.code == 0, listed.err
+        (body,) = receiver.wait_for(1)
+        assert body["title"] == f"trackway: {detached.out.split()[0]}/1 ended code_error"
+    finally:
+        background.stop(load_settings())

@@ -103,23 +103,33 @@ class Outbox:
                 notifications.c.claimed_by.startswith(f"{host} ", autoescape=True),
             ),
         )
-        with self.ledger.write() as conn:
+        # Looked for in a read first: a sender asks every tick, and nothing is due most of the time
+        # (a write transaction would take SQLite's write lock from everyone for nothing).
+        with self.ledger.read() as conn:
             rows = conn.execute(select(notifications).where(due).order_by(notifications.c.created_at).limit(50)).mappings().all()
-            for row in rows:
-                if row["state"] == "sending" and row["lease_until"] is not None and row["lease_until"] >= now:
-                    holder = Claimant.parse(row["claimed_by"])
-                    if holder is None or holder.host != host or not holder.gone():
-                        continue  # a live sender here, or another host's within its lease
+        rows = [row for row in rows if self._takeable(row, now, host)]
+        if not rows:
+            return None
+        with self.ledger.write() as conn:
+            for row in rows:  # taken only if no other sender took it since it was read
                 same_holder = (notifications.c.claimed_by.is_(None) if row["claimed_by"] is None
                                else notifications.c.claimed_by == row["claimed_by"])
                 taken = conn.execute(
                     update(notifications)
-                    .where(notifications.c.key == row["key"], notifications.c.state == row["state"], same_holder)
+                    .where(notifications.c.key == row["key"], notifications.c.state == row["state"], same_holder, due)
                     .values(state="sending", claimed_at=now, claimed_by=self.claimant, lease_until=now + LEASE)
                 ).rowcount
                 if taken == 1:
                     return row
         return None
+
+    @staticmethod
+    def _takeable(row: RowMapping, now: datetime, host: str) -> bool:
+        """A due row, unless a live sender on this host, or another host's within its lease, holds it."""
+        if row["state"] != "sending" or row["lease_until"] is None or row["lease_until"] < now:
+            return True
+        holder = Claimant.parse(row["claimed_by"])
+        return holder is not None and holder.host == host and holder.gone()
 
     def renew(self, key: str) -> bool:
         """Extend our claim on `key`; False when it is no longer ours (another sender took it over)."""

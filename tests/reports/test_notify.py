@@ -296,3 +296,17 @@ def test_a_read_only_command_hands_what_it_recorded_to_a_background_supervisor_i
         assert body["title"] == f"trackway: {detached.out.split()[0]}/1 ended code_error"
     finally:
         background.stop(load_settings())
+
+
+def test_how_a_destination_is_named_and_its_errors_kept_without_its_secrets():
+    from trackway.reports.outbox import destination_of, masked, with_idempotency_key
+
+    url = "slack://T0KENAAA/B0KENBBB/C0KENCCC/#training"
+    assert destination_of(url).startswith("slack:") and "T0KEN" not in destination_of(url)
+    assert destination_of(url) != destination_of(url.replace("#training", "#alerts"))
+    assert masked("posting to T0KENAAA/B0KENBBB failed: 403 (C0KENCCC revoked)", url) == \
+        "posting to ***/*** failed: 403 (*** revoked)"
+    # Webhooks get the key as a header; a service that takes no custom header gets its URL unchanged.
+    assert with_idempotency_key("json://h/x?a=1", "attempt_ended:r1/2") == \
+        "json://h/x?a=1&+Idempotency-Key=attempt_ended%3Ar1%2F2"
+    assert with_idempotency_key(url, "k") == url

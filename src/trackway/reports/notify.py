@@ -19,6 +19,7 @@ deliver (unless TRACKWAY_BACKGROUND_SUPERVISOR=0; then the next deliverer sends 
 from __future__ import annotations
 
 import atexit
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -154,6 +155,8 @@ class Notifier:
             outbox = Outbox(self.ledger)
             while (claimed := outbox.claim()) is not None:
                 sent += outbox.deliver(claimed, urls) == "sent"
+        except Exception as exc:  # noqa: BLE001 - a ledger that failed now: our claim's lease runs out, it is sent again
+            print(f"trackway: notifications not sent now: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         finally:
             _SENDERS.discard(threading.current_thread())
         return sent

@@ -117,7 +117,9 @@ def latency(submits: int) -> bool:
             ended = {row.run_id: row.ended_at for row in conn.execute(select(attempts.c.run_id, attempts.c.ended_at))}
         engine.dispose()
     receiver.server.shutdown()
-    arrived = {key.split(":", 1)[1].split("/")[0]: at for at, key, _ in receiver.arrivals}
+    arrived: dict[str, float] = {}  # run id → first arrival ("trackway: RUN/1 ended code_error")
+    for at, _, title in receiver.arrivals:
+        arrived.setdefault(title.split()[1].split("/")[0], at)
     delays = []
     for run_id, ended_at in ended.items():
         at = arrived.get(run_id)

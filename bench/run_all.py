@@ -42,6 +42,7 @@ BENCHES = [
     "bench_server_auth.py",
     "bench_server_load.py",
     "bench_sql_limits.py",
+    "bench_notify_delivery.py",
 ]
 
 

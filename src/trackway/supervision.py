@@ -31,13 +31,16 @@ class AdvanceExperiments:
 
 
 class Notify:
-    """What needs a person ([notify] in trackway.toml), recorded each tick and sent on a thread of its own."""
+    """What needs a person ([notify] in trackway.toml), recorded each tick; sent on a thread of its own where this process delivers.
 
-    def __init__(self, ledger: Ledger, settings: Settings) -> None:
-        self.notifier = Notifier(ledger, settings)
+    The settings are read from the supervisor at each tick (a background supervisor reloads them).
+    """
+
+    def __init__(self, ledger: Ledger, deliver: bool = True) -> None:
+        self.notifier = Notifier(ledger, deliver)
 
     def tick(self, supervisor: Supervisor) -> Iterable[tuple[str, str]]:
-        self.notifier.tick()
+        self.notifier.tick(supervisor.settings)
         return ()
 
     def settle(self, timeout: float) -> None:
@@ -45,6 +48,16 @@ class Notify:
 
 
 def supervisor_for(ledger: Ledger, settings: Settings,
-                   executor_for: Callable[[str], Executor] | None = None) -> Supervisor:
-    """A control loop over `ledger` that also moves experiments on and tells what needs telling."""
-    return Supervisor(ledger, settings, executor_for, duties=(AdvanceExperiments(), Notify(ledger, settings)))
+                   executor_for: Callable[[str], Executor] | None = None, deliver: bool = True) -> Supervisor:
+    """A control loop over `ledger` that also moves experiments on and tells what needs telling.
+
+    `deliver=False` (a read-only command's tick) records messages but never claims one to send:
+    `undelivered` says how many it left for a deliverer.
+    """
+    return Supervisor(ledger, settings, executor_for, duties=(AdvanceExperiments(), Notify(ledger, deliver)))
+
+
+def undelivered(supervisor: Supervisor) -> int:
+    """How many messages this supervisor's ticks recorded without sending them (it does not deliver)."""
+    return sum(duty.notifier.recorded for duty in supervisor.duties
+               if isinstance(duty, Notify) and not duty.notifier.delivers)

@@ -76,7 +76,26 @@ class AppContext:
         with self.reader() as reader:
             busy = reader.in_flight()
         if busy:
-            self.supervisor().tick()
+            from trackway.supervision import supervisor_for, undelivered
+
+            # A read-only command never claims a message to send (it would exit before sending);
+            # what its tick recorded goes to the background supervisor, started for it.
+            supervisor = supervisor_for(self.ledger, self.settings, deliver=False)
+            supervisor.tick()
+            if undelivered(supervisor):
+                self._hand_over_messages()
+
+    def _hand_over_messages(self) -> None:
+        """Start the background supervisor to send what this command recorded; with autostart off the next
+        deliverer (a foreground command, `trackway serve`, a background supervisor) sends it."""
+        from trackway.supervisor.background import autostart_enabled, ensure_running
+
+        if not autostart_enabled():
+            return
+        try:
+            ensure_running(self.settings)
+        except TrackwayError:  # an in-memory ledger, a home that cannot be written: the next deliverer sends it
+            pass
 
     def supervisor(self) -> Supervisor:
         from trackway.supervision import supervisor_for

@@ -385,7 +385,24 @@ notifications = Table(
     Column("tries", Integer, nullable=False),
     Column("last_error", Text),
     Column("created_at", UTCDateTime, nullable=False),
-    Column("claimed_at", UTCDateTime),
+    Column("claimed_at", UTCDateTime),  # the last claim: a pending row is tried again a while after it
+    Column("sent_at", UTCDateTime),
+    Column("claimed_by", String(200)),  # "host pid start-time" of the sender holding it (reports/outbox.py)
+    Column("lease_until", UTCDateTime),  # another host's claim is taken over past this; its sender renews it
+)
+
+# Each destination's delivery of a message, so a retry goes only to those that did not take it. A
+# destination is named by its scheme and a hash of its URL: apprise URLs hold tokens and passwords.
+notification_deliveries = Table(
+    "notification_deliveries",
+    metadata,
+    Column("key", String(200), ForeignKey("notifications.key"), primary_key=True),
+    Column("destination", String(64), primary_key=True),  # "json:3f9a0c1b2d4e5f60"
+    Column("state", String(16), nullable=False),  # pending (tried, will be again), sent, failed
+    Column("tries", Integer, nullable=False),
+    Column("idempotency_key", String(200), nullable=False),  # sent with it (an Idempotency-Key header to webhooks)
+    Column("last_error", Text),
+    Column("tried_at", UTCDateTime),
     Column("sent_at", UTCDateTime),
 )
 

@@ -8,31 +8,36 @@ What is told (`[notify] events` picks kinds):
 - experiments  an experiment concluded (its verdict) or stopped (why).
 
 Each message is recorded in the ledger's `notifications` table under a key naming its happening
-before it is sent, so two supervisors, or one that restarts, never send it twice; a send that
-fails is tried again (three times, a minute apart) and its error is kept. Sending happens on a
-thread of its own: a slow webhook never holds up a supervisor tick.
+(the outbox: reports/outbox.py), then sent by whichever process delivers: a foreground command
+(submit, resume, eval, experiment start, cancel, ...) sends what it recorded and waits for it, at
+most `EXIT_WAIT_S`, before it exits; the background supervisor and `trackway serve` send on a thread
+of their own each tick, so a slow webhook never holds up a tick. A read-only command (show, runs,
+experiment show, metrics, ...) records but never sends: it starts the background supervisor to
+deliver (unless TRACKWAY_BACKGROUND_SUPERVISOR=0; then the next deliverer sends it).
 """
 
 from __future__ import annotations
 
+import atexit
+import sys
 import threading
+import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import select
 
 from trackway.ledger import Ledger
 from trackway.ledger.happenings import happened
 from trackway.ledger.schema import notifications
+from trackway.reports.outbox import Outbox, prepare
 from trackway.settings import Settings
 from trackway.supervisor.watchers import WATCHER_KINDS
 
 LOOKBACK = timedelta(minutes=2)  # a supervisor that starts tells what ended just before it
 OVERLAP = timedelta(seconds=10)
-MAX_TRIES = 3
-RETRY_AFTER = timedelta(minutes=1)
-STUCK_AFTER = timedelta(minutes=5)  # a row claimed by a sender that died is sent again
+EXIT_WAIT_S = 5.0  # how long a command that is exiting waits for its messages to be sent
 KIND_OF = {"attempt_ended": "attempts", "watcher_fired": "watchers", "evaluation_finished": "evaluations",
            "experiment_concluded": "experiments"}
 
@@ -91,28 +96,25 @@ def _where(link: str | None, run_id: str | None, experiment_id: str | None) -> s
 
 
 class Notifier:
-    """Records new messages each tick and sends pending ones on its own thread."""
+    """Records new messages each tick; when it delivers, sends the due ones on its own thread."""
 
-    def __init__(self, ledger: Ledger, settings: Settings) -> None:
+    def __init__(self, ledger: Ledger, deliver: bool = True) -> None:
         self.ledger = ledger
-        self.settings = settings
+        self.delivers = deliver
+        self.recorded = 0  # messages this process recorded (a read-only command hands them on)
         self.cursor = datetime.now(timezone.utc) - LOOKBACK
         self._sender: threading.Thread | None = None
 
-    @property
-    def enabled(self) -> bool:
-        return bool(self.settings.notify_urls)
-
-    def tick(self) -> int:
+    def tick(self, settings: Settings) -> int:
         """Record what needs telling since the last tick; start sending. Returns how many were new."""
-        if not self.enabled:
+        if not settings.notify_urls:
             return 0
         now = datetime.now(timezone.utc)
         with self.ledger.read() as conn:
             found = happened(conn, self.cursor - OVERLAP, WATCHER_KINDS)
-        wanted = set(self.settings.notify_events)
+        wanted = set(settings.notify_events)
         messages = [m for at, kind, key, data in found
-                    if KIND_OF.get(kind) in wanted and (m := message_for(kind, key, data, self.settings.notify_link))]
+                    if KIND_OF.get(kind) in wanted and (m := message_for(kind, key, data, settings.notify_link))]
         new = 0
         if messages:
             with self.ledger.write() as conn:
@@ -129,8 +131,13 @@ class Notifier:
                     known.add(m.key)
                     new += 1
         self.cursor = now
-        if self._sender is None or not self._sender.is_alive():
-            self._sender = threading.Thread(target=self.send_pending, name="trackway-notify", daemon=True)
+        self.recorded += new
+        if self.delivers and new:
+            prepare(settings.notify_urls)  # here, while this process is sure not to be exiting yet
+        if self.delivers and (self._sender is None or not self._sender.is_alive()):
+            self._sender = threading.Thread(target=self.send_pending, args=(settings.notify_urls,),
+                                            name="trackway-notify", daemon=True)
+            _SENDERS.add(self._sender)
             self._sender.start()
         return new
 
@@ -139,51 +146,30 @@ class Notifier:
         if self._sender is not None:
             self._sender.join(timeout)
 
-    def send_pending(self) -> int:
+    def send_pending(self, urls: tuple[str, ...]) -> int:
         """Send every message due, each claimed first so that no other sender sends it too; returns how many were sent."""
         sent = 0
-        while (claimed := self._claim()) is not None:
-            error = deliver(self.settings.notify_urls, claimed["title"], claimed["body"])
-            with self.ledger.write() as conn:
-                tries = claimed["tries"] + 1
-                if error is None:
-                    values = {"state": "sent", "sent_at": datetime.now(timezone.utc), "tries": tries, "last_error": None}
-                    sent += 1
-                else:
-                    values = {"state": "failed" if tries >= MAX_TRIES else "pending", "tries": tries, "last_error": error}
-                conn.execute(update(notifications).where(notifications.c.key == claimed["key"]).values(**values))
+        try:
+            if not prepare(urls):
+                return 0  # the process is exiting: claim nothing it could not send
+            outbox = Outbox(self.ledger)
+            while (claimed := outbox.claim()) is not None:
+                sent += outbox.deliver(claimed, urls) == "sent"
+        except Exception as exc:  # noqa: BLE001 - a ledger that failed now: our claim's lease runs out, it is sent again
+            print(f"trackway: notifications not sent now: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        finally:
+            _SENDERS.discard(threading.current_thread())
         return sent
 
-    def _claim(self):
-        now = datetime.now(timezone.utc)
-        due = or_(
-            (notifications.c.state == "pending") & or_(notifications.c.claimed_at.is_(None),
-                                                       notifications.c.claimed_at < now - RETRY_AFTER),
-            (notifications.c.state == "sending") & (notifications.c.claimed_at < now - STUCK_AFTER),
-        )
-        with self.ledger.write() as conn:
-            row = conn.execute(select(notifications).where(due).order_by(notifications.c.created_at).limit(1)).mappings().first()
-            if row is None:
-                return None
-            taken = conn.execute(
-                update(notifications).where(notifications.c.key == row["key"], notifications.c.state == row["state"])
-                .values(state="sending", claimed_at=now)
-            ).rowcount
-        return row if taken == 1 else self._claim()
+
+# Senders still at work when the process exits: it waits for them (EXIT_WAIT_S in all), so that a
+# command's own alert leaves before it does. A sender cut off there leaves its claim to a process
+# that outlives it, which takes it over at once (the claimant is gone).
+_SENDERS: set[threading.Thread] = set()
 
 
-def deliver(urls: tuple[str, ...], title: str, body: str) -> str | None:
-    """Send through apprise to every URL; None when all took it, else what went wrong (never raises)."""
-    try:
-        import apprise
-    except ImportError:
-        return "apprise is not installed (pip install 'trackway[notify]')"
-    sender = apprise.Apprise()
-    refused = [url.split("://")[0] + "://..." for url in urls if not sender.add(url)]
-    if refused:
-        return f"not a notification URL apprise knows: {', '.join(refused)}"
-    try:
-        ok = sender.notify(title=title, body=body)
-    except Exception as exc:  # noqa: BLE001 - a notifier bug must not end the supervisor
-        return f"{type(exc).__name__}: {exc}"
-    return None if ok else "a notification service did not accept it (its log says why)"
+@atexit.register
+def _wait_for_senders() -> None:
+    deadline = time.monotonic() + EXIT_WAIT_S
+    for sender in list(_SENDERS):
+        sender.join(max(0.0, deadline - time.monotonic()))

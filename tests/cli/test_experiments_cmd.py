@@ -51,7 +51,8 @@ def test_a_test_run_gates_the_full_run_and_the_verdict_has_its_numbers(cli):
     assert "test run → local" in started.err and "full run → local" in started.err  # shown before submitting
     assert "test run passed every check" in started.err and f"{experiment} supported" in started.err
     # Long enough for the loss trend: 12 points at the baseline's interval of 1 step, over a tenth of 40.
-    assert "test run: 12 steps (TRACKWAY_MAX_STEPS: the larger of a tenth of the planned 40" in started.err
+    assert ("test run: 12 steps (TRACKWAY_MAX_STEPS: the larger of a tenth of the planned 40 (4, at most 200) and "
+            "12 loss points at the baseline's logging interval of 1 step (12))") in started.err
 
     shown = cli("experiment", "show", experiment, "--json").json()
     assert (shown["status"], shown["verdict"]) == ("concluded", "supported")

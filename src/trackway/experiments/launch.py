@@ -76,13 +76,14 @@ def default_test_steps(planned: int | None, log_every: int | None = None) -> tup
     """
     share = TEST_STEPS_UNKNOWN if planned is None else min(TEST_STEPS_CAP, planned // TEST_STEP_SHARE)
     share_said = (f"{TEST_STEPS_UNKNOWN} (the config names no step count)" if planned is None
-                  else f"a tenth of the planned {planned}, at most {TEST_STEPS_CAP}: {share}")
+                  else f"a tenth of the planned {planned} ({share}, at most {TEST_STEPS_CAP})")
     if log_every is not None:
         floor = TEST_LOSS_POINTS * log_every
-        floor_said = f"{TEST_LOSS_POINTS} loss points at the baseline's interval of {log_every} step(s): {floor}"
+        floor_said = (f"{TEST_LOSS_POINTS} loss points at the baseline's logging interval of {log_every} "
+                      f"step{'s' if log_every > 1 else ''} ({floor})")
     else:
         floor = TEST_STEPS_MIN
-        floor_said = f"at least {TEST_STEPS_MIN} (the baseline's logging interval is not known)"
+        floor_said = f"{TEST_STEPS_MIN} (the baseline's logging interval is not known)"
     steps = max(share, floor)
     said = f"the larger of {share_said} and {floor_said}"
     if planned is not None and steps > planned:

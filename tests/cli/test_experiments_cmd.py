@@ -241,3 +241,29 @@ def test_the_full_run_is_evaluated_like_the_baseline_and_judged_after_its_evalua
     assert "| run | step | spec | pass@1 | pass@2 | seeds | state |" in report
     assert "| baseline | 40 | toy | 0.75 ± 0 | 0.9 ± 0 | 1 | completed |" in report
     assert "| this | 40 | toy | 0.75 ± 0 | 0.9 ± 0 | 1 | completed |" in report
+
+
+def test_with_the_baseline_config_and_command_only_new_code_is_a_change(sq):
+    import subprocess
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", *args], capture_output=True, text=True, check=True)
+
+    git("init", "--quiet", "--initial-branch=main")
+    git("config", "user.email", "t@example.com")
+    git("config", "user.name", "t")
+    Path("train.py").write_text(Path(TOY).read_text())
+    Path("cfg.json").write_text(json.dumps({"train": {"steps": 40, "lr": 0.1}}))
+    git("add", "train.py", "cfg.json")
+    git("commit", "--quiet", "-m", "toy")
+    assert sq("submit", "--name", "base", "--config", "cfg.json", "--", sys.executable, "train.py").code == 0
+    same = sq("experiment", "new", "--title", "t", "--hypothesis", "h", "--baseline", "base")
+    assert same.code == 2 and "same code (commit " in same.err and ", clean)" in same.err
+    assert sq("experiments", "--json").json() == []
+
+    Path("train.py").write_text(Path(TOY).read_text() + "# a faster loop\n")
+    git("commit", "--quiet", "-am", "faster")
+    changed = sq("experiment", "new", "--title", "t", "--hypothesis", "h", "--baseline", "base")
+    assert changed.code == 0, changed.err
+    (change,) = sq("experiment", "show", changed.out.strip(), "--json").json()["changes"]
+    assert change["key"] == "code" and change["before"].startswith("commit ") and change["after"] != change["before"]

@@ -50,17 +50,20 @@ def test_a_test_run_gates_the_full_run_and_the_verdict_has_its_numbers(cli):
     assert started.code == 0, started.err
     assert "test run → local" in started.err and "full run → local" in started.err  # shown before submitting
     assert "test run passed every check" in started.err and f"{experiment} supported" in started.err
+    # Long enough for the loss trend: 12 points at the baseline's interval of 1 step, over a tenth of 40.
+    assert ("test run: 12 steps (TRACKWAY_MAX_STEPS: the larger of a tenth of the planned 40 (4, at most 200) and "
+            "12 loss points at the baseline's logging interval of 1 step (12))") in started.err
 
     shown = cli("experiment", "show", experiment, "--json").json()
     assert (shown["status"], shown["verdict"]) == ("concluded", "supported")
     assert shown["changes"] == [{"key": "train.lr", "before": 0.1, "after": 0.2}]
-    assert shown["test_run"]["kind"] == "test" and shown["test_plan"]["max_steps"] == 4  # a tenth of 40
-    assert [a["last_step"] for a in shown["test_run"]["attempts"]] == [4]
+    assert shown["test_run"]["kind"] == "test" and shown["test_plan"]["max_steps"] == 12
+    assert [a["last_step"] for a in shown["test_run"]["attempts"]] == [12]
     checks = {c["check"]: c["passed"] for c in shown["test_checks"]}
-    # Four steps in microseconds cannot be timed, no GPUs, no git here: those checks are skipped, and say so.
+    # Twelve steps in microseconds cannot be timed, no GPUs, no git here: those checks are skipped, and say so.
     assert checks == {"ended": True, "first_step": True, "no_red_flag": True, "loss": True, "throughput": None,
                       "gpu_use": None, "checkpoint": True, "restore": True, "same_code": None}
-    assert "too short to time: 3 steps logged in" in next(c["detail"] for c in shown["test_checks"]
+    assert "too short to time: 11 steps logged in" in next(c["detail"] for c in shown["test_checks"]
                                                          if c["check"] == "throughput")
     first, second = shown["verdict_detail"]["criteria"]
     assert (first["left"], first["right"]) == (20.0, 20.0)
@@ -150,6 +153,9 @@ def test_bad_input_is_refused_with_exit_2_and_nothing_recorded(sq):
     assert missing.code == 2
     nothing = sq("experiment", "new", "--title", "t", "--hypothesis", "h")
     assert nothing.code == 2 and "--baseline" in nothing.err
+    same = sq("experiment", "new", "--title", "t", "--hypothesis", "h", "--baseline", "base", "--set", "train.lr=0.1")
+    assert same.code == 2 and same.err.count("\n") == 1 and "no change against the baseline: same config" in same.err
+    assert "same command" in same.err and "no git commit here to compare the code by" in same.err
     assert sq("experiments", "--json").json() == []
 
     meant = _new(sq, "--title", "t", "--hypothesis", "h", "--baseline", "base", "--set", "train.lr=0.2",
@@ -159,7 +165,8 @@ def test_bad_input_is_refused_with_exit_2_and_nothing_recorded(sq):
     assert sq("experiment", "start", meant, "--max-steps", "0").code == 2
     assert sq("experiment", "stop", meant, "--reason", "changed my mind").code == 0
     assert sq("experiment", "show", meant, "--json").json()["stop_reason"] == "changed my mind"
-    assert sq("experiment", "start", meant).code == 2  # only a planned experiment starts
+    refused = sq("experiment", "start", meant)  # only a planned experiment starts, or a stopped one --again
+    assert refused.code == 2 and f"`trackway experiment start {shown['experiment_id']} --again`" in refused.err
     assert sq("experiment", "stop", meant, "--reason", "again").code == 2
 
 
@@ -184,10 +191,23 @@ def test_skip_test_is_recorded_and_a_budget_refuses_an_expensive_full_run(sq):
     shown = sq("experiment", "show", costly, "--json").json()
     assert shown["status"] == "stopped" and "over the budget of 1e-07" in shown["stop_reason"]
     assert shown["estimate"]["planned_steps"] == 40 and shown["estimate"]["gpu_hours"] > 1e-7
+    first_test = shown["test_run"]["run_id"]
+    # Stopped at the gate, it starts again with a new test run; the first one and its checks stay on record.
+    assert sq("experiment", "start", costly, "--again").code == 0
+    shown = sq("experiment", "show", costly, "--json").json()
+    assert shown["status"] == "concluded" and shown["test_run"]["run_id"] != first_test
+    (earlier,) = shown["earlier_test_runs"]
+    assert earlier["run_id"] == first_test and "over the budget of 1e-07" in earlier["stop_reason"]
+    assert {c["check"] for c in earlier["checks"]} >= {"loss", "throughput", "restore"}
+    said = " ".join(sq("experiment", "show", costly).out.split())
+    assert f"test run 1 {first_test} stopped: the full run would take about" in said
+    assert f"test run 2 {shown['test_run']['run_id']} completed" in said
+    assert f"Test run 1: `{first_test}`" in sq("experiment", "report", costly).out
+    assert sq("experiment", "start", costly, "--again").code == 2  # concluded: nothing to start again
 
     # A test run slower than asked: 0.4 s a step is 2.5 steps/s, under the 100 asked for.
     slow = _new(sq, "--title", "t", "--hypothesis", "h", "--baseline", "base", "--set", "train.delay=0.4")
-    assert sq("experiment", "start", slow, "--min-throughput", "100").code == 1
+    assert sq("experiment", "start", slow, "--min-throughput", "100", "--max-steps", "5").code == 1
     shown = sq("experiment", "show", slow, "--json").json()
     (throughput,) = [c for c in shown["test_checks"] if c["check"] == "throughput"]
     assert throughput["passed"] is False and "minimum 100" in throughput["detail"]
@@ -221,3 +241,29 @@ def test_the_full_run_is_evaluated_like_the_baseline_and_judged_after_its_evalua
     assert "| run | step | spec | pass@1 | pass@2 | seeds | state |" in report
     assert "| baseline | 40 | toy | 0.75 ± 0 | 0.9 ± 0 | 1 | completed |" in report
     assert "| this | 40 | toy | 0.75 ± 0 | 0.9 ± 0 | 1 | completed |" in report
+
+
+def test_with_the_baseline_config_and_command_only_new_code_is_a_change(sq):
+    import subprocess
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", *args], capture_output=True, text=True, check=True)
+
+    git("init", "--quiet", "--initial-branch=main")
+    git("config", "user.email", "t@example.com")
+    git("config", "user.name", "t")
+    Path("train.py").write_text(Path(TOY).read_text())
+    Path("cfg.json").write_text(json.dumps({"train": {"steps": 40, "lr": 0.1}}))
+    git("add", "train.py", "cfg.json")
+    git("commit", "--quiet", "-m", "toy")
+    assert sq("submit", "--name", "base", "--config", "cfg.json", "--", sys.executable, "train.py").code == 0
+    same = sq("experiment", "new", "--title", "t", "--hypothesis", "h", "--baseline", "base")
+    assert same.code == 2 and "same code (commit " in same.err and ", clean)" in same.err
+    assert sq("experiments", "--json").json() == []
+
+    Path("train.py").write_text(Path(TOY).read_text() + "# a faster loop\n")
+    git("commit", "--quiet", "-am", "faster")
+    changed = sq("experiment", "new", "--title", "t", "--hypothesis", "h", "--baseline", "base")
+    assert changed.code == 0, changed.err
+    (change,) = sq("experiment", "show", changed.out.strip(), "--json").json()["changes"]
+    assert change["key"] == "code" and change["before"].startswith("commit ") and change["after"] != change["before"]

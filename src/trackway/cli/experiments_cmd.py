@@ -80,11 +80,12 @@ def new(
 @experiment_app.command("start")
 def start(
     ctx: typer.Context,
-    experiment: str = typer.Argument(..., help="A planned experiment (id or name)."),
+    experiment: str = typer.Argument(..., help="A planned experiment (id or name), or with --again a stopped one."),
     max_steps: int = typer.Option(
         None, "--max-steps",
-        help="The test run's steps, passed as TRACKWAY_MAX_STEPS (default: a tenth of the config's step count, "
-             "at most 200; 100 when it names none).",
+        help="The test run's steps, passed as TRACKWAY_MAX_STEPS (default: the larger of a tenth of the config's "
+             "step count, at most 200 (100 when it names none), and 12 loss points at the baseline's logging "
+             "interval (50 steps when not known); never more than the config's step count).",
     ),
     test_time_limit: float = typer.Option(1.0, "--test-time-limit", help="The test run's time limit in hours."),
     min_throughput: float = typer.Option(
@@ -95,12 +96,23 @@ def start(
     loss_key: str = typer.Option("loss", "--loss-key", help="The metric the test run's loss check reads."),
     skip_test: bool = typer.Option(False, "--skip-test", help="Submit the full run at once (recorded)."),
     detach: bool = typer.Option(False, "--detach", help="Return once submitted; a background supervisor goes on."),
+    again: bool = typer.Option(
+        False, "--again",
+        help="Start a new test run of an experiment stopped before its full run (the earlier test runs stay on record)."),
 ) -> None:
     """Show where the runs would go, submit the test run, and (unless --detach) follow to the verdict (exit 0 iff concluded)."""
     from trackway import validation
     from trackway.cli.render import console, err_console, say
     from trackway.cli.supervise_cmd import ensure_background_supervisor
-    from trackway.experiments.launch import TestPlan, default_test_steps, full_spec, planned_steps, preview, test_spec
+    from trackway.experiments.launch import (
+        TestPlan,
+        default_test_steps,
+        full_spec,
+        logging_interval,
+        planned_steps,
+        preview,
+        test_spec,
+    )
     from trackway.experiments.progress import start as start_experiment
     from trackway.experiments.records import resolve_experiment
     from trackway.supervisor.launch import command_by
@@ -116,8 +128,13 @@ def start(
     app = app_context(ctx)
     with app.ledger.read() as conn:
         record = resolve_experiment(conn, experiment)
+    if max_steps is not None:
+        rule = "--max-steps"
+    else:
+        max_steps, rule = default_test_steps(planned_steps(app.ledger, record),
+                                             logging_interval(app.ledger, record["baseline_run_id"], loss_key))
     plan = TestPlan(
-        max_steps=max_steps or default_test_steps(planned_steps(app.ledger, record)),
+        max_steps=max_steps,
         time_limit_hours=test_time_limit, min_throughput=min_throughput, budget_gpu_hours=budget_gpu_hours,
         loss_key=loss_key, skip_test=skip_test,
     )
@@ -134,12 +151,13 @@ def start(
                 if where.get("pending_jobs") is not None else "]"
         say(err_console, f"{label} → {where['resource']}{'/' + where['qos'] if where['qos'] else ''}: {where['why']}{queue}")
     if not skip_test:
-        say(err_console, f"test run: {plan.max_steps} steps (TRACKWAY_MAX_STEPS), time limit {plan.time_limit_hours:g} h"
+        say(err_console, f"test run: {plan.max_steps} steps (TRACKWAY_MAX_STEPS: {rule}), time limit "
+            f"{plan.time_limit_hours:g} h"
             + (f"; full run refused above {budget_gpu_hours:g} GPU-hours" if budget_gpu_hours is not None else ""))
     supervisor = app.supervisor()
     started = start_experiment(
         app.ledger, app.settings, record["experiment_id"], plan, supervisor.executor,
-        started_by=command_by(f"trackway experiment start {record['experiment_id']}"),
+        started_by=command_by(f"trackway experiment start {record['experiment_id']}"), again=again,
     )
     console.print(started.run_id, highlight=False)
     say(err_console, f"{started.kind} run {started.run_id} submitted for {started.experiment_id}")
@@ -240,9 +258,15 @@ def _print_described(d: dict) -> None:
     fact(console, "status", d["status"] + (f" ({d['stop_reason']})" if d["stop_reason"] else ""))
     fact(console, "baseline", d["baseline_run_id"] + (f" (after {d['parent_experiment_id']})" if d["parent_experiment_id"] else ""))
     fact(console, "changes", "; ".join(change_text(c) for c in d["changes"]) or "none")
+    for number, earlier in enumerate(d["earlier_test_runs"], 1):
+        failed = ", ".join(c["check"] for c in earlier["checks"] if c["passed"] is False)
+        fact(console, f"test run {number}", f"{earlier['run_id']} stopped: {earlier['stop_reason']}"
+             + (f" (failed: {failed})" if failed else ""))
     for run_label in ("test_run", "full_run"):
         run = d[run_label]
         if run is not None:
+            if run_label == "test_run" and d["earlier_test_runs"]:
+                run_label = f"test run {len(d['earlier_test_runs']) + 1}"
             fact(console, run_label.replace("_", " "), f"{run['run_id']} {run['state']}"
                  + (f" ({run['termination_reason']})" if run["termination_reason"] not in (None, run["state"]) else "")
                  + f", {len(run['attempts'])} attempt(s), {run['gpu_hours']:.3g} GPU-h, ${run['cost_usd']:.2f}")

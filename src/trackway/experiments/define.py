@@ -3,8 +3,10 @@
 The changes are the experiment's config against the baseline's, as the baseline really ran
 (its last attempt's config: the submitted one merged with what the script's `init(config=...)`
 said), so `--set train.lr=6e-3` reads `train.lr: 0.003 → 0.006` even when the baseline never
-set `lr` itself. A different command counts as a change too. More than one change is refused
-unless `--allow-multiple-changes` says it is meant (and the experiment records that it was).
+set `lr` itself. A different command counts as a change too, and, when the config and command
+are the baseline's, different code (commit or uncommitted diff). An experiment that changes
+nothing is refused. More than one change is refused unless `--allow-multiple-changes` says it is
+meant (and the experiment records that it was).
 """
 
 from __future__ import annotations
@@ -90,6 +92,8 @@ def new_experiment(ledger: Ledger, settings: Settings, spec: ExperimentSpec) -> 
         raise InputError(f"--resource {spec.resource!r}: not declared in trackway.toml "
                          f"(declared: {', '.join(sorted(settings.resources)) or 'none'}, or auto)")
     config, command, changes = _against_baseline(settings, spec, baseline, submitted_blob, effective)
+    if not changes:
+        changes = _code_change(settings, spec, baseline, effective)
     if len(changes) > 1 and not spec.allow_multiple_changes:
         listed = "; ".join(change_text(c) for c in changes[:6]) + ("; ..." if len(changes) > 6 else "")
         raise InputError(
@@ -154,6 +158,31 @@ def _against_baseline(settings: Settings, spec: ExperimentSpec, baseline, submit
         changes.append({"key": "command", "before": " ".join(baseline_command.recorded),
                         "after": " ".join(command.recorded)})
     return config, command, changes
+
+
+def _code_change(settings: Settings, spec: ExperimentSpec, baseline, effective: dict | None) -> list[dict[str, Any]]:
+    """With the config and the command the baseline's, the code must differ (said as the one change); an
+    experiment that changes nothing, or nothing trackway can see, is refused."""
+    from trackway.receipts.code import capture_code
+
+    workdir = spec.cwd if spec.command else Path(baseline["workdir"])
+    now = capture_code(workdir, home=settings.home)
+    before = (baseline["code_commit"], baseline["code_dirty_sha256"])
+    compared = (f"same config ({len(flatten(effective or {}))} keys compared with what baseline "
+                f"{baseline['name'] or baseline['run_id']} ran), same command")
+    if now.commit is None or before[0] is None:
+        where = "here" if now.commit is None else "for the baseline"
+        raise InputError(f"no change against the baseline: {compared}, and no git commit {where} to compare the "
+                         "code by; give one change (--set KEY=VALUE, a command after `--`, or committed code)")
+    if (now.commit, now.dirty_sha256) == before:
+        raise InputError(f"no change against the baseline: {compared}, same code (commit {now.commit[:12]}"
+                         + (", same uncommitted diff" if now.dirty_sha256 else ", clean")
+                         + "); give one change (--set KEY=VALUE, a command after `--`, or new code)")
+
+    def said(commit: str, dirty: str | None) -> str:
+        return f"commit {commit[:12]}" + (" with an uncommitted diff" if dirty else "")
+
+    return [{"key": "code", "before": said(*before), "after": said(now.commit, now.dirty_sha256)}]
 
 
 def _keep_experiment_files(folder: Path, command: submitted_argv.SubmittedCommand, config) -> None:

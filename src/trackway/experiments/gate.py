@@ -6,8 +6,11 @@ reader can redo it by hand:
 - ended        the test run completed (at its max steps or its own end), not failed or cancelled;
 - first_step   it logged a first step;
 - no_red_flag  no watcher fired on it (stall, loss rising, plateau, throughput falling, memory, GPU idle, NaN);
-- loss         the loss stayed finite and fell: mean of its last quarter below its first quarter's;
-- throughput   at least the threshold (`--min-throughput`, else half the baseline's; skipped if neither says);
+- loss         the loss stayed finite and fell, by the trend test of supervisor/trends.py (Sen's slope and its
+               interval): falling passes, not falling fails, too short or too noisy to judge is skipped;
+- throughput   at least `--min-throughput`, else half the baseline's: in steps per CPU-second where both runs have
+               the shim's `node/cpu_seconds` samples, else in wall-clock steps/s (a shortfall on a busy machine,
+               load above 1 per core, is not judged); start-up excluded either way; skipped if nothing says;
 - gpu_use      with GPUs, no `gpu_underused` finding (NVML below 20 %); skipped without GPUs;
 - checkpoint   a checkpoint was committed;
 - restore      the SDK read that checkpoint back from storage and it matched what was saved.
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,10 +32,12 @@ from sqlalchemy.engine import Connection
 from trackway.experiments.criteria import Missing, Quantity
 from trackway.experiments.quantities import RunNumbers
 from trackway.ledger.schema import attempt_events, attempts, checkpoints, metric_points, metric_series, runs
+from trackway.supervisor.trends import direction
 from trackway.supervisor.watchers import WATCHER_KINDS
 
 RESTORE_EVENT = "restore_check"  # written by the SDK in a test run (sdk/run.py)
-MIN_LOSS_POINTS = 4
+CPU_SERIES = "node/cpu_seconds"  # cumulative CPU seconds of the attempt's process tree, sampled by the executor shim
+BUSY_LOAD_PER_CORE = 1.0  # above this, the machine ran other work too: a run's wall time says little
 MIN_TIMED_S = 1.0  # a test run that logged for less cannot be timed against anything: its throughput is not judged
 
 
@@ -49,8 +55,10 @@ class Check:
         return {True: "pass", False: "FAIL", None: "skip"}[self.passed]
 
 
-def check_test_run(conn: Connection, run_id: str, baseline_run_id: str, plan: dict[str, Any]) -> list[Check]:
-    """Every check of the gate on the ended test run `run_id`."""
+def check_test_run(conn: Connection, run_id: str, baseline_run_id: str, plan: dict[str, Any],
+                   load_per_core: float | None = None) -> list[Check]:
+    """Every check of the gate on the ended test run `run_id`; `load_per_core`: the load of the machine it ran on
+    (None: not known), which says whether its wall time can be compared."""
     loss_key = plan.get("loss_key") or "loss"
     run = conn.execute(select(runs).where(runs.c.run_id == run_id)).mappings().one()
     tried = conn.execute(
@@ -62,7 +70,7 @@ def check_test_run(conn: Connection, run_id: str, baseline_run_id: str, plan: di
         _first_step(tried),
         _no_red_flag(conn, attempt_ids),
         _loss(conn, run_id, loss_key),
-        _throughput(conn, run_id, baseline_run_id, plan.get("min_throughput")),
+        _throughput(conn, run_id, baseline_run_id, plan.get("min_throughput"), load_per_core),
         _gpu_use(conn, run, attempt_ids),
         _checkpoint(conn, run_id),
         _restore(conn, attempt_ids),
@@ -122,16 +130,15 @@ def _loss(conn: Connection, run_id: str, key: str) -> Check:
     bad = [v for v in values if v is None or not math.isfinite(v)]
     if bad:
         return Check(name, False, f"{key!r} was not finite at {len(bad)} of {len(values)} points")
-    if len(values) < MIN_LOSS_POINTS:
-        return Check(name, False, f"only {len(values)} {key!r} points; at least {MIN_LOSS_POINTS} to tell a trend")
-    quarter = max(1, len(values) // 4)
-    first = sum(values[:quarter]) / quarter
-    last = sum(values[-quarter:]) / quarter
-    shown = f"mean {key} {first:.4g} over the first {quarter} points, {last:.4g} over the last {quarter}"
-    return Check(name, last < first, ("falling: " if last < first else "not falling: ") + shown)
+    found = direction(values)
+    passed = {"falling": True, "not_falling": False, "undecided": None}[found.verdict]
+    return Check(name, passed, f"{key}: {found.detail}")
 
 
-def _throughput(conn: Connection, run_id: str, baseline_run_id: str, minimum: float | None) -> Check:
+def _throughput(conn: Connection, run_id: str, baseline_run_id: str, minimum: float | None,
+                load_per_core: float | None) -> Check:
+    """Against `--min-throughput` as asked; else against the baseline, in CPU time per step where both runs have
+    `node/cpu_seconds` (a machine busy with other work stretches wall time, not CPU time), else in wall steps/s."""
     probe = Quantity("throughput")
     numbers = RunNumbers(conn, run_id)
     try:
@@ -142,15 +149,69 @@ def _throughput(conn: Connection, run_id: str, baseline_run_id: str, minimum: fl
     if seconds < MIN_TIMED_S:
         return Check("throughput", None, f"too short to time: {steps} steps logged in {seconds:.3g} s")
     if minimum is not None:
-        return Check("throughput", value >= minimum, f"{value:.4g} ({how}); minimum {minimum:g}")
+        return _unless_busy(value >= minimum, f"{value:.4g} ({how}); minimum {minimum:g}", load_per_core)
+    mine, theirs = cpu_timing(conn, run_id), cpu_timing(conn, baseline_run_id)
+    if mine is not None and theirs is not None:
+        rate, base = mine[0] / mine[1], theirs[0] / theirs[1]
+        return Check("throughput", rate >= 0.5 * base,
+                     f"{rate:.4g} steps per CPU-second ({mine[1] / mine[0]:.3g} CPU-s a step over {mine[0]} steps after "
+                     f"the first logged, {CPU_SERIES}); at least half the baseline's {base:.4g} expected")
     try:
         base, base_how = RunNumbers(conn, baseline_run_id, "baseline").throughput(probe)
     except Missing:
         return Check("throughput", None, f"{value:.4g} ({how}); no minimum and no baseline figure to compare")
     if how != base_how:
         return Check("throughput", None, f"{value:.4g} ({how}) is not comparable with the baseline's {base:.4g} ({base_how})")
-    return Check("throughput", value >= 0.5 * base,
-                 f"{value:.4g} ({how}); at least half the baseline's {base:.4g} expected")
+    lacking = "the test run" if mine is None else "the baseline"
+    return _unless_busy(value >= 0.5 * base,
+                        f"{value:.4g} wall-clock ({how}; {lacking} has no {CPU_SERIES}); at least half the "
+                        f"baseline's {base:.4g} expected", load_per_core)
+
+
+def _unless_busy(passed: bool, detail: str, load_per_core: float | None) -> Check:
+    """A wall-clock rate that falls short on a machine busy with other work is not judged: the run was not slow,
+    the machine was shared."""
+    if passed:
+        return Check("throughput", True, detail)
+    if load_per_core is not None and load_per_core > BUSY_LOAD_PER_CORE:
+        return Check("throughput", None, f"not judged: {detail}, but the machine was busy (load average "
+                                         f"{load_per_core:.2g} per core at the gate), so wall time is not comparable")
+    return Check("throughput", False, detail
+                 + ("" if load_per_core is not None else "; the load of the machine it ran on is not known"))
+
+
+def cpu_timing(conn: Connection, run_id: str) -> tuple[int, float] | None:
+    """(steps, CPU seconds) from each attempt's first `node/cpu_seconds` sample at or after its first logged step to
+    its last (rank 0): the start-up before that sample is left out. None without two such samples that moved."""
+    firsts = dict(conn.execute(
+        select(attempts.c.attempt_number, attempts.c.first_step).where(attempts.c.run_id == run_id)
+    ).all())
+    rows = conn.execute(
+        select(metric_points.c.attempt_number, metric_points.c.step, metric_points.c.value)
+        .join(metric_series, metric_points.c.series_id == metric_series.c.series_id)
+        .where(metric_series.c.run_id == run_id, metric_series.c.key == CPU_SERIES, metric_series.c.rank == 0)
+        .order_by(metric_points.c.attempt_number, metric_points.c.step)
+    ).all()
+    by_attempt: dict[int, list[tuple[int, float]]] = {}
+    for attempt, step, value in rows:
+        # A sample before the attempt's first logged step was taken during its start-up.
+        if value is not None and math.isfinite(value) and step >= (firsts.get(attempt) or 0):
+            by_attempt.setdefault(attempt, []).append((step, value))
+    steps, seconds = 0, 0.0
+    for samples in by_attempt.values():
+        (first_step, first_cpu), (last_step, last_cpu) = samples[0], samples[-1]
+        if last_step > first_step and last_cpu > first_cpu:
+            steps += last_step - first_step
+            seconds += last_cpu - first_cpu
+    return (steps, seconds) if steps > 0 and seconds > 0 else None
+
+
+def load_per_core() -> float | None:
+    """This machine's 1-minute load average per core (None where the OS does not say)."""
+    try:
+        return os.getloadavg()[0] / (os.cpu_count() or 1)
+    except (OSError, AttributeError):
+        return None
 
 
 def _gpu_use(conn: Connection, run, attempt_ids: list[str]) -> Check:

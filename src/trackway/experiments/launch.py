@@ -15,12 +15,15 @@ import json
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from statistics import median
 from typing import Any
+
+from sqlalchemy import select
 
 from trackway.ledger import Ledger
 from trackway.ledger.blobs import get_blob
 from trackway.ledger.records import resolve_run
-from trackway.ledger.schema import run_eval_specs
+from trackway.ledger.schema import metric_points, metric_series, run_eval_specs
 from trackway.ledger.store import make_private_dirs
 from trackway.receipts import submitted_config
 from trackway.receipts.canonical import canonical_json
@@ -29,8 +32,10 @@ from trackway.taxonomy import RunKind
 
 DEFAULT_TEST_HOURS = 1.0
 TEST_STEP_SHARE = 10  # without --max-steps: a tenth of the planned steps...
-TEST_STEPS_CAP = 200  # ...at most this many
+TEST_STEPS_CAP = 200  # ...at most this many, unless the loss points need more
 TEST_STEPS_UNKNOWN = 100  # when the config names no step count
+TEST_LOSS_POINTS = 12  # the loss points the gate's trend test gets at the baseline's logging interval
+TEST_STEPS_MIN = 50  # the least a test run gets when the logging interval is not known
 
 
 @dataclass(frozen=True)
@@ -62,10 +67,40 @@ def planned_steps(ledger: Ledger, experiment) -> int | None:
     return None
 
 
-def default_test_steps(planned: int | None) -> int:
-    if planned is None:
-        return TEST_STEPS_UNKNOWN
-    return max(1, min(TEST_STEPS_CAP, planned // TEST_STEP_SHARE))
+def default_test_steps(planned: int | None, log_every: int | None = None) -> tuple[int, str]:
+    """The test run's steps without --max-steps, and the rule that gave them (said by `experiment start`).
+
+    Long enough for the gate's trend test: TEST_LOSS_POINTS loss points at the baseline's logging
+    interval, else at least TEST_STEPS_MIN steps; otherwise a tenth of the planned steps (at most
+    TEST_STEPS_CAP); never more than the planned steps.
+    """
+    share = TEST_STEPS_UNKNOWN if planned is None else min(TEST_STEPS_CAP, planned // TEST_STEP_SHARE)
+    share_said = (f"{TEST_STEPS_UNKNOWN} (the config names no step count)" if planned is None
+                  else f"a tenth of the planned {planned} ({share}, at most {TEST_STEPS_CAP})")
+    if log_every is not None:
+        floor = TEST_LOSS_POINTS * log_every
+        floor_said = (f"{TEST_LOSS_POINTS} loss points at the baseline's logging interval of {log_every} "
+                      f"step{'s' if log_every > 1 else ''} ({floor})")
+    else:
+        floor = TEST_STEPS_MIN
+        floor_said = f"{TEST_STEPS_MIN} (the baseline's logging interval is not known)"
+    steps = max(share, floor)
+    said = f"the larger of {share_said} and {floor_said}"
+    if planned is not None and steps > planned:
+        steps, said = planned, f"{said}, capped at the planned {planned}"
+    return max(1, steps), said
+
+
+def logging_interval(ledger: Ledger, run_id: str, key: str) -> int | None:
+    """The median step gap between the run's logged `key` points (rank 0); None under 2 points."""
+    with ledger.read() as conn:
+        steps = sorted({s for (s,) in conn.execute(
+            select(metric_points.c.step)
+            .join(metric_series, metric_points.c.series_id == metric_series.c.series_id)
+            .where(metric_series.c.run_id == run_id, metric_series.c.key == key, metric_series.c.rank == 0)
+        ) if s is not None})
+    gaps = [b - a for a, b in zip(steps, steps[1:]) if b > a]
+    return max(1, int(median(gaps))) if gaps else None
 
 
 def experiment_config(ledger: Ledger, experiment) -> dict | None:
@@ -76,8 +111,8 @@ def experiment_config(ledger: Ledger, experiment) -> dict | None:
     return None
 
 
-def run_spec(ledger: Ledger, settings: Settings, experiment, kind: str, **extra: Any):
-    """The RunSpec of one of the experiment's runs."""
+def run_spec(ledger: Ledger, settings: Settings, experiment, kind: str, label: str | None = None, **extra: Any):
+    """The RunSpec of one of the experiment's runs, named `<experiment>-<label or kind>`."""
     from trackway.supervisor.submit import RunSpec
 
     folder = experiment_dir(settings, experiment["experiment_id"])
@@ -85,7 +120,7 @@ def run_spec(ledger: Ledger, settings: Settings, experiment, kind: str, **extra:
     return RunSpec(
         command=_typed_command(experiment, folder),
         cwd=Path(experiment["workdir"]),
-        name=f"{experiment['name'] or experiment['experiment_id']}-{kind}",
+        name=f"{experiment['name'] or experiment['experiment_id']}-{label or kind}",
         project=experiment["project"],
         kind=kind,
         config_path=str(config_path) if config_path else None,
@@ -129,9 +164,10 @@ def _typed_command(experiment, folder: Path) -> list[str]:
         raise InputError(f"experiment {experiment['name'] or experiment['experiment_id']}: {exc}") from None
 
 
-def test_spec(ledger: Ledger, settings: Settings, experiment, plan: TestPlan):
+def test_spec(ledger: Ledger, settings: Settings, experiment, plan: TestPlan, number: int = 1):
+    """The spec of the experiment's `number`th test run (`experiment start --again` makes the second, ...)."""
     return run_spec(
-        ledger, settings, experiment, RunKind.TEST.value,
+        ledger, settings, experiment, RunKind.TEST.value, label="test" if number == 1 else f"test-{number}",
         time_limit_hours=plan.time_limit_hours,
         env={"TRACKWAY_MAX_STEPS": str(plan.max_steps), "TRACKWAY_RESTORE_CHECK": "1"},
     )

@@ -56,36 +56,69 @@ class Progress:
         self.lines.append((experiment_id, message))
 
 
-def start(ledger: Ledger, settings: Settings, ref: str, plan: TestPlan, executor, started_by: str) -> Started:
-    """Submit the experiment's test run (or, with `skip_test`, its full run); only a planned experiment starts."""
+def start(ledger: Ledger, settings: Settings, ref: str, plan: TestPlan, executor, started_by: str,
+          again: bool = False) -> Started:
+    """Submit the experiment's test run (or, with `skip_test`, its full run): a planned experiment's, or with `again`
+    a new test run of one stopped before its full run (the earlier test runs and their checks stay on record)."""
     with ledger.read() as conn:
         experiment = resolve_experiment(conn, ref)
     status = experiment["status"]
-    if status != ExperimentStatus.PLANNED.value:
-        raise InputError(f"experiment {ref!r}: is {status}; only a planned experiment can be started "
-                         f"(`trackway experiment new --from {experiment['experiment_id']}` plans the next one)")
     experiment_id = experiment["experiment_id"]
+    stopped = ExperimentStatus.STOPPED.value
+    if again:
+        if status != stopped or experiment["full_run_id"] is not None:
+            raise InputError(f"experiment {ref!r}: is {status}"
+                             + (f" with its full run {experiment['full_run_id']}" if experiment["full_run_id"] else "")
+                             + "; --again starts a new test run of an experiment stopped before its full run")
+    elif status != ExperimentStatus.PLANNED.value:
+        how = (f" (`trackway experiment start {experiment_id} --again` runs a new test run)"
+               if status == stopped and experiment["full_run_id"] is None else
+               f" (`trackway experiment new --from {experiment_id}` plans the next one)")
+        raise InputError(f"experiment {ref!r}: is {status}; only a planned experiment can be started{how}")
     kind = "full" if plan.skip_test else "test"
-    spec = full_spec(ledger, settings, experiment) if plan.skip_test else test_spec(ledger, settings, experiment, plan)
+    earlier = earlier_test_runs(experiment) if again else []
+    spec = (full_spec(ledger, settings, experiment) if plan.skip_test
+            else test_spec(ledger, settings, experiment, plan, number=len(earlier) + 1))
+    before = {"status": status, "stop_reason": experiment["stop_reason"], "test_run_id": experiment["test_run_id"],
+              "test_checks": experiment["test_checks"], "estimate": experiment["estimate"],
+              "test_plan": experiment["test_plan"], "skip_test": experiment["skip_test"],
+              "started_at": experiment["started_at"], "concluded_at": experiment["concluded_at"]}
+    planned = {**plan.to_json(), "earlier_test_runs": earlier} if again else plan.to_json()
     with ledger.write() as conn:
         claimed = update_experiment(
-            conn, experiment_id, expected_status=ExperimentStatus.PLANNED.value,
+            conn, experiment_id, expected_status=status,
             status=RUNNING if plan.skip_test else TESTING, skip_test=plan.skip_test,
-            test_plan=json.dumps(plan.to_json()), started_at=datetime.now(timezone.utc),
+            test_plan=json.dumps(planned), started_at=datetime.now(timezone.utc),
+            stop_reason=None, concluded_at=None, test_run_id=None, test_checks=None, estimate=None,
         )
     if not claimed:
         raise InputError(f"experiment {ref!r}: was started by someone else meanwhile")
     try:
         run_id = record(ledger, settings, spec, experiment)
     except BaseException:
-        with ledger.write() as conn:  # nothing was recorded: it is planned again, as it was
-            update_experiment(conn, experiment_id, status=ExperimentStatus.PLANNED.value, started_at=None)
+        with ledger.write() as conn:  # nothing was recorded: it is as it was
+            update_experiment(conn, experiment_id, **before)
         raise
     with ledger.write() as conn:
         update_experiment(conn, experiment_id, **{f"{kind}_run_id": run_id})
     # A launch that fails is recorded on the run's attempt; the gate then reads how the run ended.
     attempt_id = launch(ledger, settings, run_id, executor, started_by)
     return Started(experiment_id, run_id, kind, attempt_id)
+
+
+def earlier_test_runs(experiment) -> list[dict[str, Any]]:
+    """The experiment's test runs before its current one, oldest first, each with its plan, checks and why it stopped
+    (kept in its test plan, so a new test run never hides what the earlier ones showed)."""
+    plan = loads(experiment, "test_plan", {}) or {}
+    earlier = list(plan.get("earlier_test_runs") or [])
+    if experiment["test_run_id"] or experiment["stop_reason"]:
+        earlier.append({
+            "run_id": experiment["test_run_id"], "stop_reason": experiment["stop_reason"],
+            "max_steps": plan.get("max_steps"), "checks": loads(experiment, "test_checks", []) or [],
+            "started_at": experiment["started_at"].isoformat() if experiment["started_at"] else None,
+            "stopped_at": experiment["concluded_at"].isoformat() if experiment["concluded_at"] else None,
+        })
+    return earlier
 
 
 def advance(ledger: Ledger, settings: Settings, executor_for: Callable[[str], Any]) -> Progress:
@@ -134,7 +167,9 @@ def _after_test(ledger: Ledger, settings: Settings, experiment, executor_for, pr
         if not RunState(test_run["state"]).is_terminal():
             return
         plan = loads(experiment, "test_plan", {})
-        checks = gate.check_test_run(conn, test_run["run_id"], experiment["baseline_run_id"], plan)
+        # The load here says something only of a test run that ran here.
+        load = gate.load_per_core() if test_run["executor"] == "local" else None
+        checks = gate.check_test_run(conn, test_run["run_id"], experiment["baseline_run_id"], plan, load)
     checks.append(_same_code(settings, experiment, test_run))
     failed = gate.failed(checks)
     estimate = _estimate(ledger, experiment, test_run) if not failed else None

@@ -20,6 +20,7 @@ from trackway.taxonomy import RunState
 # Keys where lower is better: `best` is their minimum, `steps_to` waits for them to fall to the target.
 LOWER_IS_BETTER = re.compile(r"(loss|error|err|perplexity|ppl|wer|cer|mse|mae|rmse|nll|bpb|bpc)", re.IGNORECASE)
 THROUGHPUT_KEY = "throughput"
+NODE_PREFIX = "node/"  # series the executor samples from the attempt's processes (node/cpu_seconds, node/rss_bytes)
 
 
 def lower_is_better(metric: str) -> bool:
@@ -167,9 +168,12 @@ class RunNumbers:
 
     def step_timing(self, quantity: Quantity) -> tuple[int, float]:
         """(steps, seconds) that `step_rate` divides: intervals between logged points, and the time they spanned."""
+        # The executor's `node/...` samples are taken by the clock, from before the first step: not the script's steps.
         key = self.conn.execute(
             select(metric_series.c.key, func.count().label("n")).select_from(self._points())
-            .where(metric_series.c.run_id == self.run_id, metric_series.c.rank == 0).group_by(metric_series.c.key)
+            .where(metric_series.c.run_id == self.run_id, metric_series.c.rank == 0,
+                   metric_series.c.key.not_like(NODE_PREFIX + "%"))
+            .group_by(metric_series.c.key)
             .order_by(func.count().desc(), metric_series.c.key).limit(1)
         ).first()
         if key is None:

@@ -5,7 +5,9 @@
        │                  ▼                                          ▼
        └──start --skip-test──► running                            stopped (with the reason)
 
-`experiment stop` ends any state that is not final as `stopped`, cancelling its runs.
+`experiment stop` ends any state that is not final as `stopped`, cancelling its runs. An experiment
+stopped before its full run starts again with `experiment start --again` (stopped ──► testing): a new
+test run, the earlier ones kept in its test plan (`earlier_test_runs`) with their checks.
 """
 
 from __future__ import annotations

@@ -55,6 +55,8 @@ def describe(conn: Connection, experiment) -> dict[str, Any]:
         "test_plan": loads(experiment, "test_plan"),
         "test_run": _run_facts(conn, test_run),
         "test_checks": loads(experiment, "test_checks"),
+        # The test runs before the current one (`experiment start --again`), oldest first, with their checks.
+        "earlier_test_runs": (loads(experiment, "test_plan", {}) or {}).get("earlier_test_runs") or [],
         "estimate": loads(experiment, "estimate"),
         "full_run": _run_facts(conn, full_run),
         "verdict": experiment["verdict"],
@@ -206,6 +208,12 @@ def _test_run(d: dict[str, Any]) -> list[str]:
     """## Test run: how it went, its checks, and the full run's estimate taken from it."""
     out = ["## Test run", ""]
     plan = d["test_plan"] or {}
+    for number, earlier in enumerate(d["earlier_test_runs"], 1):
+        failed = ", ".join(c["check"] for c in earlier["checks"] if c["passed"] is False)
+        out.append(f"Test run {number}: `{earlier['run_id']}`, max steps {earlier.get('max_steps')}: stopped: "
+                   f"{_cell(earlier['stop_reason'] or 'not said')}" + (f" (failed: {failed})" if failed else "") + ".")
+    if d["earlier_test_runs"]:
+        out += [f"Test run {len(d['earlier_test_runs']) + 1} (`experiment start --again`):", ""]
     if d["skip_test"]:
         out.append("Skipped (`--skip-test`, recorded).")
     elif d["test_run"] is None:

@@ -24,7 +24,7 @@ def settings_with(tmp_path, text: str):
 @pytest.mark.parametrize("text, message", [
     ("[ledger]\n\n[resourses.gpu]\nexecutor = 'local'\n",
      "trackway.toml:3: [resourses]: unknown table; expected ledger, resources, selection, checkpoints, logs, retry, "
-     "supervisor, evals, notify, preflight"),
+     "supervisor, evals, watchers, notify, preflight"),
     ("supervisor = 3\n", "trackway.toml:1: [supervisor]: expected a table"),
     ("[supervisor]\nstall_seconds = nan\n",
      "trackway.toml:2: [supervisor] stall_seconds: expected a number of seconds from 1 to 604800, got nan"),
@@ -32,6 +32,12 @@ def settings_with(tmp_path, text: str):
      "trackway.toml:2: [supervisor] stop_on: expected a list of loss_rising, plateau, throughput_falling, "
      "memory_growing, gpu_underused, rank_stalled, got 'loss'"),
     ("[evals]\nmax_running = 0\n", "trackway.toml:2: [evals] max_running: expected a whole number ≥ 1, got 0"),
+    ("[watchers.loss_rising]\nwindow = \"3 parsecs\"\n",
+     "trackway.toml:2: [watchers.loss_rising] window: expected a number of steps or a duration, such as \"500 steps\", "
+     "\"90s\", \"10m\" or \"3h\", got '3 parsecs'"),
+    ("[watchers.plateau]\nmin_improvement = -0.5\n",
+     "trackway.toml:2: [watchers.plateau] min_improvement: expected a fraction above 0 and at most 1, such as 0.01, "
+     "got -0.5"),
     ("[evals]\nmax_running = true\n", "trackway.toml:2: [evals] max_running: expected a whole number ≥ 1, got true"),
     ("[notify]\nurls = [\"slack\"]\n",
      "trackway.toml:2: [notify] urls: 'slack': expected a URL such as json://host/path, "

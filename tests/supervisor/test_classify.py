@@ -120,16 +120,30 @@ def test_stall_check():
     assert "no new step" in stall_evidence({"t": 195, "step": None, "progress_t": None}, 100, 200, 60)
 
 
+def _points(values, times=None):
+    from trackway.supervisor.trends import Points
+
+    steps = [10 * i for i in range(len(values))]
+    return Points.of(steps, times or [float(i) for i in range(len(values))], values)
+
+
 def test_trend_watchers():
-    from trackway.supervisor.watchers import gpu_underused, loss_rising, memory_growing, plateau, throughput_falling
+    from trackway.supervisor.watchers import gpu_underused, loss_trends, memory_growing
 
     falling = [1.0 / (i + 1) for i in range(200)]
-    assert loss_rising(falling) is None
-    assert "loss rising" in loss_rising([1.0] * 50 + [1.5] * 50)
-    assert plateau([0.5] * 400) is not None and plateau([1.0 / (i + 1) for i in range(400)]) is None
-    steady = [float(i) for i in range(101)]
-    assert throughput_falling(steady) is None
-    assert "throughput falling" in throughput_falling(steady[:51] + [50 + 3.0 * i for i in range(1, 51)])
+    assert loss_trends(_points(falling)) == []
+    flat = [1.0 + 0.01 * (i % 3) for i in range(60)]
+    (kind, said), = [f for f in loss_trends(_points(flat + [1.5, 2.2, 3.0, 3.9])) if f[0] == "loss_rising"]
+    assert "window 500 steps" in said and "rule: at least +10% and 5× the noise" in said
+    long_flat = [0.5 + 0.01 * (i % 3) for i in range(400)]
+    assert [k for k, _ in loss_trends(_points(long_flat))] == ["plateau"]
+    # one point a second, then one every 3 s: a third of the pace over the last 500 steps
+    times = [float(i) for i in range(101)] + [100 + 3.0 * i for i in range(1, 51)]
+    slow = loss_trends(_points([1.0 / (i + 1) for i in range(151)], times))
+    assert [k for k, _ in slow] == ["throughput_falling"] and "rule: below 0.5" in slow[0][1]
+    tighter = loss_trends(_points(flat + [1.05, 1.1, 1.12, 1.15]), {"loss_rising": {"min_rise": 0.05}})
+    assert [k for k, _ in tighter] == ["loss_rising"]
+    assert loss_trends(_points(flat + [1.05, 1.1, 1.12, 1.15])) == []  # +10% by default
     assert memory_growing(1 << 30, 3 << 30) is not None and memory_growing(1 << 30, 1 << 30) is None
     assert gpu_underused([5, 10]) is not None and gpu_underused([5, 90]) is None and gpu_underused([]) is None
 

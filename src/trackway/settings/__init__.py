@@ -106,6 +106,23 @@ stop_on = []
 # running; it exits after nothing has been in flight for this long (TRACKWAY_SUPERVISOR_IDLE_S overrides).
 idle_exit_seconds = 300
 
+[watchers.loss_rising]
+# A rise over the last `window` (steps, or time: "3h") that is significant, at least `min_rise` of the
+# level it rose from and `min_z` times the loss's own noise. A few log points can be enough.
+window = "500 steps"
+min_rise = 0.10
+min_z = 5
+
+[watchers.plateau]
+# Over a whole `window`, the loss improved by less than `min_improvement` of its level.
+window = "2000 steps"
+min_improvement = 0.01
+
+[watchers.throughput_falling]
+# Steps per second over the last `window` below `ratio` of the window before it.
+window = "500 steps"
+ratio = 0.5
+
 [evals]
 # Evaluation attempts the supervisor runs at once (each seed of an evaluation is one run of kind eval).
 max_running = 2
@@ -148,6 +165,8 @@ class Settings:
     retry: dict[str, Any] = field(default_factory=dict)  # [retry] in trackway.toml (supervisor/policy.py)
     stall_seconds: float = 600.0  # [supervisor] stall_seconds: no heartbeat or no new step for this long
     stop_on: tuple[str, ...] = ()  # [supervisor] stop_on: watcher findings that end the attempt
+    # [watchers.KIND]: each trend watcher's window and thresholds (supervisor/trends.py), every default filled in.
+    watchers: dict[str, dict[str, Any]] = field(default_factory=dict)
     eval_max_running: int = 2  # [evals] max_running: evaluation attempts running at once
     idle_exit_seconds: float = 300.0  # [supervisor] idle_exit_seconds: when a background supervisor exits
     # Scripts without the SDK: defaults for `submit --metric-pattern` and `--checkpoint-path`.
@@ -212,6 +231,7 @@ def load_settings(home: str | Path | None = None, db: str | None = None, cwd: Pa
         retry=dict(tables["retry"]),
         stall_seconds=float(supervisor["stall_seconds"]),
         stop_on=tuple(supervisor["stop_on"]),
+        watchers=tables["watchers"],
         eval_max_running=tables["evals"]["max_running"],
         idle_exit_seconds=float(supervisor["idle_exit_seconds"]),
         log_metric_patterns=tuple(tables["logs"]["metrics"]),

@@ -191,6 +191,51 @@ class SupervisorTable(Table):
         [], description=f"a list of {', '.join(WATCHER_STOPS)}")
 
 
+def _window(value: Any) -> Any:
+    """A watcher's window as written ("500 steps", "3h"); refused in the field description's words."""
+    from trackway.settings.windows import Window
+
+    if not isinstance(value, str):
+        raise ValueError("not a string")
+    Window.parse(value)  # its ValueError is said as "expected <the field's description>, got ..."
+    return value
+
+
+WindowText = Annotated[str, BeforeValidator(_window)]
+WINDOW_DESCRIPTION = 'a number of steps or a duration, such as "500 steps", "90s", "10m" or "3h"'
+
+
+class LossRisingTable(Table):
+    """`[watchers.loss_rising]`: a rise over `window` at least `min_rise` of the level it rose from and `min_z` × the
+    series' own noise (supervisor/trends.py)."""
+
+    window: WindowText = Field("500 steps", description=WINDOW_DESCRIPTION)
+    min_rise: float = Field(0.10, gt=0, le=100, description="a fraction of the loss's level above 0, such as 0.1")
+    min_z: float = Field(5.0, gt=0, le=1000, description="a number of noise units above 0, such as 5")
+
+
+class PlateauTable(Table):
+    """`[watchers.plateau]`: over a whole `window`, the loss improved by less than `min_improvement` of its level."""
+
+    window: WindowText = Field("2000 steps", description=WINDOW_DESCRIPTION)
+    min_improvement: float = Field(0.01, gt=0, le=1, description="a fraction above 0 and at most 1, such as 0.01")
+
+
+class ThroughputFallingTable(Table):
+    """`[watchers.throughput_falling]`: steps per second over the last `window` below `ratio` of the window before."""
+
+    window: WindowText = Field("500 steps", description=WINDOW_DESCRIPTION)
+    ratio: float = Field(0.5, gt=0, lt=1, description="a fraction above 0 and below 1, such as 0.5")
+
+
+class WatchersTable(Table):
+    """`[watchers]`: each trend watcher's window and thresholds."""
+
+    loss_rising: LossRisingTable = Field(default_factory=LossRisingTable, description="a table")
+    plateau: PlateauTable = Field(default_factory=PlateauTable, description="a table")
+    throughput_falling: ThroughputFallingTable = Field(default_factory=ThroughputFallingTable, description="a table")
+
+
 class EvalsTable(Table):
     """`[evals]`: how many evaluation attempts run at once."""
 
@@ -252,6 +297,7 @@ class TrackwayToml(Table):
     retry: dict[str, Any] = Field({}, description="a table of retry settings")
     supervisor: SupervisorTable = Field(default_factory=SupervisorTable, description="a table")
     evals: EvalsTable = Field(default_factory=EvalsTable, description="a table")
+    watchers: WatchersTable = Field(default_factory=WatchersTable, description="a table")
     notify: NotifyTable = Field(default_factory=NotifyTable, description="a table")
     preflight: PreflightTable = Field(default_factory=PreflightTable, description="a table")
 

@@ -40,14 +40,13 @@ from trackway.supervisor.watchers import (
     ALWAYS_STOP,
     STOP_MARKER,
     gpu_underused,
-    loss_rising,
+    loss_trends,
     memory_growing,
-    plateau,
     rank_positions,
     rank_stalled,
     stall_evidence,
-    throughput_falling,
 )
+from trackway.supervisor.trends import Points
 from trackway.receipts.placement import gpu_utilization
 from trackway.spool import read_heartbeats, read_json, write_json_atomic
 from trackway.taxonomy import AttemptState, RunKind, RunState, TerminationReason
@@ -64,6 +63,9 @@ ORPHANED_RUN_S = 10
 TICK_BUDGET_S = 0.7
 # How recent a logged `gpu_util` value must be to count as the GPUs' utilization now.
 GPU_LOG_WINDOW_S = 300
+# The newest loss points the trend watchers read: a window and the history its noise is measured on
+# (supervisor/trends.py groups a long window's points, so more would change little and cost a read).
+TREND_POINTS = 4000
 
 
 @dataclass(frozen=True)
@@ -580,13 +582,9 @@ class Supervisor:
             found.append(("gpu_underused", message))
         if new_points:
             with self.ledger.read() as conn:
-                points = recent_points(conn, attempt["run_id"], "loss", attempt["attempt_number"], limit=400)
-            values = [p["value"] for p in points if p["value"] is not None]
-            times = [p["logged_at"] for p in points]
-            for kind, check in (("loss_rising", loss_rising(values)), ("plateau", plateau(values)),
-                                ("throughput_falling", throughput_falling(times))):
-                if check is not None:
-                    found.append((kind, check))
+                points = recent_points(conn, attempt["run_id"], "loss", attempt["attempt_number"], limit=TREND_POINTS)
+            series = Points.of([p["step"] for p in points], [p["logged_at"] for p in points], [p["value"] for p in points])
+            found += loss_trends(series, self.settings.watchers)
         return found
 
     def _run_secrets(self, run_id: str) -> tuple[str, ...]:

@@ -21,62 +21,17 @@ Pure functions of the points: the control loop (supervisor/loop.py) and the gate
 from __future__ import annotations
 
 import math
-import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from statistics import NormalDist, median
 from typing import Literal
 
+from trackway.settings.windows import Window
+
 MAX_POINTS = 120  # a window with more points is reduced to this many bin medians: Sen's slope is O(n²)
 HISTORY_POINTS = 200  # points before a window that the white noise is estimated on
+MAX_WINDOW_GROUPS = 48  # a rise is looked for over at most this many (grouped) points
 MIN_CHANGES = 8  # earlier positions a rise's own noise is measured at, at the least
 WANDER_POINTS = 50  # ... and the newest of them, the wander: a line fits a curved descent only locally
-_UNITS = {
-    "step": ("steps", 1.0), "steps": ("steps", 1.0),
-    "s": ("seconds", 1.0), "sec": ("seconds", 1.0), "secs": ("seconds", 1.0), "second": ("seconds", 1.0),
-    "seconds": ("seconds", 1.0),
-    "m": ("seconds", 60.0), "min": ("seconds", 60.0), "mins": ("seconds", 60.0), "minute": ("seconds", 60.0),
-    "minutes": ("seconds", 60.0),
-    "h": ("seconds", 3600.0), "hr": ("seconds", 3600.0), "hrs": ("seconds", 3600.0), "hour": ("seconds", 3600.0),
-    "hours": ("seconds", 3600.0),
-    "d": ("seconds", 86400.0), "day": ("seconds", 86400.0), "days": ("seconds", 86400.0),
-}
-_WINDOW = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]+)\s*$")
-WINDOW_EXPECTED = 'a number of steps or a duration, such as "500 steps", "90s", "10m" or "3h"'
-
-
-@dataclass(frozen=True)
-class Window:
-    """A stretch of a series ending at its newest point: `size` steps, or `size` seconds of wall time."""
-
-    size: float
-    unit: Literal["steps", "seconds"]
-
-    @classmethod
-    def parse(cls, text: str | int) -> Window:
-        """`"500 steps"`, `"3h"`, `"90 s"`, `"10m"`, or a whole number of steps; ValueError says what was expected."""
-        if isinstance(text, bool):
-            raise ValueError(f"expected {WINDOW_EXPECTED}, found {text!r}")
-        if isinstance(text, int):
-            size, unit = float(text), "steps"
-        else:
-            match = _WINDOW.match(str(text))
-            if match is None or match[2].lower() not in _UNITS:
-                raise ValueError(f"expected {WINDOW_EXPECTED}, found {text!r}")
-            unit, scale = _UNITS[match[2].lower()]
-            size = float(match[1]) * scale
-        if not size > 0 or not math.isfinite(size):
-            raise ValueError(f"expected a window longer than 0, found {text!r}")
-        return cls(size, unit)  # type: ignore[arg-type]
-
-    def __str__(self) -> str:
-        if self.unit == "steps":
-            return f"{self.size:g} steps"
-        for scale, name in ((86400, "d"), (3600, "h"), (60, "min")):
-            if self.size >= scale and self.size % scale == 0:
-                return f"{self.size / scale:g} {name}"
-        return f"{self.size:g} s"
-
-
 @dataclass(frozen=True)
 class Points:
     """A series as logged: steps, when each was logged (unix seconds), and values; in step order, finite values only."""
@@ -188,11 +143,17 @@ def rising(points: Points, window: Window, min_rise: float = 0.10, min_z: float 
     first, _ = points.split(window)
     xs, ys = points.axis(window), points.values
     in_window = len(ys) - first
+    # A window of many points is judged on the medians of groups of them, so that a rise over the whole
+    # window is measured against history as long as the rise (the noise check needs twice its length).
+    group = max(1, math.ceil(in_window / MAX_WINDOW_GROUPS))
+    if group > 1:
+        xs, ys = _grouped(xs, group), _grouped(ys, group)
+        in_window = math.ceil(in_window / group)
     size = min_points
     while size <= in_window:
         found = _rise_over(xs, ys, size, window, min_rise, min_z, min_points)
         if found is not None:
-            return found
+            return found if group == 1 else replace(found, points=found.points * group)
         if size == in_window:
             break
         size = min(2 * size, in_window)
@@ -298,6 +259,48 @@ def direction(values: list[float], min_points: int = 6) -> Direction:
     if trend.low >= 0:
         return Direction("not_falling", f"not falling: {said}; from {first:.4g} to {last:.4g}")
     return Direction("undecided", f"too noisy to judge: {said}")
+
+
+def _grouped(values, group: int) -> tuple[float, ...]:
+    """Medians of consecutive groups of `group` values, aligned so the newest group ends at the newest value."""
+    end = len(values)
+    start = end % group
+    return tuple(median(values[i:i + group]) for i in range(start, end, group))
+
+
+@dataclass(frozen=True)
+class Slowdown:
+    """What `slower` found: steps per second over the last window against the window before."""
+
+    before: float
+    after: float
+    window: Window
+    ratio: float
+
+    def __str__(self) -> str:
+        return (f"throughput falling: {self.after:.3g} steps/s over the last {self.window} vs {self.before:.3g} "
+                f"over the {self.window} before; rule: below {self.ratio:g} of it")
+
+
+def slower(points: Points, window: Window, ratio: float = 0.5, min_points: int = 4) -> Slowdown | None:
+    """Steps per second over the last `window` below `ratio` of the rate over the window before it."""
+    if len(points) < 2 * min_points:
+        return None
+    xs = points.axis(window)
+    end = xs[-1]
+    recent = [i for i, x in enumerate(xs) if x >= end - window.size]
+    earlier = [i for i, x in enumerate(xs) if end - 2 * window.size <= x < end - window.size]
+    if len(recent) < min_points or len(earlier) < min_points or xs[0] > end - 2 * window.size:
+        return None
+    rates = []
+    for stretch in (earlier, [earlier[-1], *recent]):
+        steps = points.steps[stretch[-1]] - points.steps[stretch[0]]
+        seconds = points.times[stretch[-1]] - points.times[stretch[0]]
+        if steps <= 0 or seconds <= 0:
+            return None
+        rates.append(steps / seconds)
+    before, after = rates
+    return Slowdown(before, after, window, ratio) if after < ratio * before else None
 
 
 def _binned(xs: list[float], ys: list[float]) -> tuple[list[float], list[float]]:

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from trackway.settings.windows import Window
+from trackway.supervisor.trends import Points, plateau, rising, slower
+
 STOP_MARKER = "supervisor-stop.json"  # written before the supervisor ends an attempt: {kind, why}
 WATCHER_KINDS = (
     "stalled", "loss_rising", "plateau", "throughput_falling", "memory_growing", "gpu_underused", "nan_in_log",
@@ -129,37 +132,29 @@ def _ago(seconds: float) -> str:
 # Each returns a one-line finding or None. The control loop records a finding as an event on the
 # attempt, once per kind, and shows it in the live status.
 
-def loss_rising(values: list[float], window: int = 50, tolerance: float = 0.10) -> str | None:
-    """The mean loss of the last `window` points is more than `tolerance` above the window before."""
-    if len(values) < 2 * window:
-        return None
-    before = sum(values[-2 * window : -window]) / window
-    after = sum(values[-window:]) / window
-    if before > 0 and after > before * (1 + tolerance):
-        return f"loss rising: mean {after:.4g} over the last {window} steps vs {before:.4g} before (+{100 * (after / before - 1):.0f}%)"
-    return None
+# The loss trends' windows and thresholds: `[watchers.KIND]` in trackway.toml (settings/model.py holds the
+# defaults); the tests themselves are supervisor/trends.py's.
+TREND_DEFAULTS: dict[str, dict[str, Any]] = {
+    "loss_rising": {"window": "500 steps", "min_rise": 0.10, "min_z": 5.0},
+    "plateau": {"window": "2000 steps", "min_improvement": 0.01},
+    "throughput_falling": {"window": "500 steps", "ratio": 0.5},
+}
 
 
-def plateau(values: list[float], window: int = 200, tolerance: float = 0.002) -> str | None:
-    """The loss moved less than `tolerance` (relative) between the last two windows."""
-    if len(values) < 2 * window:
-        return None
-    before = sum(values[-2 * window : -window]) / window
-    after = sum(values[-window:]) / window
-    if before and abs(after - before) / abs(before) < tolerance:
-        return f"plateau: mean loss {after:.4g} over the last {window} steps, within {100 * tolerance:.1f}% of the {window} before"
-    return None
-
-
-def throughput_falling(times: list[float], window: int = 50, ratio: float = 0.5) -> str | None:
-    """Steps per second over the last `window` steps fell below `ratio` of the window before."""
-    if len(times) < 2 * window + 1:
-        return None
-    before = window / max(1e-9, times[-window - 1] - times[-2 * window - 1])
-    after = window / max(1e-9, times[-1] - times[-window - 1])
-    if after < ratio * before:
-        return f"throughput falling: {after:.2f} steps/s over the last {window} steps vs {before:.2f} before"
-    return None
+def loss_trends(points: Points, settings: dict[str, dict[str, Any]] | None = None) -> list[tuple[str, str]]:
+    """(kind, finding) for each trend watcher the loss series sets off: rising, flat, or slower in steps per second."""
+    rule = {kind: {**defaults, **((settings or {}).get(kind) or {})} for kind, defaults in TREND_DEFAULTS.items()}
+    found = []
+    up = rule["loss_rising"]
+    if (rise := rising(points, Window.parse(up["window"]), up["min_rise"], up["min_z"])) is not None:
+        found.append(("loss_rising", f"{rise}; rule: at least +{100 * up['min_rise']:g}% and {up['min_z']:g}× the noise"))
+    flat = rule["plateau"]
+    if (level := plateau(points, Window.parse(flat["window"]), flat["min_improvement"])) is not None:
+        found.append(("plateau", str(level)))
+    pace = rule["throughput_falling"]
+    if (slow := slower(points, Window.parse(pace["window"]), pace["ratio"])) is not None:
+        found.append(("throughput_falling", str(slow)))
+    return found
 
 
 def memory_growing(first_rss: int | None, rss: int | None, factor: float = 2.0, floor_bytes: int = 1 << 30) -> str | None:

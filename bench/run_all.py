@@ -43,6 +43,7 @@ BENCHES = [
     "bench_server_load.py",
     "bench_sql_limits.py",
     "bench_notify_delivery.py",
+    "bench_watchers.py",
 ]
 
 

@@ -134,7 +134,7 @@ def test_trend_watchers():
     assert loss_trends(_points(falling)) == []
     flat = [1.0 + 0.01 * (i % 3) for i in range(60)]
     (kind, said), = [f for f in loss_trends(_points(flat + [1.5, 2.2, 3.0, 3.9])) if f[0] == "loss_rising"]
-    assert "window 500 steps" in said and "rule: at least +10% and 5× the noise" in said
+    assert "window 500 steps" in said and "rule: at least +10% and 8× the noise" in said
     long_flat = [0.5 + 0.01 * (i % 3) for i in range(400)]
     assert [k for k, _ in loss_trends(_points(long_flat))] == ["plateau"]
     # one point a second, then one every 3 s: a third of the pace over the last 500 steps

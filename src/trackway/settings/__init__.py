@@ -111,7 +111,7 @@ idle_exit_seconds = 300
 # level it rose from and `min_z` times the loss's own noise. A few log points can be enough.
 window = "500 steps"
 min_rise = 0.10
-min_z = 5
+min_z = 8
 
 [watchers.plateau]
 # Over a whole `window`, the loss improved by less than `min_improvement` of its level.

@@ -211,7 +211,7 @@ class LossRisingTable(Table):
 
     window: WindowText = Field("500 steps", description=WINDOW_DESCRIPTION)
     min_rise: float = Field(0.10, gt=0, le=100, description="a fraction of the loss's level above 0, such as 0.1")
-    min_z: float = Field(5.0, gt=0, le=1000, description="a number of noise units above 0, such as 5")
+    min_z: float = Field(8.0, gt=0, le=1000, description="a number of noise units above 0, such as 8")
 
 
 class PlateauTable(Table):

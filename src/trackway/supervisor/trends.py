@@ -30,7 +30,8 @@ from trackway.settings.windows import Window
 MAX_POINTS = 120  # a window with more points is reduced to this many bin medians: Sen's slope is O(n²)
 HISTORY_POINTS = 200  # points before a window that the white noise is estimated on
 MAX_WINDOW_GROUPS = 48  # a rise is looked for over at most this many (grouped) points
-MIN_CHANGES = 8  # earlier positions a rise's own noise is measured at, at the least
+MIN_CHANGES = 8
+RECENT_SPANS = 4  # a rise's own noise is measured over this many of its lengths of history before it  # earlier positions a rise's own noise is measured at, at the least
 WANDER_POINTS = 50  # ... and the newest of them, the wander: a line fits a curved descent only locally
 @dataclass(frozen=True)
 class Points:
@@ -82,11 +83,15 @@ def sen_trend(xs: list[float], ys: list[float], confidence: float = 0.90) -> Tre
     slopes = sorted((ys[j] - ys[i]) / (xs[j] - xs[i]) for i in range(n) for j in range(i + 1, n) if xs[j] > xs[i])
     count = len(slopes)
     slope = median(slopes)
-    variance = n * (n - 1) * (2 * n + 5) / 18
+    intercept = median(y - slope * x for x, y in zip(xs, ys))
+    # Mann-Kendall's variance holds for independent points; a smoothed loss (an EMA) is not, and its
+    # interval would be far too narrow. Widened by the residuals' lag-1 autocorrelation (n / n_eff).
+    residuals = [y - intercept - slope * x for x, y in zip(xs, ys)]
+    lag1 = _lag1(residuals)
+    variance = n * (n - 1) * (2 * n + 5) / 18 * ((1 + lag1) / (1 - lag1) if lag1 > 0 else 1.0)
     spread = NormalDist().inv_cdf(0.5 + confidence / 2) * math.sqrt(variance)
     lower = max(0, min(count - 1, math.floor((count - spread) / 2)))
     upper = max(0, min(count - 1, math.ceil((count + spread) / 2)))
-    intercept = median(y - slope * x for x, y in zip(xs, ys))
     return Trend(n, slope, slopes[lower], slopes[upper], xs[-1] - xs[0], intercept + slope * xs[-1])
 
 
@@ -128,7 +133,7 @@ class Rise:
                 f"window {self.window}")
 
 
-def rising(points: Points, window: Window, min_rise: float = 0.10, min_z: float = 5.0,
+def rising(points: Points, window: Window, min_rise: float = 0.10, min_z: float = 8.0,
            min_points: int = 4) -> Rise | None:
     """A significant, large rise at the end of the series, within `window`; None when there is none.
 
@@ -195,7 +200,15 @@ def _change_noise(history: list[float], size: int) -> float:
     included), and never less than white noise of the series' point-to-point noise would give it."""
     point = noise(history)
     white = point * math.sqrt(1 / size + 1 / max(1, math.ceil(size / 2)))
-    changes = [_level_change(history[:end], size)[0] for end in range(2 * size, len(history) + 1)]
+    # The newest stretch of history only: a loss descends fast early on, and that descent's changes would
+    # hide a rise from the level the run has reached since.
+    recent = history[-(RECENT_SPANS * size + 2 * size + MIN_CHANGES):]
+    changes = [_level_change(recent[:end], size)[0] for end in range(2 * size, len(recent) + 1)]
+    # A descent that slows (a loss's usual curve) makes the changes drift: their spread is taken about
+    # their own trend, not about one middle value.
+    fit = sen_trend([float(i) for i in range(len(changes))], changes)
+    if fit is not None:
+        changes = [c - (fit.level - fit.slope * (len(changes) - 1 - i)) for i, c in enumerate(changes)]
     middle = median(changes)
     return max(white, 1.4826 * median(abs(c - middle) for c in changes))
 
@@ -259,6 +272,16 @@ def direction(values: list[float], min_points: int = 6) -> Direction:
     if trend.low >= 0:
         return Direction("not_falling", f"not falling: {said}; from {first:.4g} to {last:.4g}")
     return Direction("undecided", f"too noisy to judge: {said}")
+
+
+def _lag1(values: list[float]) -> float:
+    """Lag-1 autocorrelation of `values`, capped below 1 (0 when it cannot be told)."""
+    mean = sum(values) / len(values)
+    centred = [v - mean for v in values]
+    total = sum(c * c for c in centred)
+    if total == 0 or len(values) < 4:
+        return 0.0
+    return min(0.95, sum(a * b for a, b in zip(centred, centred[1:])) / total)
 
 
 def _grouped(values, group: int) -> tuple[float, ...]:

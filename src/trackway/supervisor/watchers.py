@@ -135,7 +135,7 @@ def _ago(seconds: float) -> str:
 # The loss trends' windows and thresholds: `[watchers.KIND]` in trackway.toml (settings/model.py holds the
 # defaults); the tests themselves are supervisor/trends.py's.
 TREND_DEFAULTS: dict[str, dict[str, Any]] = {
-    "loss_rising": {"window": "500 steps", "min_rise": 0.10, "min_z": 5.0},
+    "loss_rising": {"window": "500 steps", "min_rise": 0.10, "min_z": 8.0},
     "plateau": {"window": "2000 steps", "min_improvement": 0.01},
     "throughput_falling": {"window": "500 steps", "ratio": 0.5},
 }

@@ -83,7 +83,7 @@ def main() -> int:
                     if flat is not None:
                         flat_alarms += 1
                         print(f"  plateau on an improving run: every {every}, noise {noise}, ema {ema}, at point {flat}")
-    ok &= figure(f"healthy runs judged (after every new point)", runs, unit="runs", target=50, higher_is_better=True)
+    ok &= figure("healthy runs judged (after every new point)", runs, unit="runs", target=50, higher_is_better=True)
     ok &= figure("loss_rising alarms on healthy runs", rising_alarms, unit="alarms", target=0)
     ok &= figure("plateau alarms on runs still improving", flat_alarms, unit="alarms", target=0)
 

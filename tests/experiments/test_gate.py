@@ -124,3 +124,21 @@ def test_the_default_test_run_is_long_enough_for_the_trend_test(planned, log_eve
     found, rule = default_test_steps(planned, log_every)
     assert found == steps
     assert ("12 loss points" in rule) == (log_every is not None)
+
+
+def test_gpu_use_read_nowhere_is_not_measured_never_passed(ledger):
+    from trackway.ledger.schema import runs
+    from trackway.ledger.supervisor_events import add_supervisor_event
+
+    with ledger.write() as conn:
+        _run(conn, "test", [2.0 - 0.05 * i for i in range(20)], 0.1)
+        conn.execute(runs.update().where(runs.c.run_id == "test").values(gpus=1))
+    unread = _check(ledger, "gpu_use")
+    assert unread.passed is None and unread.detail.startswith("not measured")
+    with ledger.write() as conn:
+        add_supervisor_event(conn, "test/1", "gpu_measured", {"message": "GPU utilization read from NVML"})
+    read = _check(ledger, "gpu_use")
+    assert read.passed is True and "NVML" in read.detail
+    with ledger.write() as conn:
+        add_supervisor_event(conn, "test/1", "gpu_underused", {"message": "GPU utilization low for 12 min: 5%"})
+    assert _check(ledger, "gpu_use").passed is False

@@ -35,6 +35,9 @@ def settings_with(tmp_path, text: str):
     ("[watchers.loss_rising]\nwindow = \"3 parsecs\"\n",
      "trackway.toml:2: [watchers.loss_rising] window: expected a number of steps or a duration, such as \"500 steps\", "
      "\"90s\", \"10m\" or \"3h\", got '3 parsecs'"),
+    ("[watchers.gpu_underused]\nduration = \"500 steps\"\n",
+     "trackway.toml:2: [watchers.gpu_underused] duration: expected a duration such as \"90s\", \"10m\" or \"2h\", "
+     "got '500 steps'"),
     ("[watchers.plateau]\nmin_improvement = -0.5\n",
      "trackway.toml:2: [watchers.plateau] min_improvement: expected a fraction above 0 and at most 1, such as 0.01, "
      "got -0.5"),

@@ -146,6 +146,10 @@ def test_trend_watchers():
     assert loss_trends(_points(flat + [1.05, 1.1, 1.12, 1.15])) == []  # +10% by default
     assert memory_growing(1 << 30, 3 << 30) is not None and memory_growing(1 << 30, 1 << 30) is None
     assert gpu_underused([5, 10]) is not None and gpu_underused([5, 90]) is None and gpu_underused([]) is None
+    # below 70 % for 10 minutes by default: five minutes low is not yet underused
+    assert gpu_underused([40, 50], 70, "NVML", low_for=300, duration=600) is None
+    said = gpu_underused([40, 50], 70, "NVML", low_for=660, duration=600)
+    assert "low for 11 min: 40%, 50%" in said and "rule: below 70% for 10 min" in said
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,8 @@ reader can redo it by hand:
 - throughput   at least `--min-throughput`, else half the baseline's: in steps per CPU-second where both runs have
                the shim's `node/cpu_seconds` samples, else in wall-clock steps/s (a shortfall on a busy machine,
                load above 1 per core, is not judged); start-up excluded either way; skipped if nothing says;
-- gpu_use      with GPUs, no `gpu_underused` finding (NVML below 20 %); skipped without GPUs;
+- gpu_use      with GPUs, no `gpu_underused` finding ([watchers.gpu_underused]); skipped without GPUs, and
+               "not measured" (skipped, never passed) when no GPU utilization was read;
 - checkpoint   a checkpoint was committed;
 - restore      the SDK read that checkpoint back from storage and it matched what was saved.
 
@@ -223,7 +224,16 @@ def _gpu_use(conn: Connection, run, attempt_ids: list[str]) -> Check:
     ).first()
     if found is not None:
         return Check("gpu_use", False, json.loads(found[0]).get("message", "GPU utilization low"))
-    return Check("gpu_use", True, "no GPU-underused finding (NVML, threshold 20%)")
+    measured = conn.execute(
+        select(attempt_events.c.payload)
+        .where(attempt_events.c.attempt_id.in_(attempt_ids), attempt_events.c.kind == "gpu_measured")
+    ).first()
+    if measured is None:
+        # NVML sees the supervisor's own machine only: a run elsewhere that logs no `gpu_util` was never read.
+        return Check("gpu_use", None, "not measured: no GPU utilization was read for this run (NVML sees local GPUs "
+                                      "only; elsewhere, log a gpu_util metric)")
+    source = json.loads(measured[0]).get("message", "GPU utilization read")
+    return Check("gpu_use", True, f"no GPU-underused finding ({source}; [watchers.gpu_underused] rule)")
 
 
 def _checkpoint(conn: Connection, run_id: str) -> Check:

@@ -123,6 +123,12 @@ min_improvement = 0.01
 window = "500 steps"
 ratio = 0.5
 
+[watchers.gpu_underused]
+# Every GPU of the attempt below `threshold` % in every reading (NVML on this machine, else the
+# run's logged gpu_util) for `duration`.
+threshold = 70
+duration = "10m"
+
 [evals]
 # Evaluation attempts the supervisor runs at once (each seed of an evaluation is one run of kind eval).
 max_running = 2

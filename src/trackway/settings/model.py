@@ -201,7 +201,17 @@ def _window(value: Any) -> Any:
     return value
 
 
+def _duration(value: Any) -> Any:
+    """A watcher's duration ("10m", "90s", "2h"): a window of time, not of steps."""
+    from trackway.settings.windows import Window
+
+    if not isinstance(value, str) or Window.parse(value).unit != "seconds":
+        raise ValueError("not a duration")
+    return value
+
+
 WindowText = Annotated[str, BeforeValidator(_window)]
+DurationText = Annotated[str, BeforeValidator(_duration)]
 WINDOW_DESCRIPTION = 'a number of steps or a duration, such as "500 steps", "90s", "10m" or "3h"'
 
 
@@ -228,12 +238,20 @@ class ThroughputFallingTable(Table):
     ratio: float = Field(0.5, gt=0, lt=1, description="a fraction above 0 and below 1, such as 0.5")
 
 
+class GpuUnderusedTable(Table):
+    """`[watchers.gpu_underused]`: every GPU of the attempt below `threshold` % in every reading for `duration`."""
+
+    threshold: float = Field(70.0, gt=0, le=100, description="a percentage above 0 and at most 100, such as 70")
+    duration: DurationText = Field("10m", description='a duration such as "90s", "10m" or "2h"')
+
+
 class WatchersTable(Table):
     """`[watchers]`: each trend watcher's window and thresholds."""
 
     loss_rising: LossRisingTable = Field(default_factory=LossRisingTable, description="a table")
     plateau: PlateauTable = Field(default_factory=PlateauTable, description="a table")
     throughput_falling: ThroughputFallingTable = Field(default_factory=ThroughputFallingTable, description="a table")
+    gpu_underused: GpuUnderusedTable = Field(default_factory=GpuUnderusedTable, description="a table")
 
 
 class EvalsTable(Table):

@@ -7,6 +7,7 @@ each end exactly once.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import time
@@ -39,6 +40,7 @@ from trackway.supervisor.outside_checkpoints import OutsideCheckpoints
 from trackway.supervisor.watchers import (
     ALWAYS_STOP,
     STOP_MARKER,
+    GPU_UNDERUSED_DEFAULTS,
     gpu_underused,
     loss_trends,
     memory_growing,
@@ -46,6 +48,7 @@ from trackway.supervisor.watchers import (
     rank_stalled,
     stall_evidence,
 )
+from trackway.settings.windows import Window
 from trackway.supervisor.trends import Points
 from trackway.receipts.placement import gpu_utilization
 from trackway.spool import read_heartbeats, read_json, write_json_atomic
@@ -132,6 +135,8 @@ class Supervisor:
         self.orphaned_run_s = ORPHANED_RUN_S
         self.findings: list[tuple[str, str]] = []  # (attempt, what a watcher noticed), for live status lines
         self._first_rss: dict[str, int | None] = {}
+        self._gpu_low_since: dict[str, float] = {}  # attempt → since when every GPU read below the threshold
+        self._gpu_measured: set[str] = set()  # attempts whose GPU utilization was read (`gpu_measured` recorded)
         self._cursor = ""  # the running attempt a time-bounded tick stopped at
         self._read_offsets: dict[str, dict[str, int]] = {}  # how far each running attempt's spool was read
         # Each running run's own secret values, masked in what its events say. Fixed at submit (its
@@ -565,8 +570,7 @@ class Supervisor:
     def _trend_findings(self, attempt: RowMapping, heartbeat: dict | None, new_points: bool) -> list[tuple[str, str]]:
         found: list[tuple[str, str]] = []
         rss = (heartbeat or {}).get("rss_bytes")
-        first_rss = self._first_rss.setdefault(attempt["attempt_id"], rss)
-        if (message := memory_growing(first_rss, rss)) is not None:
+        if (message := memory_growing(self._rss_baseline(attempt, rss), rss)) is not None:
             found.append(("memory_growing", message))
         # NVML here sees this machine's GPUs only: another executor's GPUs are on another node.
         local = attempt["executor"] == "local"
@@ -578,14 +582,50 @@ class Supervisor:
             with self.ledger.read() as conn:
                 seen = logged_gpu_utilization(conn, attempt, since=time.time() - GPU_LOG_WINDOW_S)
             source = "the run's gpu_util metric"
-        if (message := gpu_underused(seen, source=source)) is not None:
-            found.append(("gpu_underused", message))
+        if seen:
+            found += self._gpu_findings(attempt, seen, source)
         if new_points:
             with self.ledger.read() as conn:
                 points = recent_points(conn, attempt["run_id"], "loss", attempt["attempt_number"], limit=TREND_POINTS)
             series = Points.of([p["step"] for p in points], [p["logged_at"] for p in points], [p["value"] for p in points])
             found += loss_trends(series, self.settings.watchers)
         return found
+
+    def _rss_baseline(self, attempt: RowMapping, rss: int | None) -> int | None:
+        """The first RSS seen for the attempt, kept in the ledger (`memory_baseline`) so a restarted supervisor
+        judges growth from the same start; None until a heartbeat said one (a look before it sets nothing)."""
+        attempt_id = attempt["attempt_id"]
+        if attempt_id in self._first_rss or not rss:
+            return self._first_rss.get(attempt_id)
+        with self.ledger.read() as conn:
+            kept = conn.execute(select(attempt_events.c.payload).where(
+                attempt_events.c.attempt_id == attempt_id, attempt_events.c.kind == "memory_baseline")).first()
+        if kept is not None:
+            self._first_rss[attempt_id] = json.loads(kept[0]).get("rss_bytes") or rss
+        else:
+            with self.ledger.write() as conn:
+                add_supervisor_event(conn, attempt_id, "memory_baseline", {
+                    "rss_bytes": rss, "message": f"host memory at the first heartbeat read: RSS {rss / 2**30:.2f} GiB"})
+            self._first_rss[attempt_id] = rss
+        return self._first_rss[attempt_id]
+
+    def _gpu_findings(self, attempt: RowMapping, seen: list[float], source: str) -> list[tuple[str, str]]:
+        """`gpu_underused` once the GPUs were below the threshold in every reading for its duration; the first reading
+        is kept as `gpu_measured`, so that a gate can tell "not measured" from "fine"."""
+        attempt_id = attempt["attempt_id"]
+        rule = {**GPU_UNDERUSED_DEFAULTS, **(self.settings.watchers.get("gpu_underused") or {})}
+        threshold, duration = float(rule["threshold"]), Window.parse(rule["duration"]).size
+        now = time.time()
+        if attempt_id not in self._gpu_measured:
+            with self.ledger.write() as conn:
+                add_supervisor_event(conn, attempt_id, "gpu_measured", {"message": f"GPU utilization read from {source}"})
+            self._gpu_measured.add(attempt_id)
+        if max(seen) >= threshold:
+            self._gpu_low_since.pop(attempt_id, None)
+            return []
+        since = self._gpu_low_since.setdefault(attempt_id, now)
+        message = gpu_underused(seen, threshold, source, low_for=now - since, duration=duration)
+        return [("gpu_underused", message)] if message is not None else []
 
     def _run_secrets(self, run_id: str) -> tuple[str, ...]:
         if run_id not in self._secrets:

@@ -158,17 +158,27 @@ def loss_trends(points: Points, settings: dict[str, dict[str, Any]] | None = Non
 
 
 def memory_growing(first_rss: int | None, rss: int | None, factor: float = 2.0, floor_bytes: int = 1 << 30) -> str | None:
-    """Host memory (RSS) grew by `factor` and by at least `floor_bytes` since the attempt's first heartbeat."""
+    """Host memory (RSS) grew by `factor` and by at least `floor_bytes` since the first RSS the supervisor saw."""
     if not first_rss or not rss:
         return None
     if rss > factor * first_rss and rss - first_rss >= floor_bytes:
-        return f"host memory growing: RSS {rss / 2**30:.1f} GiB, was {first_rss / 2**30:.1f} GiB at the first heartbeat"
+        return (f"host memory growing: RSS {rss / 2**30:.1f} GiB, was {first_rss / 2**30:.1f} GiB at the first heartbeat "
+                f"read; rule: ×{factor:g} and +{floor_bytes / 2**30:g} GiB")
     return None
 
 
-def gpu_underused(utilizations: list[float], threshold: int = 20, source: str = "NVML") -> str | None:
-    """Every GPU of the attempt is below `threshold` % utilization right now (read from `source`)."""
-    if utilizations and max(utilizations) < threshold:
-        shown = ", ".join(f"{u:g}%" for u in utilizations)
-        return f"GPU utilization low: {shown} (threshold {threshold}%, from {source})"
-    return None
+GPU_UNDERUSED_DEFAULTS = {"threshold": 70.0, "duration": "10m"}
+
+
+def gpu_underused(utilizations: list[float], threshold: float = 70, source: str = "NVML",
+                  low_for: float | None = None, duration: float = 0.0) -> str | None:
+    """Every GPU of the attempt below `threshold` % in every reading for `duration` seconds (`low_for`: how long
+    they have been; None: this reading alone)."""
+    if not utilizations or max(utilizations) >= threshold:
+        return None
+    if low_for is not None and low_for < duration:
+        return None
+    shown = ", ".join(f"{u:g}%" for u in utilizations)
+    lasted = f" for {low_for / 60:.0f} min" if low_for is not None else ""
+    return (f"GPU utilization low{lasted}: {shown} now (from {source}); rule: below {threshold:g}% for "
+            f"{duration / 60:g} min")

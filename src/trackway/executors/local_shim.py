@@ -69,6 +69,14 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
+try:  # installed; else the copy delivered beside this file (a Slurm job's state directory, an SSH host)
+    from trackway.executors.node_sampler import NodeSamples
+except ImportError:
+    try:
+        from node_sampler import NodeSamples  # type: ignore[no-redef]
+    except ImportError:  # an older delivery without it: the attempt runs, unsampled
+        NodeSamples = None  # type: ignore[assignment,misc]
+
 PUMP_DRAIN_S = 2.0
 CANNOT_START_EXIT_CODE = 127
 EXIT_RESERVE = "exit.reserve"
@@ -726,8 +734,12 @@ class Shim:
     def _supervise(self, child: subprocess.Popen, started: float, wake_r: int, log: _Log) -> None:
         pgid = child.pid
         deadline = started + float(self.time_limit_s) if self.time_limit_s is not None else None
+        samples = None if NodeSamples is None else NodeSamples(
+            self.state_dir / "spool", lambda: self._job_processes(pgid), self.gpu_ids or None, log.note)
         while not _has_exited(child.pid):
             now = time.monotonic()
+            if samples is not None:
+                samples.maybe()
             self._forward_notices(pgid, log)
             if self.term_at is None and self.stop_signal is not None:
                 if (self.state_dir / "cancel.json").exists():
@@ -752,6 +764,8 @@ class Shim:
                 self.evidence.append(note)
                 log.note(note)
             wake_at = [now + 5.0]
+            if samples is not None and not samples.broken:
+                wake_at.append(samples.next_at)
             if deadline is not None and self.term_at is None:
                 wake_at.append(deadline)
             if self.term_at is not None and not self.kill_sent:

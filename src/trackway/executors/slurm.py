@@ -65,7 +65,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from trackway.errors import ExecutorError, NotFound
-from trackway.executors import local_shim
+from trackway.executors import local_shim, node_sampler
 from trackway.executors.base import (
     Executor,
     JobHandle,
@@ -185,6 +185,7 @@ class SlurmExecutor(Executor):
             "executor": self.name,
         })
         shutil.copyfile(local_shim.__file__, state_dir / SHIM)
+        shutil.copyfile(node_sampler.__file__, state_dir / "node_sampler.py")  # the shim imports it from beside itself
         script = state_dir / SCRIPT
         fd = os.open(script, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as f:

@@ -55,7 +55,7 @@ from datetime import datetime
 from pathlib import Path
 
 from trackway.errors import ExecutorError, NotFound
-from trackway.executors import local_shim, remote_agent, ssh_gang
+from trackway.executors import local_shim, node_sampler, remote_agent, ssh_gang
 from trackway.executors.base import (
     Executor,
     JobHandle,
@@ -82,7 +82,7 @@ LOCAL_ONLY_ENV = ("TRACKWAY_HOME", "TRACKWAY_DB", "TRACKWAY_RESUME_PATH")
 
 def _support_hash() -> str:
     digest = hashlib.sha256()
-    for module in (remote_agent, local_shim):
+    for module in (remote_agent, local_shim, node_sampler):
         digest.update(Path(module.__file__).read_bytes())
     return digest.hexdigest()[:16]
 
@@ -199,6 +199,7 @@ class SshExecutor(Executor):
         files.update({f"{attempt_rel}/{rel}": Path(local).read_bytes() for rel, local in inputs.items()})
         if has_agent != "agent":
             files[f".trackway/{support}/local_shim.py"] = Path(local_shim.__file__).read_bytes()
+            files[f".trackway/{support}/node_sampler.py"] = Path(node_sampler.__file__).read_bytes()
             files[f".trackway/{support}/agent.py"] = Path(remote_agent.__file__).read_bytes()
         bundle = _bundle(files, code if code is not None and has_code != "code" else None)
         client.run(f"cd {workdir_q} && mkdir -p {shlex.quote(attempt_rel)}/spool && tar -xzf - "

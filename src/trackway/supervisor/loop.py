@@ -21,6 +21,7 @@ from sqlalchemy import RowMapping, select, update
 
 from trackway.errors import InputError, TrackwayError
 from trackway.executors.base import Executor, JobHandle, JobPhase, JobStatus
+from trackway.executors.node_sampler import newest_sample
 from trackway.executors.registry import get_executor
 from trackway.ledger import Ledger
 from trackway.ledger.ingest import ingest_attempt, spool_dir_of
@@ -569,8 +570,14 @@ class Supervisor:
 
     def _trend_findings(self, attempt: RowMapping, heartbeat: dict | None, new_points: bool) -> list[tuple[str, str]]:
         found: list[tuple[str, str]] = []
-        rss = (heartbeat or {}).get("rss_bytes")
-        if (message := memory_growing(self._rss_baseline(attempt, rss), rss)) is not None:
+        # The shim's sample covers the attempt's whole process tree (data loader workers, ranks) and every script;
+        # the SDK's heartbeat, its own process. The starting value is taken once training stepped: loading a
+        # model is not a leak.
+        sample = newest_sample(spool_dir_of(attempt))
+        rss = (sample or {}).get("rss_bytes") or (heartbeat or {}).get("rss_bytes")
+        stepping = (heartbeat or {}).get("step") is not None or attempt["first_step"] is not None
+        baseline = self._rss_baseline(attempt, rss if stepping else None)
+        if (message := memory_growing(baseline, rss)) is not None:
             found.append(("memory_growing", message))
         # NVML here sees this machine's GPUs only: another executor's GPUs are on another node.
         local = attempt["executor"] == "local"

@@ -170,7 +170,9 @@ def test_bad_input_is_refused_with_exit_2_and_nothing_recorded(sq):
     assert sq("experiment", "stop", meant, "--reason", "again").code == 2
 
 
-def test_skip_test_is_recorded_and_a_budget_refuses_an_expensive_full_run(sq):
+def test_skip_test_is_recorded_and_a_budget_refuses_an_expensive_full_run(sq, monkeypatch):
+    # A quiet machine: on a loaded one (this suite on two cores) a wall-clock shortfall is "not judged".
+    monkeypatch.setattr("trackway.experiments.gate.load_per_core", lambda: 0.2)
     _baseline(sq)
     skipped = _new(sq, "--title", "t", "--hypothesis", "h", "--baseline", "base", "--set", "train.lr=0.2",
                    "--expect", "final.loss <= baseline.final.loss")

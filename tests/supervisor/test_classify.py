@@ -149,7 +149,7 @@ def test_trend_watchers():
     # below 70 % for 10 minutes by default: five minutes low is not yet underused
     assert gpu_underused([40, 50], 70, "NVML", low_for=300, duration=600) is None
     said = gpu_underused([40, 50], 70, "NVML", low_for=660, duration=600)
-    assert "low for 11 min: 40%, 50%" in said and "rule: below 70% for 10 min" in said
+    assert "low for 11 min: 40%, 50%" in said and "rule: below 70% for 10 min" in said, said
 
 
 @pytest.mark.parametrize(

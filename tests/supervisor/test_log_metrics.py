@@ -172,6 +172,7 @@ time.sleep(float(sys.argv[1]))
 def test_gpu_lines_become_series_at_the_last_step_and_the_watcher_reads_them(cli, home):
     script = Path("gpu_log.py")
     script.write_text(GPU_SCRIPT)
+    Path("trackway.toml").write_text('[watchers.gpu_underused]\nthreshold = 20\nduration = "2s"\n')
     submitted = cli("submit", "--detach", "--name", "gpus", "--metric-pattern", PATTERN, "--metric-pattern",
                     GPU_PATTERN, "--", sys.executable, str(script), "30")
     assert submitted.code == 0, submitted.err
@@ -183,8 +184,9 @@ def test_gpu_lines_become_series_at_the_last_step_and_the_watcher_reads_them(cli
 
     (finding,) = _supervise_until(cli, gpu_finding)
     message = json.loads(finding["payload"])["message"]
-    # Not NVML (no GPU here): what the script printed, below the 20 % threshold on both devices.
-    assert "GPU utilization low: 3%, 3.5%" in message and "from the run's gpu_util metric" in message, message
+    # Not NVML (no GPU here): what the script printed, below the 20 % threshold on both devices for 2 s.
+    assert "GPU utilization low for " in message and ": 3%, 3.5% now (from the run's gpu_util metric)" in message
+    assert "rule: below 20% for 2 s" in message, message
     by_key: dict[str, dict[int, float]] = {}
     for point in cli("metrics", "gpus", "--json").json():
         by_key.setdefault(point["key"], {})[point["step"]] = point["value"]

@@ -735,7 +735,7 @@ class Shim:
         pgid = child.pid
         deadline = started + float(self.time_limit_s) if self.time_limit_s is not None else None
         samples = None if NodeSamples is None else NodeSamples(
-            self.state_dir / "spool", lambda: self._job_processes(pgid), self.gpu_ids or None, log.note)
+            self.state_dir / "spool", lambda: self._job_processes(pgid), self.gpu_ids, log.note)
         while not _has_exited(child.pid):
             now = time.monotonic()
             if samples is not None:

@@ -62,21 +62,22 @@ def parse_nvidia_smi(text: str) -> list[dict]:
     return gpus
 
 
-def gpu_readings(visible: list[int] | None) -> list[dict] | None:
-    """The visible GPUs' utilization and memory through nvidia-smi; None where it is not on the node."""
+def gpu_readings(visible: list[int]) -> list[dict] | None:
+    """The attempt's GPUs' utilization and memory through nvidia-smi; None for an attempt given no GPU (the node's
+    other GPUs are not its business) or where nvidia-smi is not on the node."""
     smi = shutil.which("nvidia-smi")
-    if smi is None:
+    if smi is None or not visible:
         return None
     out = subprocess.run([smi, "--query-gpu=index,utilization.gpu,memory.used", "--format=csv,noheader,nounits"],
                          capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT_S, check=False)
     gpus = parse_nvidia_smi(out.stdout) if out.returncode == 0 else []
-    return [g for g in gpus if visible is None or g["index"] in visible] or None
+    return [g for g in gpus if g["index"] in visible] or None
 
 
 class NodeSamples:
     """Appends a sample of the job's processes (found by `find`) and GPUs to the spool every `every_s`."""
 
-    def __init__(self, spool: Path, find: Callable[[], list[int]], visible_gpus: list[int] | None,
+    def __init__(self, spool: Path, find: Callable[[], list[int]], visible_gpus: list[int],
                  say: Callable[[str], None], every_s: float | None = None) -> None:
         self.path = spool / SAMPLES_FILE
         self.find, self.visible, self.say = find, visible_gpus, say

@@ -50,6 +50,7 @@ from trackway.supervisor.watchers import (
     stall_evidence,
 )
 from trackway.settings.windows import Window
+from trackway.supervisor.node_samples import ingest_node_samples
 from trackway.supervisor.trends import Points
 from trackway.receipts.placement import gpu_utilization
 from trackway.spool import read_heartbeats, read_json, write_json_atomic
@@ -67,6 +68,7 @@ ORPHANED_RUN_S = 10
 TICK_BUDGET_S = 0.7
 # How recent a logged `gpu_util` value must be to count as the GPUs' utilization now.
 GPU_LOG_WINDOW_S = 300
+GPU_STATE_FILE = "gpu-watch.json"  # since when every GPU read low, and the last logged reading (see _gpu_state)
 # The newest loss points the trend watchers read: a window and the history its noise is measured on
 # (supervisor/trends.py groups a long window's points, so more would change little and cost a read).
 TREND_POINTS = 4000
@@ -136,8 +138,9 @@ class Supervisor:
         self.orphaned_run_s = ORPHANED_RUN_S
         self.findings: list[tuple[str, str]] = []  # (attempt, what a watcher noticed), for live status lines
         self._first_rss: dict[str, int | None] = {}
-        self._gpu_low_since: dict[str, float] = {}  # attempt → since when every GPU read below the threshold
-        self._gpu_measured: set[str] = set()  # attempts whose GPU utilization was read (`gpu_measured` recorded)
+        self._samples_read: dict[str, tuple[str, int]] = {}  # attempt → (cursor, bytes) of its node samples stored
+        self._gpu_measured: set[str] = set()
+  # attempts whose GPU utilization was read (`gpu_measured` recorded)
         self._cursor = ""  # the running attempt a time-bounded tick stopped at
         self._read_offsets: dict[str, dict[str, int]] = {}  # how far each running attempt's spool was read
         # Each running run's own secret values, masked in what its events say. Fixed at submit (its
@@ -573,22 +576,35 @@ class Supervisor:
         # The shim's sample covers the attempt's whole process tree (data loader workers, ranks) and every script;
         # the SDK's heartbeat, its own process. The starting value is taken once training stepped: loading a
         # model is not a leak.
+        ingest_node_samples(self.ledger, attempt, self._samples_read)
         sample = newest_sample(spool_dir_of(attempt))
         rss = (sample or {}).get("rss_bytes") or (heartbeat or {}).get("rss_bytes")
         stepping = (heartbeat or {}).get("step") is not None or attempt["first_step"] is not None
         baseline = self._rss_baseline(attempt, rss if stepping else None)
         if (message := memory_growing(baseline, rss)) is not None:
             found.append(("memory_growing", message))
-        # NVML here sees this machine's GPUs only: another executor's GPUs are on another node.
+        # The shim's nvidia-smi reading on the attempt's own node, else NVML here (this machine's GPUs only:
+        # another executor's GPUs are on another node), else what the script logged.
         local = attempt["executor"] == "local"
-        seen = gpu_utilization(attempt["gpu_ids"]) if local and attempt["gpu_ids"] else []
-        source = "NVML"
+        node_gpus = [g["util"] for g in (sample or {}).get("gpus") or () if isinstance(g.get("util"), (int, float))]
+        if node_gpus:
+            seen, source = node_gpus, "nvidia-smi on the attempt's node"
+        else:
+            seen = gpu_utilization(attempt["gpu_ids"]) if local and attempt["gpu_ids"] else []
+            source = "NVML"
         if not seen and new_points:
             # Where NVML cannot see them, what the script said about its GPUs (`gpu_util` series) in the last
-            # window: read only when points came in, as only they can change it.
+            # window: read only when points came in, as only they can change it, and held as the reading
+            # until the window has passed since.
             with self.ledger.read() as conn:
                 seen = logged_gpu_utilization(conn, attempt, since=time.time() - GPU_LOG_WINDOW_S)
             source = "the run's gpu_util metric"
+            if seen:
+                self._gpu_state(attempt, logged=seen, logged_at=time.time())
+        elif not seen:
+            held = self._gpu_state(attempt)
+            if held.get("logged") and time.time() - float(held.get("logged_at") or 0) < GPU_LOG_WINDOW_S:
+                seen, source = list(held["logged"]), "the run's gpu_util metric"
         if seen:
             found += self._gpu_findings(attempt, seen, source)
         if new_points:
@@ -628,11 +644,27 @@ class Supervisor:
                 add_supervisor_event(conn, attempt_id, "gpu_measured", {"message": f"GPU utilization read from {source}"})
             self._gpu_measured.add(attempt_id)
         if max(seen) >= threshold:
-            self._gpu_low_since.pop(attempt_id, None)
+            self._gpu_state(attempt, low_since=None)
             return []
-        since = self._gpu_low_since.setdefault(attempt_id, now)
+        since = self._gpu_state(attempt).get("low_since")
+        if since is None:
+            since = now
+            self._gpu_state(attempt, low_since=now)
         message = gpu_underused(seen, threshold, source, low_for=now - since, duration=duration)
         return [("gpu_underused", message)] if message is not None else []
+
+    def _gpu_state(self, attempt: RowMapping, **update: Any) -> dict[str, Any]:
+        """What the GPU watcher carries from one pass to the next, in the attempt's state directory: a one-pass
+        supervisor (`supervise --once`, every listing's tick) is a new process each time. `update` is written."""
+        path = Path(attempt["state_dir"]) / GPU_STATE_FILE
+        state = read_json(path) or {}
+        if update:
+            state.update(update)
+            try:
+                write_json_atomic(path, state)
+            except OSError:
+                pass  # a state directory that cannot be written: the next pass starts the count again
+        return state
 
     def _run_secrets(self, run_id: str) -> tuple[str, ...]:
         if run_id not in self._secrets:

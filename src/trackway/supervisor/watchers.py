@@ -179,6 +179,6 @@ def gpu_underused(utilizations: list[float], threshold: float = 70, source: str 
     if low_for is not None and low_for < duration:
         return None
     shown = ", ".join(f"{u:g}%" for u in utilizations)
-    lasted = f" for {low_for / 60:.0f} min" if low_for is not None else ""
-    return (f"GPU utilization low{lasted}: {shown} now (from {source}); rule: below {threshold:g}% for "
-            f"{duration / 60:g} min")
+    lasted = f" for {_ago(low_for)}" if low_for is not None else ""
+    rule = f"{duration / 60:g} min" if duration >= 120 else f"{duration:g} s"
+    return f"GPU utilization low{lasted}: {shown} now (from {source}); rule: below {threshold:g}% for {rule}"

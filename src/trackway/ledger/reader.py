@@ -29,7 +29,7 @@ from trackway.taxonomy import AttemptState, RunState
 # Every column stored as `UTCDateTime` in schema.py (a test keeps this set equal to the schema's).
 TIMESTAMP_COLUMNS = frozenset({
     "created_at", "ended_at", "not_before", "started_at", "last_heartbeat_at", "at", "committed_at", "updated_at", "concluded_at",
-    "claimed_at", "sent_at", "revoked_at",
+    "claimed_at", "sent_at", "revoked_at", "lease_until", "tried_at",
 })
 DRIVEN_RUN_STATES = (RunState.QUEUED.value, RunState.RUNNING.value)
 EVALUATION_IN_FLIGHT = "running"  # evals.records.IN_FLIGHT (a test holds the two equal)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -149,3 +151,49 @@ def test_stop_on_names_known_watchers_only(cli):
     Path("trackway.toml").write_text('[supervisor]\nstop_on = ["vibes"]\n')
     refused = cli("runs")
     assert refused.code == 2 and "stop_on" in refused.err
+
+
+def test_a_rendezvous_port_another_process_holds_is_retried_not_called_a_code_error(cli, tmp_path, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.chdir(tmp_path)
+    # Another process listens on the port torchrun's rendezvous asks for (a second job on this machine).
+    holder = subprocess.Popen([PY, "-c", HOLD_A_PORT], stdout=subprocess.PIPE, text=True)
+    try:
+        port = holder.stdout.readline().strip()
+        (tmp_path / "holder.pid").write_text(str(holder.pid))
+        policy = tmp_path / "policy.toml"
+        policy.write_text("[reasons.infra_transient]\nbackoff_seconds = 1\n")
+        result = cli("submit", "--name", "port", "--retry-policy", str(policy), "--",
+                     PY, str(Path(__file__).parent / "scripts" / "port_held.py"), port, str(tmp_path / "holder.pid"))
+    finally:
+        holder.kill()
+        holder.wait()
+    assert result.code == 0, result.err
+    first, second = cli("attempts", "port", "--json").json()
+    assert (first["termination_reason"], second["termination_reason"]) == ("infra_transient", "completed")
+    evidence = first["termination_evidence"]
+    assert evidence["rule"] == "log:port-in-use"
+    assert any("EADDRINUSE" in line and port in line for line in evidence["lines"]), evidence
+    assert json.loads(first["retry_decision"])["action"] == "resume"
+    assert "rank 0 joined" in cli("logs", "port/2").out
+
+
+HOLD_A_PORT = """
+import socket, time
+s = socket.socket()
+s.bind(("0.0.0.0", 0))
+s.listen()
+print(s.getsockname()[1], flush=True)
+time.sleep(300)
+"""
+
+
+def test_explain_tells_how_to_get_a_free_port_once_the_retries_are_spent(cli_sqlite, tmp_path):
+    policy = tmp_path / "policy.toml"
+    policy.write_text("[reasons.infra_transient]\nbudget = 0\n")
+    result = cli_sqlite("submit", "--name", "taken", "--retry-policy", str(policy), "--",
+                        PY, "-c", "raise OSError(98, 'Address already in use')")
+    assert result.code == 1
+    facts = cli_sqlite("explain", "taken", "--json").json()
+    assert facts["ended_by"]["reason"] == "infra_transient" and facts["ended_by"]["rule"] == "log:port-in-use"
+    assert "--main_process_port 0" in facts["next_steps"]["person"], facts["next_steps"]

@@ -40,6 +40,9 @@ value = torch.tensor([float(rank + 1)])
 dist.all_reduce(value)
 print(f"rank {rank} of {dist.get_world_size()}: sum {value.item():g}", flush=True)
 dist.destroy_process_group()
+if os.environ.get("LINGER_ON_RANK") == str(rank):
+    import time
+    time.sleep(60)  # still running when another task fails: srun ends it
 sys.exit(3 if os.environ.get("FAIL_ON_RANK") == str(rank) else 0)
 """
 
@@ -91,15 +94,19 @@ def test_two_nodes_run_one_gloo_job_as_one_attempt(slurm, make_request, tmp_path
 
 def test_one_node_failing_ends_the_attempt_with_the_node_named(slurm, make_request, tmp_path, monkeypatch):  # noqa: F811
     fold_nodes_onto_this_one(tmp_path, monkeypatch)
-    request = two_node_request(make_request, tmp_path, env={"FAIL_ON_RANK": "1"})
+    # Rank 0 is still running when rank 1 fails, so srun ends it with SIGTERM and exits 143 itself.
+    request = two_node_request(make_request, tmp_path, env={"FAIL_ON_RANK": "1", "LINGER_ON_RANK": "0"})
 
     sub = slurm.submit(request)
     status = wait_ended(slurm, sub.handle, timeout=JOB_DEADLINE_S)
 
     lines = [text for _, _, text in log_lines(request.log_path)]
-    assert status.exit_code == 3, (status, lines)
     node = os.uname().nodename.split(".")[0]
     assert any(f"srun: error: {node}: task 1: Exited with exit code 3" in line for line in lines), lines
+    # The attempt's exit code is the failing node's, not srun's count of the task it ended after it.
+    assert (status.exit_code, status.signal) == (3, None), (status, lines)
+    assert any(line.startswith(f"node {node} (task 1) failed first, with exit code 3; srun then ended")
+               for line in status.evidence), status.evidence
 
 
 def test_render_two_nodes_has_srun_and_the_rendezvous(make_request, tmp_path):

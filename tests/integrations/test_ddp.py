@@ -37,7 +37,9 @@ def _drive(home, sqlite_url, monkeypatch, command, notice_after: str):
     driven = drive_preempted(sqlite_url, monkeypatch, command, notice_after, DEADLINE_S)
     reference, preempted = driven.runs
     attempts = driven.attempts[preempted]
-    assert driven.states == {reference: "completed", preempted: "completed"}, attempts
+    assert driven.states == {reference: "completed", preempted: "completed"}, {
+        run: [(a["attempt_id"], a["termination_reason"], a["termination_evidence"]) for a in driven.attempts[run]]
+        for run in driven.runs}
     assert [a["termination_reason"] for a in attempts] == ["preempted", "completed"]
     assert json.loads(attempts[0]["retry_decision"])["action"] == "resume"
     assert attempts[1]["resumed_from_checkpoint"]
@@ -72,8 +74,11 @@ def test_hf_trainer_under_torchrun_two_ranks_preempted_resumes_same_loss(home, s
 
 
 ACCELERATE_LAUNCHERS = {
+    # Port 0: a free port of its own. accelerate's default (29500) is checked, then bound, so the two
+    # runs started together can both find it free and one of them meet EADDRINUSE.
     "accelerate-launch-2": [str(BIN / "accelerate"), "launch", "--multi_gpu", "--num_processes", "2",
-                            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"],
+                            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                            "--main_process_port", "0"],
     "python-1": [sys.executable],
     "torchrun-2": TORCHRUN,
 }

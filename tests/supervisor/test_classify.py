@@ -324,3 +324,19 @@ def test_endings_from_outside_the_attempt_have_no_signature():
     assert classify(Evidence(exit_code=0)).signature is None
     assert classify(Evidence(signal=signal.SIGTERM, log_tail=[TS + "step 9"])).signature is None
     assert classify(Evidence(exit_code=1, executor_reason="preempted")).signature is None
+
+
+# What torch printed here when torchrun's rendezvous met a port another process listened on.
+_PORT_TAKEN = ("torch.distributed.DistNetworkError: The server socket has failed to listen on any local network "
+               "address. port: 29555, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use")
+
+
+def test_a_rendezvous_port_already_taken_is_transient_with_or_without_the_sdk():
+    plain = classify(Evidence(exit_code=1, log_tail=_traceback(_PORT_TAKEN)))
+    assert (plain.reason, plain.rule) == (R.INFRA_TRANSIENT, "log:port-in-use")
+    assert TS + _PORT_TAKEN in plain.lines
+    noted = classify(Evidence(exit_code=1, log_tail=_traceback(_PORT_TAKEN),
+                              sdk_note={"reason": "code_error", "message": _PORT_TAKEN}))
+    assert (noted.reason, noted.rule) == (R.INFRA_TRANSIENT, "sdk:note:port-in-use")
+    python = classify(Evidence(exit_code=1, log_tail=_traceback("OSError: [Errno 98] Address already in use")))
+    assert python.reason is R.INFRA_TRANSIENT

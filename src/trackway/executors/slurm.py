@@ -77,7 +77,7 @@ from trackway.executors.base import (
     status_to_json,
 )
 from trackway.executors.local_shim import read_json, utc_now, write_json_atomic
-from trackway.executors.slurm_nodes import node_command, node_placements, rendezvous_lines
+from trackway.executors.slurm_nodes import first_failed_task, node_command, node_placements, rendezvous_lines
 
 SLURM_TIMEOUT_S = float(os.environ.get("TRACKWAY_SLURM_TIMEOUT_S", "30"))
 # A shim that exited writes exit.json before its job ends; on a shared file system the file may
@@ -352,6 +352,11 @@ class SlurmExecutor(Executor):
                 evidence += _tail(state_dir / SLURM_OUT, 3)
             else:
                 evidence.append("the executor shim left no exit status (killed with its job): Slurm's exit code stands")
+        if placement.get("nodes_expected") and exit_code not in (None, 0):
+            failed = first_failed_task(_tail(_log_path(state_dir), 400))
+            if failed is not None and failed.exit_code != exit_code:
+                evidence.append(failed.line(exit_code))
+                exit_code, signum = failed.exit_code, None
         reason = STATE_REASONS.get(record.state)
         timed_out = reason == "timeout"
         cancelled = False
@@ -753,6 +758,11 @@ def _tail(path: Path, n: int) -> list[str]:
     except OSError:
         return []
     return [line.strip() for line in lines if line.strip()][-n:]
+
+
+def _log_path(state_dir: Path) -> Path:
+    launch = read_json(state_dir / "launch.json") or {}
+    return Path(launch.get("log_path") or state_dir / "output.log")
 
 
 def _slurmstepd_lines(path: Path) -> list[str]:

@@ -8,7 +8,9 @@ lists every node from those files (node_placements).
 
 from __future__ import annotations
 
+import re
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
 
 from trackway.executors.base import LaunchRequest
@@ -65,6 +67,38 @@ def node_command(request: LaunchRequest) -> list[str]:
     """
     prologue = _NODE_PROLOGUE.format(state=shlex.quote(str(request.state_dir)))
     return ["srun", "--kill-on-bad-exit=1", "bash", "-c", prologue, "trackway-node", *request.command]
+
+
+# srun's own line when a task ends badly: `srun: error: node3: task 1: Exited with exit code 3`
+# (`tasks 0-1:` when several ended alike). Tasks it ends itself afterwards say `Terminated` or `Killed`.
+_TASK_EXITED = re.compile(r"srun: error: (?P<node>\S+): tasks? (?P<tasks>[\d,\-]+): Exited with exit code (?P<code>\d+)")
+
+
+@dataclass(frozen=True)
+class FailedTask:
+    """The first task srun saw exit non-zero: the node's failure, before --kill-on-bad-exit ended the rest."""
+
+    node: str
+    tasks: str
+    exit_code: int
+
+    def line(self, srun_exit_code: int | None) -> str:
+        return (f"node {self.node} (task {self.tasks}) failed first, with exit code {self.exit_code}; srun then ended "
+                f"the other tasks, and its own exit code ({srun_exit_code}) counts those it ended")
+
+
+def first_failed_task(log_lines: list[str]) -> FailedTask | None:
+    """The first task that exited non-zero by itself, from srun's lines in the attempt's log (None if none said so).
+
+    srun exits with the highest code of all its tasks, so once --kill-on-bad-exit has ended the others
+    with SIGTERM, a node's `exit 3` comes back as 143 unless they had all finished first: srun's first
+    `Exited with exit code` line is the failure itself.
+    """
+    for line in log_lines:
+        match = _TASK_EXITED.search(line)
+        if match and int(match["code"]) != 0:
+            return FailedTask(match["node"], match["tasks"], int(match["code"]))
+    return None
 
 
 def node_placements(state_dir: Path) -> list[dict]:

@@ -560,6 +560,10 @@ def _advice(ref: str, reason: R | None, decision: dict[str, Any] | None, start: 
         return f"read the evidence and the log before spending more GPU time; {resume} goes on {start}"
     if reason is R.USER_CANCELLED:
         return f"{resume} starts it again, {start}"
+    if reason is R.INFRA_TRANSIENT and rule.endswith("port-in-use"):
+        return ("another process held the port the evidence names (a second job on this machine, or what is left of "
+                "an earlier attempt): let the launcher choose a free one (`torchrun --standalone`, `accelerate launch "
+                f"--main_process_port 0`) or set another MASTER_PORT, then {resume}; it resumes {start}")
     if decision:
         return f"{decision['message']}; to go on anyway: {resume}, {start}"
     return f"{resume} starts a new attempt, {start}"

@@ -88,12 +88,18 @@ def _rule(name: str, reason: R, pattern: str, *, only_before_progress: bool = Fa
 # A full disk, however the failing layer spelled it: Python's OSError, C's errno name, tools' own words.
 DISK_FULL_PATTERN = r"No space left on device|\[Errno 28\]|\bENOSPC\b|\bdisk full\b"
 
+# torch's `name: EADDRINUSE, message: address already in use`, Python's `[Errno 98] Address already in use`.
+PORT_IN_USE_PATTERN = r"\bEADDRINUSE\b|Address already in use|\[Errno 98\]"
+
 LOG_RULES: tuple[LogRule, ...] = (
     _rule("log:cuda-oom", R.OOM, r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|HIP out of memory"),
     _rule("log:host-oom", R.OOM, r"Out of memory: Killed process|oom-kill|MemoryError\b"),
     # Before the traceback rule: the OSError that ends a save on a full disk is no code error.
     _rule("log:disk-full", R.INFRA_TRANSIENT, DISK_FULL_PATTERN),
     _rule("log:non-finite-loss", R.NAN_LOSS, r"\b(loss|grad[_ ]norm)\b[^\n]*\b(nan|inf)\b|non-finite (loss|grad)"),
+    # A rendezvous (or any server) port another process held: a second job on this machine or an earlier
+    # attempt's leftover. Not the code's fault, and a later try may find it free.
+    _rule("log:port-in-use", R.INFRA_TRANSIENT, PORT_IN_USE_PATTERN),
     _rule(
         "log:network-or-io",
         R.INFRA_TRANSIENT,
@@ -390,6 +396,8 @@ def _classify(evidence: Evidence) -> Classification:
                 said = (message,) if named else (full.line(), message)
                 lines = (*said, *hits[-(MAX_EVIDENCE_LINES - len(said)):])
                 return Classification(R.INFRA_TRANSIENT, "sdk:note", tuple(line for line in lines if line), full)
+        if note_reason in (R.CODE_ERROR.value, R.UNKNOWN.value) and _PORT_IN_USE.search(message):
+            return Classification(R.INFRA_TRANSIENT, "sdk:note:port-in-use", (message,))
         if note_reason in (R.CODE_ERROR.value, R.UNKNOWN.value) and _NETWORK.search(message):
             # The exception the SDK saw is a collective's or a socket's: the same ending a plain script's log tells.
             return Classification(R.INFRA_TRANSIENT, "sdk:note:network-or-io", (message,))
@@ -446,6 +454,7 @@ def _match_log(e: Evidence, skip: frozenset[str] = frozenset()) -> Classificatio
 _DISK_FULL = re.compile(DISK_FULL_PATTERN, re.IGNORECASE)
 _HOST_OOM = next(rule.pattern for rule in LOG_RULES if rule.name == "log:host-oom")
 _NETWORK = next(rule.pattern for rule in LOG_RULES if rule.name == "log:network-or-io")
+_PORT_IN_USE = next(rule.pattern for rule in LOG_RULES if rule.name == "log:port-in-use")
 # Where the full disk was met, most specific spelling first: the SDK's own line, Python's OSError
 # (`-> 'dest'` for a copy or rename: the destination ran out of room), a quoted path, a bare one.
 _DISK_FULL_PATHS = (

@@ -30,6 +30,19 @@ class AdvanceExperiments:
         """Nothing outlives a tick here."""
 
 
+class JudgeExpectations:
+    """Judge the runs' own criteria (`submit --expect`) that can still change, as metrics and evaluations land."""
+
+    def tick(self, supervisor: Supervisor) -> Iterable[tuple[str, str]]:
+        from trackway.experiments.expectations import judge_due
+
+        judge_due(supervisor.ledger)
+        return ()
+
+    def settle(self, timeout: float) -> None:
+        """Nothing outlives a tick here."""
+
+
 class Notify:
     """What needs a person ([notify] in trackway.toml), recorded each tick; sent on a thread of its own where this process delivers.
 
@@ -54,7 +67,7 @@ def supervisor_for(ledger: Ledger, settings: Settings,
     `deliver=False` (a read-only command's tick) records messages but never claims one to send:
     `undelivered` says how many it left for a deliverer.
     """
-    return Supervisor(ledger, settings, executor_for, duties=(AdvanceExperiments(), Notify(ledger, deliver)))
+    return Supervisor(ledger, settings, executor_for, duties=(AdvanceExperiments(), JudgeExpectations(), Notify(ledger, deliver)))
 
 
 def undelivered(supervisor: Supervisor) -> int:

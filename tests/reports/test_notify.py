@@ -112,7 +112,7 @@ def test_a_service_that_refuses_is_tried_again_and_its_error_kept(cli_sqlite, re
     ('urls = ["hooks.example.com/x"]', "expected a URL such as json://"),
     ('urls = ["json://h/x"]\nlink = "dash:8080"', "[notify] link: expected the dashboard's http(s):// address"),
     ('urls = ["json://h/x"]\nevents = ["everything"]',
-     "[notify] events: expected some of attempts, watchers, evaluations, experiments, got 'everything'"),
+     "[notify] events: expected some of attempts, watchers, evaluations, experiments, expectations, got 'everything'"),
     ('url = "json://h/x"', "[notify] url: unknown key"),
 ])
 def test_a_bad_notify_section_is_refused_naming_the_key(cli_sqlite, section, said):

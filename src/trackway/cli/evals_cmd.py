@@ -278,11 +278,20 @@ def evals(
     from trackway.ledger.records import resolve_run
     from trackway.supervisor.retry import run_config
 
+    from trackway.experiments.expectations import verdict_of
+
     app = app_context(ctx)
     reconcile(app)
     with app.ledger.read() as conn:
-        run_id = resolve_run(conn, run)["run_id"]
+        row = resolve_run(conn, run)
+        run_id = row["run_id"]
         result = run_table(conn, run_id, run_config(app.settings, run_id), spec)
+    # The run's own criteria (`submit --expect`): each one's verdict, and per evaluated step whether it held there.
+    result["expectations"] = verdict_of(dict(row))
+    judged_at = [{c["step"]: c["holds"] for c in judged["checkpoints"]} for judged in result["expectations"]]
+    per_step = [i for i, judged in enumerate(result["expectations"]) if judged["checkpoints"]]
+    for r in result["evaluations"]:
+        r["criteria"] = {result["expectations"][i]["criterion"]: judged_at[i].get(r["step"]) for i in per_step}
     if as_json:
         print_json(result)
         return
@@ -291,6 +300,7 @@ def evals(
         say(console, app.hint(
             f"{run}: no evaluations yet (submit with --eval SPEC, or `trackway eval {run}@STEP --spec FILE`)"
         ))
+        _print_expectations(result["expectations"])
         return
     shown = list(dict.fromkeys(m for r in rows for m in r["shown_metrics"]))
     # A metric is a number: shown whole or not at all. Its mean outlasts its per-seed values on a
@@ -302,13 +312,31 @@ def evals(
         f"{result['run_name'] or result['run_id']}: evaluations" + (f" ({result['total_steps']} steps)" if result["total_steps"] else ""),
         [Column("checkpoint", KEY), Column("step", 20, right=True), Column("progress", 35, right=True),
          Column("spec", 60, shorten_to=10), Column("state", KEY), *metric_columns,
+         *(Column(f"#{i + 1}", KEY) for i in per_step),
          Column("evaluator", 10, shorten_to=12), Column("eval", 80)],
         (
-            (r["checkpoint"], r["step"], "-" if r["progress"] is None else f"{r['progress']:.0%}", r["spec"], r["state"],
-             *(cell for m in shown for cell in _cells(r, m)), r["evaluator_version"][:19], r["eval_id"])
+            (r["checkpoint"], r["step"], "not known" if r["progress"] is None else f"{r['progress']:.0%}", r["spec"],
+             r["state"], *(cell for m in shown for cell in _cells(r, m)),
+             *(_held(judged_at[i].get(r["step"])) for i in per_step), r["evaluator_version"][:19], r["eval_id"])
             for r in rows
         ),
     ))
+    _print_expectations(result["expectations"])
+
+
+def _held(holds: bool | None) -> str:
+    return {True: "holds", False: "fails"}.get(holds, "n/a")
+
+
+def _print_expectations(expectations: list[dict]) -> None:
+    """The run's own criteria under the table, numbered as its columns: each one's verdict and numbers."""
+    from trackway.cli.render import console, fact, plain, say
+
+    if not expectations:
+        return
+    say(console, plain("expected (submit --expect)", style="bold"))
+    for i, judged in enumerate(expectations):
+        fact(console, f"#{i + 1}", f"{judged['state']}: {judged['criterion']} ({judged['why']})", 4)
 
 
 def _cells(row: dict, metric: str) -> tuple[str, str]:

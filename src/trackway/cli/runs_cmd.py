@@ -194,6 +194,8 @@ def show(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Show a run with its receipt and attempts, or one attempt's full receipt."""
+    from trackway.experiments.expectations import verdict_of
+
     attempt_ref(ref)
     app = app_context(ctx)
     reconcile(app)
@@ -213,6 +215,7 @@ def show(
         payload["config_of"] = shown["attempt_id"] if shown is not None else None
         payload["data_manifest"] = manifest
         payload["preflight"] = json.loads(run["preflight"]) if run.get("preflight") else None
+        payload["expectations"] = verdict_of(run)
         payload["attempts"] = [_attempt_json(a) for a in rows]
         print_json(payload)
         return
@@ -241,6 +244,7 @@ def _fact(label: str, value: str) -> None:
 
 def _print_run(app: AppContext, run, config_sha, config, data_sha, manifest, shown) -> None:
     from trackway.cli.render import console, plain, say, short_sha, short_time
+    from trackway.experiments.expectations import lines as expectation_lines
 
     say(console, plain(f"run {run['run_id']}", style="bold") + plain(f"  {run['name']}" if run["name"] else ""))
     files = manifest["files"] if manifest else []
@@ -266,6 +270,7 @@ def _print_run(app: AppContext, run, config_sha, config, data_sha, manifest, sho
         ("code", code),
         ("checkpoints", run["checkpoint_root"] or "under trackway's home"),
         ("memory", _preflight_line(run)),
+        *(("expect" if i == 0 else "", line) for i, line in enumerate(expectation_lines(run))),
     ):
         _fact(label, value)
     _print_config(app, run, config_sha, config, shown)

@@ -46,6 +46,13 @@ def submit(
     branch: str = typer.Option(None, "--branch", help="The branch of --repo to clone."),
     retry_policy: str = typer.Option(None, "--retry-policy", help="A TOML retry policy for this run (over trackway.toml's [retry])."),
     eval_specs: list[str] = typer.Option([], "--eval", help="An eval spec (TOML) run on committed checkpoints by its trigger (repeatable)."),
+    expect: list[str] = typer.Option(
+        [], "--expect",
+        help="What the run sets out to show, judged as metrics and evaluations land (repeatable), in the criteria "
+             "language of `trackway experiment new` over the run's own numbers: 'eval.pass@1 > 0.05' (at any "
+             "evaluated checkpoint; add 'at latest' for the newest), 'final.loss < 2.0'. `show`, `explain` and "
+             "`evals` give the verdict.",
+    ),
     metric_patterns: list[str] = typer.Option(
         [], "--metric-pattern",
         help="For a script without the SDK: a regex read from its output; group (?P<step>...) is the step (without it: "
@@ -75,7 +82,10 @@ def submit(
     from trackway.supervision import supervisor_for
     from trackway.supervisor.submit import RunSpec, submit_run
 
+    from trackway.experiments.expectations import parse_all
+
     _check_eval_files(eval_specs)
+    parse_all(expect)  # refused in one line, before anything is recorded
     app = app_context(ctx)
     spec = RunSpec(
         command=list(command or []),
@@ -100,6 +110,7 @@ def submit(
         checkpoint_paths=list(checkpoint_paths) or None,
         checkpoint_root=checkpoint_root,
         preflight_strict=strict,
+        expect=[text.strip() for text in expect],
     )
     supervisor = supervisor_for(app.ledger, app.settings)
     run_id = submit_run(app.ledger, app.settings, spec, console=err_console)

@@ -45,10 +45,28 @@ def total_steps(config: Mapping[str, Any] | None) -> int | None:
     return found[0] if len(set(found)) == 1 else None
 
 
+def _total_steps_said_by_the_script(conn: Connection, run_id: str) -> int | None:
+    """Total steps from the config an attempt ran with: the submitted one merged with what the script handed
+    `trackway.init(config=...)` (ledger/script_config.py), the newest attempt first."""
+    from trackway.ledger.blobs import get_blob
+
+    for attempt in reversed(list_attempts(conn, run_id=run_id)):
+        if not attempt["config_sha256"]:
+            continue
+        try:
+            config = json.loads(get_blob(conn, attempt["config_sha256"]))
+        except (NotFound, ValueError):
+            continue
+        found = total_steps(config if isinstance(config, Mapping) else None)
+        if found:
+            return found
+    return None
+
+
 def run_table(conn: Connection, run_ref: str, config: Mapping[str, Any] | None, spec_name: str | None = None) -> dict:
     """Every evaluation of a run's checkpoints: the table users keep by hand, per seed and aggregated."""
     run = resolve_run(conn, run_ref)
-    total = total_steps(config)
+    total = total_steps(config) or _total_steps_said_by_the_script(conn, run["run_id"])
     rows = []
     for evaluation in evaluations_of_run(conn, run["run_id"], spec_name):
         step = int(evaluation["checkpoint_step"])

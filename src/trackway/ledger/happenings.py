@@ -1,6 +1,7 @@
 """What happened in the ledger after a moment, as events: what the event stream sends and notifications tell.
 
-    attempt_started, attempt_ended, checkpoint_committed, evaluation_finished, watcher_fired, experiment_concluded
+    attempt_started, attempt_ended, checkpoint_committed, evaluation_finished, watcher_fired, experiment_concluded,
+    expectation_settled (a run's own `--expect` criterion met, or no longer able to be)
 
 Each is read from the row that records it (by its timestamp), with a key that names it once, so a
 reader that asks again over an overlapping window can drop what it already has.
@@ -67,5 +68,15 @@ def happened(conn, after: datetime, watcher_kinds: tuple[str, ...]) -> list[Happ
                     {"experiment_id": row["experiment_id"], "title": row["title"], "status": row["status"],
                      "verdict": row["verdict"], "why": detail.get("why") or row["stop_reason"],
                      "run_id": row["full_run_id"]}))
+    for row in conn.execute(select(runs.c.run_id, runs.c.name, runs.c.expect_verdict)
+                            .where(runs.c.expect_judged_at > after, runs.c.expect_verdict.is_not(None))).mappings():
+        for index, judged in enumerate(json.loads(row["expect_verdict"]).get("criteria") or []):
+            settled = judged.get("settled_at")
+            if not settled or datetime.fromisoformat(settled) <= after:
+                continue
+            out.append((datetime.fromisoformat(settled), "expectation_settled",
+                        f"{row['run_id']}/{index}/{judged['state']}",
+                        {"run_id": row["run_id"], "run_name": row["name"], "criterion": judged["criterion"],
+                         "state": judged["state"], "why": judged.get("why"), "step": judged.get("step")}))
     out.sort(key=lambda e: e[0])
     return out

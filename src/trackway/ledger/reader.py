@@ -29,7 +29,7 @@ from trackway.taxonomy import AttemptState, RunState
 # Every column stored as `UTCDateTime` in schema.py (a test keeps this set equal to the schema's).
 TIMESTAMP_COLUMNS = frozenset({
     "created_at", "ended_at", "not_before", "started_at", "last_heartbeat_at", "at", "committed_at", "updated_at", "concluded_at",
-    "claimed_at", "sent_at", "revoked_at", "lease_until", "tried_at",
+    "claimed_at", "sent_at", "revoked_at", "lease_until", "tried_at", "expect_judged_at",
 })
 DRIVEN_RUN_STATES = (RunState.QUEUED.value, RunState.RUNNING.value)
 EVALUATION_IN_FLIGHT = "running"  # evals.records.IN_FLIGHT (a test holds the two equal)
@@ -188,6 +188,9 @@ class Reader:
             # An experiment whose test run or full run ends next: the supervisor gates it or judges it.
             "experiments in flight": self.scalar(
                 "SELECT count(*) FROM experiments WHERE status IN ('testing', 'running', 'analyzing')"),
+            # A run's own criteria (`submit --expect`) that can still change: judged each tick.
+            "run criteria to judge": self.scalar("SELECT count(*) FROM runs WHERE expect_open = :open",
+                                                 {"open": True}),
             "notifications to send": self.scalar(
                 "SELECT count(*) FROM notifications WHERE state IN ('pending', 'sending')"),
         }

@@ -108,6 +108,12 @@ runs = Table(
     Column("preflight", Text),
     # The nodes the run spans, submit --nodes (0018_run_nodes); NULL before: one node.
     Column("nodes", Integer),
+    # The run's own acceptance criteria, submit --expect (0021): a JSON list of texts, and each one's
+    # verdict as last judged (experiments/expectations.py); open while one of them can still change.
+    Column("expect", Text),
+    Column("expect_verdict", Text),
+    Column("expect_judged_at", UTCDateTime),
+    Column("expect_open", Boolean, index=True),
 )
 
 attempts = Table(

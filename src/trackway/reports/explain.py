@@ -158,6 +158,7 @@ def explain(conn: Connection, ref: str, now: datetime | None = None) -> dict[str
         "incidents": incidents(conn, attempt["attempt_id"]),
         "history": [_timeline_row(a, run_checkpoints) for a in history],
         "evaluations": _evaluations(conn, run, run_checkpoints),
+        "expectations": _expectations(run),
         # An evaluator answers through its output file, never the SDK: its missing heartbeat is no news.
         "visibility": visibility(conn, run, attempt) if run["kind"] != "eval" else [],
     }
@@ -173,6 +174,13 @@ def explain(conn: Connection, ref: str, now: datetime | None = None) -> dict[str
         facts["next_steps"] = _stopped_at_the_gate(experiment)
     facts["next"] = "; ".join(part for part in facts["next_steps"].values() if part)
     return facts
+
+
+def _expectations(run: RowMapping) -> list[dict[str, Any]]:
+    """The run's own criteria (`submit --expect`) as last judged: each one's state, numbers and why."""
+    from trackway.experiments.expectations import verdict_of
+
+    return verdict_of(dict(run))
 
 
 def _experiment(conn: Connection, run: RowMapping) -> dict[str, Any] | None:

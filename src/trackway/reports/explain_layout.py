@@ -79,6 +79,9 @@ def document(facts: dict[str, Any]) -> list[Block]:
             blocks.append(("item", 1, None, f"gate: {check['check']} {verdict}: {check['detail']}"))
         if e["role"] == "test" and e["status"] == "stopped" and not e.get("full_run_id"):
             blocks.append(("item", 1, None, "the full run was never started"))
+    for i, judged in enumerate(facts.get("expectations") or []):
+        blocks.append(("item", 0, "Expected" if i == 0 else None,
+                       f"{judged['state']}: `{judged['criterion']}` ({judged['why']})"))
     blocks += [
         ("heading", "Attempts and decisions"),
         ("timeline", facts["history"]),

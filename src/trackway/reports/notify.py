@@ -5,7 +5,8 @@ What is told (`[notify] events` picks kinds):
                (an OOM, a code error, a retry budget spent, a preemption not resumed);
 - watchers     a watcher's alarm (stall, loss rising, NaN in the log, ...);
 - evaluations  an evaluation that finished, with its metrics;
-- experiments  an experiment concluded (its verdict) or stopped (why).
+- experiments  an experiment concluded (its verdict) or stopped (why);
+- expectations a run's own criterion (`submit --expect`) met, or no longer able to be met.
 
 Each message is recorded in the ledger's `notifications` table under a key naming its happening
 (the outbox: reports/outbox.py), then sent by whichever process delivers: a foreground command
@@ -39,7 +40,7 @@ LOOKBACK = timedelta(minutes=2)  # a supervisor that starts tells what ended jus
 OVERLAP = timedelta(seconds=10)
 EXIT_WAIT_S = 5.0  # how long a command that is exiting waits for its messages to be sent
 KIND_OF = {"attempt_ended": "attempts", "watcher_fired": "watchers", "evaluation_finished": "evaluations",
-           "experiment_concluded": "experiments"}
+           "experiment_concluded": "experiments", "expectation_settled": "expectations"}
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,13 @@ def message_for(kind: str, key: str, data: dict[str, Any], link: str | None) -> 
         outcome = data.get("verdict") or data.get("status")
         return Message(f"{kind}:{key}", "experiments", run_id,
                        f"trackway: experiment {data['experiment_id']} ({data.get('title')}): {outcome}",
+                       f"{data.get('why') or ''}\n{where}".strip())
+    if kind == "expectation_settled":
+        name = data.get("run_name") or run_id
+        said = {"met": "met", "not met": "can no longer be met", "not known": "can no longer be decided"}
+        outcome = said.get(data["state"], data["state"])
+        return Message(f"{kind}:{key}", "expectations", run_id,
+                       f"trackway: {name}: {data['criterion']} {outcome}",
                        f"{data.get('why') or ''}\n{where}".strip())
     return None
 

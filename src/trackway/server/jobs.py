@@ -56,6 +56,11 @@ class JobRequest(BaseModel):
     config: dict[str, Any] | None = Field(None, description="The run's config, snapshotted into its receipt.")
     data: list[str] = Field(default_factory=list, max_length=1000, description="Data paths hashed into the manifest.")
     eval: list[str] = Field(default_factory=list, max_length=100, description="Eval spec files (TOML).")
+    expect: list[str] = Field(
+        default_factory=list, max_length=20,
+        description="The run's own acceptance criteria (as `submit --expect`), judged as metrics and evaluations "
+                    "land: 'eval.pass@1 > 0.05' (any evaluated checkpoint; 'at latest' for the newest), "
+                    "'final.loss < 2.0'. `GET /api/jobs/{id}` gives each one's verdict.")
     strict_memory_preflight: bool = Field(
         False, description="Refuse the job, recording nothing, when the memory preflight (the config's [preflight]) "
                            "predicts it runs out of GPU memory wherever it may go.")
@@ -106,7 +111,10 @@ def submit_job(job: JobRequest, request: Request) -> Submitted:
     from trackway.supervisor.launch import command_by, start_attempt
     from trackway.supervisor.submit import RunSpec, submit_run
 
+    from trackway.experiments.expectations import parse_all
+
     need(request, "submit")
+    parse_all(job.expect)  # refused (400, naming the criterion) before anything is recorded
     state = request.app.state
     if job.repo:
         script = PurePosixPath(job.script)
@@ -133,7 +141,7 @@ def submit_job(job: JobRequest, request: Request) -> Submitted:
         kind=job.kind, config_path=str(config_path) if config_path else None, data_paths=data,
         gpus=job.gpu_count, nodes=job.nodes, time_limit_hours=job.time_limit_hours, resource=job.prefer_resource,
         gpu_memory_min_gb=job.gpu_memory_min_gb, repo_url=job.repo, branch=job.branch, eval_spec_paths=evals,
-        preflight_strict=job.strict_memory_preflight,
+        preflight_strict=job.strict_memory_preflight, expect=[text.strip() for text in job.expect],
     )
     try:
         run_id = submit_run(state.ledger, state.settings, spec)
@@ -193,7 +201,10 @@ def get_job(job_id: str, request: Request) -> dict[str, Any]:
         tried = conn.execute(
             select(attempts).where(attempts.c.run_id == run["run_id"]).order_by(attempts.c.attempt_number)
         ).mappings().all()
-    return {**_summary({**run, "attempt_count": len(tried)}), "attempts": [_attempt(a) for a in tried]}
+    from trackway.experiments.expectations import verdict_of
+
+    return {**_summary({**run, "attempt_count": len(tried)}), "expectations": verdict_of(dict(run)),
+            "attempts": [_attempt(a) for a in tried]}
 
 
 @router.get("/{job_id}/logs", response_class=StreamingResponse,

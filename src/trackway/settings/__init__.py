@@ -148,7 +148,7 @@ max_running = 2
 # [notify]
 # urls = ["slack://TOKEN_A/TOKEN_B/TOKEN_C/#training", "json://hooks.example.com/trackway"]
 # link = "http://gpu-box:8080"   # the dashboard (`trackway serve`): messages link to the run's page
-# events = ["attempts", "watchers", "evaluations", "experiments"]
+# events = ["attempts", "watchers", "evaluations", "experiments", "expectations"]
 
 # The memory preflight (`trackway preflight`), run by `submit` when the run's config declares the model
 # and batch shape: a [preflight] section with the command's keys (layers, hidden, heads, vocab,
@@ -181,7 +181,7 @@ class Settings:
     # [notify]: where what needs a person is sent (apprise URLs), the dashboard to link to, and which kinds.
     notify_urls: tuple[str, ...] = ()
     notify_link: str | None = None
-    notify_events: tuple[str, ...] = ("attempts", "watchers", "evaluations", "experiments")
+    notify_events: tuple[str, ...] = ("attempts", "watchers", "evaluations", "experiments", "expectations")
     # [preflight] (resources/run_preflight.py): warn, strict or off; where a run config holds each preflight key.
     preflight_mode: str = "warn"
     preflight_keys: dict[str, str] = field(default_factory=dict)

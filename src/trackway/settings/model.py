@@ -24,7 +24,7 @@ from trackway.settings.resources import RUN_KINDS
 
 EXECUTORS = ("local", "slurm", "ssh")
 WATCHER_STOPS = ("loss_rising", "plateau", "throughput_falling", "memory_growing", "gpu_underused", "rank_stalled")
-NOTIFY_EVENTS = ("attempts", "watchers", "evaluations", "experiments")
+NOTIFY_EVENTS = ("attempts", "watchers", "evaluations", "experiments", "expectations")
 MAX_GPUS_PER_NODE = 1024
 MAX_NODES = 100_000
 WEEK_S = 7 * 86400

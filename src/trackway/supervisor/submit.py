@@ -72,6 +72,9 @@ class RunSpec:
     env: dict[str, str] | None = None
     # Refuse, before recording anything, a run the memory preflight predicts to OOM wherever it may go.
     preflight_strict: bool = False
+    # The run's own acceptance criteria (`--expect`), as given; parsed and checked by the caller
+    # (experiments/expectations.py, a floor above this one) before the run is submitted.
+    expect: list[str] = field(default_factory=list)
 
 
 def _validate(spec: RunSpec) -> None:
@@ -264,6 +267,8 @@ def _insert_submitted_run(conn, settings: Settings, spec: RunSpec, run_id: str, 
             checkpoint_root=_run_checkpoint_root(spec, settings.resource(selection.resource), run_id),
             env=json.dumps(spec.env) if spec.env else None,
             preflight=receipt.preflight,
+            expect=json.dumps(list(spec.expect)) if spec.expect else None,
+            expect_open=True if spec.expect else None,
         ),
     )
     if receipt.eval_specs:

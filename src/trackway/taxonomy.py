@@ -27,6 +27,8 @@ class RunState(str, Enum):
 
 class AttemptState(str, Enum):
     STARTING = "starting"
+    # Submitted, held by the executor's queue (Slurm PENDING): not started, no compute spent yet.
+    QUEUED = "queued"
     RUNNING = "running"
     ENDED = "ended"
 

@@ -109,6 +109,8 @@ class JobStatus:
     evidence: tuple[str, ...] = ()
     reason: str | None = None
     placement: dict | None = None
+    # It ended without ever running (a queue that would never start it, a cancel while it waited): no compute spent.
+    never_started: bool = False
 
 
 # Below this much room, a shim that left no exit status most likely could not write one.

@@ -98,6 +98,25 @@ CANCEL = "cancel.json"
 PENDING_STATES = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"}
 TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "BOOT_FAIL",
                    "OUT_OF_MEMORY", "DEADLINE", "SPECIAL_EXIT", "REVOKED"}
+# Pending reasons that mean Slurm will never start the job as submitted (a limit of its partition, QoS or
+# account, a constraint no node has): it ends at once `config_error` instead of waiting forever. Reasons
+# that pass (Resources, Priority, a node down, a partition down, a group's running-jobs cap) keep it queued.
+NEVER_STARTS = {
+    "PartitionTimeLimit": "the time asked is over the partition's MaxTime",
+    "PartitionNodeLimit": "the nodes asked are more than the partition allows or has",
+    "PartitionConfig": "the request does not fit the partition's configuration",
+    "BadConstraints": "no node has the constraints it asks for",
+    "InvalidAccount": "the account is not valid",
+    "InvalidQOS": "the QoS is not valid",
+    "QOSMaxWallDurationPerJobLimit": "the time asked is over the QoS's MaxWall per job",
+    "QOSMaxNodePerJobLimit": "the nodes asked are over the QoS's MaxNodes per job",
+    "QOSMaxGRESPerJob": "the GPUs asked are over the QoS's MaxTRES per job",
+    "QOSMaxCpuPerJobLimit": "the CPUs asked are over the QoS's MaxTRES per job",
+    "AssocMaxWallDurationPerJobLimit": "the time asked is over the association's MaxWall per job",
+    "AssocMaxNodesPerJobLimit": "the nodes asked are over the association's MaxNodes per job",
+}
+NEVER_STARTED = "never-started.json"  # trackway cancelled a job Slurm would never start: why, for the end
+
 STATE_REASONS = {"PREEMPTED": "preempted", "TIMEOUT": "timeout", "DEADLINE": "timeout",
                  "NODE_FAIL": "infra_transient", "BOOT_FAIL": "infra_transient", "OUT_OF_MEMORY": "oom"}
 
@@ -323,8 +342,11 @@ class SlurmExecutor(Executor):
             )
         if record.state in PENDING_STATES:
             why = record.reason if record.reason not in (None, "None", "(null)") else record.state.lower()
-            return JobStatus(phase=JobPhase.QUEUED, cancelled=ours, placement=placement,
-                             evidence=(f"slurm job {handle.job_id}: {record.state} ({why})",))
+            waiting = f"slurm job {handle.job_id}: {record.state} ({why})"
+            never = self._never_starts(record, state_dir) if not ours else None
+            if never is not None:
+                return self._end_never_started(handle, state_dir, (waiting, never), placement)
+            return JobStatus(phase=JobPhase.QUEUED, cancelled=ours, placement=placement, evidence=(waiting,))
         if record.state not in TERMINAL_STATES:
             return JobStatus(phase=JobPhase.RUNNING, started_at=started_at or record.start, cancelled=ours,
                              placement=placement)
@@ -333,6 +355,48 @@ class SlurmExecutor(Executor):
                 # The shim may have written exit.json a moment ago, out of this file system's sight yet.
                 return JobStatus(phase=JobPhase.RUNNING, started_at=started_at, cancelled=ours, placement=placement)
         return self._ended(state_dir, record, job, ended, ours, started_at, placement)
+
+    def _never_starts(self, record: SlurmRecord, state_dir: Path) -> str | None:
+        """Why Slurm will never start this pending job, or None while it may still start.
+
+        PartitionNodeLimit also stands for a partition whose nodes are down or drained: that one
+        passes, so it is taken as never only when the partition's limits say so.
+        """
+        said = NEVER_STARTS.get(record.reason or "")
+        if said is None:
+            return None
+        limits = self._partition_limits(record.partition) if record.partition else {}
+        asked_nodes = int((read_json(state_dir / "launch.json") or {}).get("nodes") or 1)
+        if record.reason == "PartitionNodeLimit":
+            most = [int(v) for v in (limits.get("MaxNodes"), limits.get("TotalNodes")) if (v or "").isdigit()]
+            if not most or asked_nodes <= min(most):
+                return None
+        if limits:
+            asked_time = f"{record.time_limit_s / 60:g} min" if record.time_limit_s else "no time limit"
+            said += (f" (asks {asked_time} on {asked_nodes} node(s); partition {record.partition}: MaxTime "
+                     f"{limits.get('MaxTime', '?')}, MaxNodes {limits.get('MaxNodes', '?')}, TotalNodes "
+                     f"{limits.get('TotalNodes', '?')})")
+        return f"Slurm will never start it ({record.reason}): {said}"
+
+    def _partition_limits(self, name: str) -> dict[str, str]:
+        """`scontrol show partition NAME`'s fields (MaxTime, MaxNodes, TotalNodes, ...); empty if it does not answer."""
+        try:
+            out = self._run(["scontrol", "show", "partition", name, "--oneliner"])
+        except ExecutorError:
+            return {}
+        return dict(field.split("=", 1) for field in out.split() if "=" in field)
+
+    def _end_never_started(self, handle: JobHandle, state_dir: Path, evidence: tuple[str, ...],
+                           placement: dict) -> JobStatus:
+        """Cancel a job Slurm would never start and end its attempt `config_error`, having spent nothing."""
+        write_json_atomic(state_dir / NEVER_STARTED, {"evidence": list(evidence), "at": utc_now().isoformat()})
+        try:
+            self._run(["scancel", handle.job_id])
+        except ExecutorError as exc:
+            evidence += (f"scancel {handle.job_id} failed: {exc}; cancel it by hand",)
+        return JobStatus(phase=JobPhase.ENDED, ended_at=utc_now(), reason="config_error", never_started=True,
+                         evidence=(*evidence, f"trackway cancelled slurm job {handle.job_id}: it would have waited "
+                                              "forever"), placement=placement)
 
     def _ended(self, state_dir: Path, record: SlurmRecord, job: dict | None, ended: dict | None, ours: bool,
                started_at: datetime | None, placement: dict) -> JobStatus:
@@ -360,6 +424,11 @@ class SlurmExecutor(Executor):
         reason = STATE_REASONS.get(record.state)
         timed_out = reason == "timeout"
         cancelled = False
+        never = read_json(state_dir / NEVER_STARTED)
+        if never is not None and record.state == "CANCELLED" and job is None:
+            return JobStatus(phase=JobPhase.ENDED, ended_at=record.end or utc_now(), reason="config_error",
+                             never_started=True, placement=placement,
+                             evidence=(*never["evidence"], "trackway cancelled the job: it would have waited forever"))
         if record.state == "CANCELLED":
             if ours:
                 cancelled = True

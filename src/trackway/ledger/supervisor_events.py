@@ -11,6 +11,8 @@ from sqlalchemy import Connection, func, select
 from trackway.ledger.schema import attempt_events
 
 SUPERVISOR_RANK = -1  # attempt_events rows the supervisor wrote, not a training process
+# The queue's latest reason for an attempt its executor holds (Slurm PENDING: Resources, Priority, BeginTime...).
+QUEUED_EVENT = "executor_queued"
 
 
 def add_supervisor_event(conn: Connection, attempt_id: str, kind: str, payload: dict[str, Any]) -> bool:
@@ -27,3 +29,28 @@ def add_supervisor_event(conn: Connection, attempt_id: str, kind: str, payload: 
         )
     )
     return True
+
+
+def set_supervisor_event(conn: Connection, attempt_id: str, kind: str, payload: dict[str, Any]) -> bool:
+    """Record what the supervisor notices now about an attempt, replacing what it noticed before under `kind`
+    (a queue's reason that changes: Priority, then Resources); False if it said the same already."""
+    mine = (attempt_events.c.attempt_id == attempt_id) & (attempt_events.c.rank == SUPERVISOR_RANK)
+    row = conn.execute(select(attempt_events.c.seq, attempt_events.c.payload)
+                       .where(mine, attempt_events.c.kind == kind)).first()
+    if row is None:
+        return add_supervisor_event(conn, attempt_id, kind, payload)
+    said = json.loads(row.payload)
+    if all(said.get(key) == value for key, value in payload.items()):
+        return False
+    now = datetime.now(timezone.utc)
+    conn.execute(attempt_events.update().where(mine, attempt_events.c.seq == row.seq).values(
+        at=now, payload=json.dumps({"kind": kind, "t": now.timestamp(), **payload})))
+    return True
+
+
+def supervisor_event(conn: Connection, attempt_id: str, kind: str) -> dict[str, Any] | None:
+    """What the supervisor recorded about an attempt under `kind`, or None."""
+    row = conn.execute(select(attempt_events.c.payload).where(
+        attempt_events.c.attempt_id == attempt_id, attempt_events.c.rank == SUPERVISOR_RANK,
+        attempt_events.c.kind == kind)).first()
+    return json.loads(row.payload) if row is not None else None

@@ -26,7 +26,7 @@ from trackway.receipts.config_diff import change_text, changes, flatten
 from trackway.redaction import MASK, redact_argv, redact_structure
 from trackway.reports.memory_facts import memory_facts
 from trackway.supervisor.outside_sdk import visibility
-from trackway.taxonomy import RunState
+from trackway.taxonomy import AttemptState, RunState
 from trackway.taxonomy import TerminationReason as R
 
 
@@ -164,7 +164,7 @@ def explain(conn: Connection, ref: str, now: datetime | None = None) -> dict[str
     }
     # Advice is about the run's latest attempt, whichever attempt is explained.
     latest_config = _config_of(conn, history[-1]) if history else None
-    facts["next_steps"] = _next(run, history, run_checkpoints, latest_config)
+    facts["next_steps"] = _next(conn, run, history, run_checkpoints, latest_config)
     evaluated = facts["evaluations"].get("of")
     if run["kind"] == "eval" and evaluated and facts["next_steps"]["person"]:
         facts["next_steps"]["person"] = _evaluation_advice(conn, evaluated)
@@ -496,7 +496,8 @@ def _code_diff(before: RowMapping, after: RowMapping) -> list[str]:
 # -- what happens next -------------------------------------------------------------------------
 
 
-def _next(run: RowMapping, history: list[RowMapping], run_checkpoints: list[dict[str, Any]], config: Any) -> dict[str, str | None]:
+def _next(conn: Connection, run: RowMapping, history: list[RowMapping], run_checkpoints: list[dict[str, Any]],
+          config: Any) -> dict[str, str | None]:
     """What trackway will do with the run, and what a person should change (only advice that can apply)."""
     state = RunState(run["state"])
     last = history[-1] if history else None
@@ -504,6 +505,13 @@ def _next(run: RowMapping, history: list[RowMapping], run_checkpoints: list[dict
     newest = next((c for c in reversed(run_checkpoints) if c["state"] == "committed"), None)
     start = f"from {newest['name']}, the newest committed checkpoint" if newest else "from the start: no checkpoint was committed"
     rule = f" (rule `{decision['rule']}`)" if decision else ""
+    if state is RunState.QUEUED and last is not None and last["state"] == AttemptState.QUEUED.value:
+        from trackway.ledger.supervisor_events import QUEUED_EVENT, supervisor_event
+
+        said = supervisor_event(conn, last["attempt_id"], QUEUED_EVENT) or {}
+        why = said.get("message") or f"{last['executor']}'s queue gave no reason"
+        return {"trackway": f"{last['attempt_id']} waits in {last['executor']}'s queue ({why}); it starts when the "
+                            f"scheduler places it, {start}", "person": None}
     if state is RunState.QUEUED:
         at = f" at {d.utc(run['not_before'])}" if run["not_before"] else ""
         return {"trackway": f"the supervisor will start attempt {len(history) + 1}{at}, {start}{rule}", "person": None}

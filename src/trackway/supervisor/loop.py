@@ -25,7 +25,7 @@ from trackway.executors.node_sampler import newest_sample
 from trackway.executors.registry import get_executor
 from trackway.ledger import Ledger
 from trackway.ledger.ingest import ingest_attempt, spool_dir_of
-from trackway.ledger.supervisor_events import add_supervisor_event
+from trackway.ledger.supervisor_events import QUEUED_EVENT, add_supervisor_event, set_supervisor_event
 from trackway.ledger.metrics import recent_points
 from trackway.ledger.registration import register_all_pending
 from trackway.ledger.schema import attempt_events, attempts, runs
@@ -139,8 +139,8 @@ class Supervisor:
         self.findings: list[tuple[str, str]] = []  # (attempt, what a watcher noticed), for live status lines
         self._first_rss: dict[str, int | None] = {}
         self._samples_read: dict[str, tuple[str, int]] = {}  # attempt → (cursor, bytes) of its node samples stored
-        self._gpu_measured: set[str] = set()
-  # attempts whose GPU utilization was read (`gpu_measured` recorded)
+        self._gpu_measured: set[str] = set()  # attempts whose GPU utilization was read (`gpu_measured` recorded)
+        self._queue_said: dict[str, str] = {}  # attempt → the queue's reason last recorded (Slurm PENDING's)
         self._cursor = ""  # the running attempt a time-bounded tick stopped at
         self._read_offsets: dict[str, dict[str, int]] = {}  # how far each running attempt's spool was read
         # Each running run's own secret values, masked in what its events say. Fixed at submit (its
@@ -182,6 +182,7 @@ class Supervisor:
         deadline = time.monotonic() + self.tick_budget_s
         self.backlog = False
         polled = self._poll(pending)
+        self._note_queue(polled)
         self._note_placements(polled)
         self._note_host_reach(polled)
         # The longest-ended first: a burst of ends (a node lost, a sweep failing at its first step)
@@ -239,6 +240,37 @@ class Supervisor:
             polled += [(attempt, statuses[attempt["executor_job_id"]]) for attempt in group
                        if attempt["executor_job_id"] in statuses]
         return polled
+
+    def _note_queue(self, polled: list[tuple[Any, JobStatus]]) -> None:
+        """An attempt the executor holds in its queue is `queued` (its run too), with the queue's reason; `running`
+        once the executor says it started.
+
+        A run whose attempt waits is queued, as one waiting for its retry is: nothing of it runs yet, and
+        every launch path passes over a run with an unfinished attempt.
+        """
+        moved = [(attempt, status) for attempt, status in polled
+                 if (status.phase is JobPhase.QUEUED and attempt["state"] != AttemptState.QUEUED.value)
+                 or (status.phase is JobPhase.RUNNING and attempt["state"] == AttemptState.QUEUED.value)
+                 or (status.phase is JobPhase.QUEUED and status.evidence
+                     and self._queue_said.get(attempt["attempt_id"]) != status.evidence[0])]
+        if not moved:
+            return
+        with self.ledger.write() as conn:
+            for attempt, status in moved:
+                queued = status.phase is JobPhase.QUEUED
+                state = AttemptState.QUEUED if queued else AttemptState.RUNNING
+                was, now = ((RunState.RUNNING, RunState.QUEUED) if queued else (RunState.QUEUED, RunState.RUNNING))
+                if attempt["state"] != state.value:
+                    conn.execute(update(attempts).where(attempts.c.attempt_id == attempt["attempt_id"],
+                                                        attempts.c.state != AttemptState.ENDED.value)
+                                 .values(state=state.value))
+                    conn.execute(update(runs).where(runs.c.run_id == attempt["run_id"], runs.c.state == was.value)
+                                 .values(state=now.value))
+                if queued and status.evidence:
+                    set_supervisor_event(conn, attempt["attempt_id"], QUEUED_EVENT, {"message": status.evidence[0]})
+                    self._queue_said[attempt["attempt_id"]] = status.evidence[0]
+                else:
+                    self._queue_said.pop(attempt["attempt_id"], None)
 
     def _note_placements(self, polled: list[tuple[Any, JobStatus]]) -> None:
         """Where a queued job started (its node, its GPUs), recorded once its executor knows it."""
@@ -704,6 +736,9 @@ class Supervisor:
         ended_at = status.ended_at or datetime.now(timezone.utc)
         if attempt["started_at"] is None and status.started_at is not None:
             attempt = {**attempt, "started_at": status.started_at}
+        if status.never_started or attempt["state"] == AttemptState.QUEUED.value:
+            # The time it waited in a queue is no compute: none was held, none is charged.
+            attempt = {**attempt, "started_at": ended_at}
         moves_to = None
         if verdict.reason is TerminationReason.OOM:
             # Before the write lock: finding a roomier resource may ask a cluster, which may be slow to answer.

@@ -99,11 +99,11 @@ def test_bad_input_gets_one_error_shape_naming_the_field_and_never_a_500(server)
     preflight = {"layers": 32, "hidden": 4096, "heads": 32, "vocab": 32000, "batch_size": 4, "max_length": 4096}
     Path("x.py").write_text("print('never runs')\n")
     status, answer, _ = api.post("/api/jobs", {"script": "x.py", "nodes": 2})
-    assert status == 400 and answer["error"]["message"].startswith("--nodes 2: expected 1 to 1"), answer
+    assert status == 400 and answer["error"]["message"].startswith("nodes 2: expected 1 to 1"), answer
     status, answer, _ = api.post("/api/jobs", {"script": "x.py", "config": {"preflight": preflight},
                                                "strict_memory_preflight": True})
     assert status == 400 and answer["error"]["message"].startswith(
-        "--strict: no resource this run may go to declares its GPU"), answer
+        "strict_memory_preflight: no resource this run may go to declares its GPU"), answer
     status, answer, _ = api.post("/api/sql", {"query": "select 1 as one"})
     assert status == 200 and answer == {"columns": ["one"], "rows": [[1]]}
     status, schema, _ = api.get("/openapi.json")

@@ -41,6 +41,11 @@ def submit(
         help="A resource declared in trackway.toml, or auto: chosen by kind, GPUs, memory, time limit, availability "
              "and cost (the default once any resource is declared; see `trackway resources`).",
     ),
+    prefer_resource: str = typer.Option(
+        None, "--prefer-resource",
+        help="A declared resource chosen first whenever it can take the run; when it cannot, auto chooses another "
+             "and the attempt's selection says why it was passed over.",
+    ),
     gpu_memory_min: float = typer.Option(None, "--gpu-memory-min", help="GB of memory each GPU must have."),
     repo: str = typer.Option(None, "--repo", help="Clone this git repository into the run's workspace and run there."),
     branch: str = typer.Option(None, "--branch", help="The branch of --repo to clone."),
@@ -101,6 +106,7 @@ def submit(
         nodes=nodes,
         time_limit_hours=time_limit,
         resource=resource,
+        prefer_resource=prefer_resource,
         gpu_memory_min_gb=gpu_memory_min,
         repo_url=repo,
         branch=branch,

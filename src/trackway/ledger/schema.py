@@ -114,6 +114,8 @@ runs = Table(
     Column("expect_verdict", Text),
     Column("expect_judged_at", UTCDateTime),
     Column("expect_open", Boolean, index=True),
+    # A resource the run prefers (the API's prefer_resource, 0021): ranked first when it can take the run.
+    Column("resource_preferred", String(200)),
 )
 
 attempts = Table(

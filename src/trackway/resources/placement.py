@@ -109,7 +109,7 @@ def _select_warned(run: Mapping[str, Any], need: Need, pool: list[Resource], set
     available = look_up(pool)
     priority = settings.selection.get(run["kind"], ())
     try:
-        return select(need, pool, available, priority)
+        return select(need, pool, available, priority, preferred=run.get("resource_preferred"))
     except NoResourceFits:
         if need.memory_peak_gib is None or strict:
             raise

@@ -49,6 +49,7 @@ def select(
     priority: tuple[str, ...] = (),
     requested: str = AUTO,
     field_name: str = "--resource",
+    preferred: str | None = None,
 ) -> Selection:
     """The resource for a run needing `need` (see the module docstring); NoResourceFits when none can take it."""
     candidates = resources if requested == AUTO else [r for r in resources if r.name == requested]
@@ -72,7 +73,9 @@ def select(
 
     def rank(item: tuple[Resource, QosTier | None]) -> tuple:
         resource = item[0]
-        return (not _free_now(need, available.get(resource.name)), order.get(resource.name, len(order)),
+        # A preferred resource comes first whenever it fits; the others as always.
+        return (resource.name != preferred, not _free_now(need, available.get(resource.name)),
+                order.get(resource.name, len(order)),
                 resource.cost_per_gpu_hour, declared[resource.name])
 
     fitting.sort(key=rank)
@@ -85,8 +88,8 @@ def select(
         requested=requested,
         resource=best.name,
         qos=tier.name if tier else None,
-        reason=_chosen_reason(need, best, tier, available.get(best.name), order,
-                              len(resources) if requested == AUTO else 0),
+        reason=("preferred (prefer_resource); " if best.name == preferred else "")
+        + _chosen_reason(need, best, tier, available.get(best.name), order, len(resources) if requested == AUTO else 0),
         skipped=tuple(skipped),
     )
 

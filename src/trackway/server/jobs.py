@@ -49,7 +49,26 @@ class JobRequest(BaseModel):
     nodes: int = Field(1, ge=1, le=MAX_NODES, description="Nodes the job spans, from 1 to its resource's (Slurm: nodes; SSH: hosts).")
     gpu_memory_min_gb: float | None = Field(None, gt=0, le=10_000)
     time_limit_hours: float | None = Field(None, gt=0, le=validation.TEN_YEARS_HOURS)
-    prefer_resource: str | None = Field(None, max_length=200, description="A declared resource, or auto.")
+    prefer_resource: str | None = Field(
+        None, max_length=200, description="A declared resource chosen first whenever it can take the job; when it "
+        "cannot, another is chosen and the attempt's selection says why (`resource` pins one instead).")
+    resource: str | None = Field(None, max_length=200, description="A declared resource the job must run on, or "
+                                 "auto (as `submit --resource`).")
+    model_family: str | None = Field(None, max_length=validation.MAX_TEXT)
+    set: list[str] = Field(default_factory=list, max_length=1000,
+                           description="Config overrides, KEY=VALUE (as `submit --set`), over `config`.")
+    metric_patterns: list[str] = Field(
+        default_factory=list, max_length=100,
+        description="For a script without the SDK: regexes read from its output, group (?P<step>...) the step, every "
+                    "other named group a metric, e.g. 'Step (?P<step>\\d+) \\| Loss: (?P<loss>\\S+)'.")
+    checkpoint_paths: list[str] = Field(
+        default_factory=list, max_length=100,
+        description="For a script without the SDK: its checkpoint files or directories (globs relative to its "
+                    "working directory), committed by trackway once complete and restored before a retry.")
+    checkpoint_root: str | None = Field(None, max_length=4096, description="An fsspec URL (s3://bucket/prefix) "
+                                        "or an absolute path the run's checkpoints are uploaded to.")
+    retry_policy: str | None = Field(None, max_length=4096, description="A TOML retry policy file inside the "
+                                     "server's working directory (as `submit --retry-policy`).")
     name: str | None = Field(None, max_length=validation.MAX_TEXT)
     project: str = Field("default", min_length=1, max_length=validation.MAX_TEXT)
     kind: Literal["test", "full"] = "full"
@@ -108,13 +127,16 @@ def submit_job(job: JobRequest, request: Request) -> Submitted:
     directory. Needs a token with the role `submit`.
     """
     from trackway.errors import InputError
-    from trackway.supervisor.launch import command_by, start_attempt
-    from trackway.supervisor.submit import RunSpec, submit_run
-
     from trackway.experiments.expectations import parse_all
+    from trackway.supervisor.launch import command_by, start_attempt
+    from trackway.supervisor.submit import RunSpec, api_words, submit_run
 
     need(request, "submit")
-    parse_all(job.expect)  # refused (400, naming the criterion) before anything is recorded
+    try:
+        parse_all(job.expect)  # refused (400, naming the criterion) before anything is recorded
+    except InputError as exc:
+        exc.args = (api_words(str(exc)), *exc.args[1:])
+        raise
     state = request.app.state
     if job.repo:
         script = PurePosixPath(job.script)
@@ -136,15 +158,26 @@ def submit_job(job: JobRequest, request: Request) -> Submitted:
     for path, given in zip(evals, job.eval):
         if not Path(path).is_file():
             raise InputError(f"eval {given!r}: expected an eval spec file (TOML) inside the server's working directory")
+    policy = inside(state.workdir, job.retry_policy, "retry_policy", "a TOML retry policy file") \
+        if job.retry_policy is not None else None
+    prefer = job.prefer_resource if job.prefer_resource not in (None, "auto") else None
     spec = RunSpec(
         command=[sys.executable, script_path, *job.args], cwd=state.workdir, name=job.name, project=job.project,
-        kind=job.kind, config_path=str(config_path) if config_path else None, data_paths=data,
-        gpus=job.gpu_count, nodes=job.nodes, time_limit_hours=job.time_limit_hours, resource=job.prefer_resource,
+        model_family=job.model_family, kind=job.kind, config_path=str(config_path) if config_path else None,
+        overrides=list(job.set), data_paths=data, gpus=job.gpu_count, nodes=job.nodes,
+        time_limit_hours=job.time_limit_hours, resource=job.resource, prefer_resource=prefer,
         gpu_memory_min_gb=job.gpu_memory_min_gb, repo_url=job.repo, branch=job.branch, eval_spec_paths=evals,
+        retry_policy_path=policy, metric_patterns=list(job.metric_patterns) or None,
+        checkpoint_paths=list(job.checkpoint_paths) or None, checkpoint_root=job.checkpoint_root,
         preflight_strict=job.strict_memory_preflight, expect=[text.strip() for text in job.expect],
+        repo_script=script_path if job.repo else None,
     )
     try:
         run_id = submit_run(state.ledger, state.settings, spec)
+    except InputError as exc:
+        # The checks are the CLI's, which name its flags: here the caller sent JSON fields.
+        exc.args = (api_words(str(exc)), *exc.args[1:])
+        raise
     finally:
         if config_path is not None:
             config_path.unlink(missing_ok=True)  # the receipt holds the snapshot now (or nothing was recorded)

@@ -8,6 +8,7 @@ them succeeded. Its attempts are started by supervisor/launch.py.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import tempfile
 from collections.abc import Sequence
@@ -59,6 +60,7 @@ class RunSpec:
     repo_url: str | None = None
     branch: str | None = None
     resource: str | None = None  # a declared resource's name, or "auto"; None: auto once any is declared
+    prefer_resource: str | None = None  # chosen first among auto's when it can take the run (the API's)
     gpu_memory_min_gb: float | None = None  # per GPU; resources with less are passed over
     retry_policy_path: str | None = None
     eval_spec_paths: list[str] = field(default_factory=list)  # evaluate committed checkpoints with these
@@ -75,6 +77,47 @@ class RunSpec:
     # The run's own acceptance criteria (`--expect`), as given; parsed and checked by the caller
     # (experiments/expectations.py, a floor above this one) before the run is submitted.
     expect: list[str] = field(default_factory=list)
+    # The script the command runs, relative to --repo's top (the API's `script`): refused at submit, with
+    # nothing recorded, when the cloned branch does not hold it.
+    repo_script: str | None = None
+
+
+# Every option a run is submitted with: RunSpec's field -> (`trackway submit`'s flag, `POST /api/jobs`' field).
+# Both front ends take them all (tests/server/test_submit_fields.py holds them to it), and an error names what
+# the user typed: messages say the flag, and the API says its field instead (api_words).
+SUBMIT_FIELDS: dict[str, tuple[str, str]] = {
+    "name": ("--name", "name"),
+    "project": ("--project", "project"),
+    "model_family": ("--model-family", "model_family"),
+    "kind": ("--kind", "kind"),
+    "config_path": ("--config", "config"),
+    "overrides": ("--set", "set"),
+    "data_paths": ("--data", "data"),
+    "gpus": ("--gpus", "gpu_count"),
+    "nodes": ("--nodes", "nodes"),
+    "time_limit_hours": ("--time-limit", "time_limit_hours"),
+    "repo_url": ("--repo", "repo"),
+    "branch": ("--branch", "branch"),
+    "resource": ("--resource", "resource"),
+    "prefer_resource": ("--prefer-resource", "prefer_resource"),
+    "gpu_memory_min_gb": ("--gpu-memory-min", "gpu_memory_min_gb"),
+    "retry_policy_path": ("--retry-policy", "retry_policy"),
+    "eval_spec_paths": ("--eval", "eval"),
+    "metric_patterns": ("--metric-pattern", "metric_patterns"),
+    "checkpoint_paths": ("--checkpoint-path", "checkpoint_paths"),
+    "checkpoint_root": ("--checkpoint-root", "checkpoint_root"),
+    "preflight_strict": ("--strict", "strict_memory_preflight"),
+    "expect": ("--expect", "expect"),
+}
+# RunSpec's fields no person sets by an option: the command and where it runs, what callers fill in.
+INTERNAL_FIELDS = frozenset({"command", "cwd", "environ", "env", "repo_script"})
+_FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z-]*)(?![\w-])")
+
+
+def api_words(message: str) -> str:
+    """A submit error as the API says it: each `trackway submit` flag named by its JSON field instead."""
+    fields = {flag: api for flag, api in SUBMIT_FIELDS.values()}
+    return _FLAG.sub(lambda match: fields.get(match[1], match[1]), message)
 
 
 def _validate(spec: RunSpec) -> None:
@@ -135,6 +178,10 @@ def preview_placement(settings: Settings, spec: RunSpec, preflight: str | None =
         available = len(gpu_inventory())
         if available < spec.gpus:
             raise InputError(f"--gpus {spec.gpus}: this machine has {available} GPU(s)")
+    if spec.prefer_resource is not None and spec.prefer_resource not in settings.resources:
+        declared = ", ".join(sorted(settings.resources)) or "none"
+        raise InputError(f"prefer_resource {spec.prefer_resource!r}: not declared in trackway.toml (declared: "
+                         f"{declared})")
     if asked != AUTO and asked not in settings.resources and asked != "local":
         declared = ", ".join(sorted(settings.resources)) or "none"
         raise InputError(f"--resource {asked!r}: not declared in trackway.toml (declared: {declared}, or auto)")
@@ -147,7 +194,8 @@ def preview_placement(settings: Settings, spec: RunSpec, preflight: str | None =
             check_nodes(most, spec.nodes)
     run = {"resource_request": asked, "resource": asked, "kind": spec.kind, "gpus": spec.gpus, "nodes": spec.nodes,
            "time_limit_s": spec.time_limit_hours * 3600 if spec.time_limit_hours else None,
-           "gpu_memory_min_gb": spec.gpu_memory_min_gb, "preflight": preflight}
+           "gpu_memory_min_gb": spec.gpu_memory_min_gb, "preflight": preflight,
+           "resource_preferred": spec.prefer_resource}
     return place(settings, run)
 
 
@@ -268,6 +316,7 @@ def _insert_submitted_run(conn, settings: Settings, spec: RunSpec, run_id: str, 
             env=json.dumps(spec.env) if spec.env else None,
             preflight=receipt.preflight,
             expect=json.dumps(list(spec.expect)) if spec.expect else None,
+            resource_preferred=spec.prefer_resource,
             expect_open=True if spec.expect else None,
         ),
     )
@@ -320,6 +369,9 @@ def _prepare_code(spec: RunSpec, run_dir: Path) -> tuple[Path, CodeRef]:
     staging = Path(tempfile.mkdtemp(prefix=f".{run_dir.name}-", dir=run_dir.parent))
     try:
         code = clone_branch(spec.repo_url, spec.branch or "", staging / "workspace")
+        if spec.repo_script is not None and not (staging / "workspace" / spec.repo_script).is_file():
+            raise InputError(f"script {spec.repo_script!r}: not a file in {spec.repo_url} at branch {spec.branch} "
+                             f"(commit {code.commit[:12] if code.commit else 'not known'})")
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

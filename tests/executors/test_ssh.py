@@ -179,10 +179,26 @@ def test_gpus_are_leased_per_host_and_a_full_host_is_passed_over(tmp_path, loopb
 
     with pytest.raises(ExecutorError, match="GPUs are leased to running attempts"):
         executor.submit(second)
+    # What `trackway resources` says of it: no GPU free, one attempt running (no nvidia-smi here: the declared one).
+    from trackway.resources.availability import availability
+
+    busy = availability(res, timeout_s=5, home=tmp_path / "home")
+    assert (busy.free_gpus, busy.total_gpus, busy.running_jobs, busy.pending_jobs) == (0, 1, 1, 0)
     wait_for(executor, held.handle, lambda s: first.log_path.exists() and "gpus 0" in first.log_path.read_text())
     executor.cancel(held.handle)
     wait_for(executor, held.handle, lambda s: s.phase.is_terminal())
+    idle = availability(res, timeout_s=5, home=tmp_path / "home")
+    assert (idle.free_gpus, idle.running_jobs) == (1, 0)
     executor.submit(second)  # the ended attempt's GPU is free again
+
+
+def test_a_hosts_gpus_with_a_compute_process_are_not_free():
+    from trackway.resources.availability import _nvidia_smi_gpus
+
+    said = ("0, 00000000:18:00.0\n1, 00000000:3B:00.0\n2, 00000000:86:00.0\n--apps--\n"
+            "00000000:3B:00.0\n00000000:3B:00.0\n")
+    assert _nvidia_smi_gpus(said) == ([0, 1, 2], {1})
+    assert _nvidia_smi_gpus("no nvidia-smi\n") == (None, set())
 
 
 @pytest.mark.parametrize("toml, message", [

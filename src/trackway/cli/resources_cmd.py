@@ -18,7 +18,7 @@ def resources(
 
     app = app_context(ctx)
     declared = candidates(app.settings)
-    found = look_up(declared)
+    found = look_up(declared, home=app.settings.home)
     if as_json:
         print_json([resource_record(resource, found[resource.name]) for resource in declared])
         return

@@ -284,12 +284,10 @@ class SshExecutor(Executor):
         The leases live here, not on the host: trackway is the one scheduler of a resource's hosts.
         A lease ends when its attempt's end is recorded (ssh-final.json) or its directory is gone.
         """
-        path = self.home / "ssh" / "leases" / (hashlib.sha256(spec.encode()).hexdigest()[:16] + ".json")
+        path = lease_file(self.home, spec)
         path.parent.mkdir(parents=True, exist_ok=True)
         with _locked(path.with_suffix(".lock")):
-            leases = read_json(path) or {}
-            leases = {d: ids for d, ids in leases.items()
-                      if Path(d).is_dir() and not (Path(d) / FINAL_FILE).exists()}
+            leases = _live_leases(path)
             if not request.gpus:
                 leases.pop(str(request.state_dir), None)
                 write_json_atomic(path, leases)
@@ -304,7 +302,7 @@ class SshExecutor(Executor):
             return free[:request.gpus]
 
     def _release(self, spec: str, state_dir: Path) -> None:
-        path = self.home / "ssh" / "leases" / (hashlib.sha256(spec.encode()).hexdigest()[:16] + ".json")
+        path = lease_file(self.home, spec)
         if not path.exists():
             return
         with _locked(path.with_suffix(".lock")):
@@ -502,6 +500,21 @@ class SshExecutor(Executor):
             return json.loads(out)
         except ValueError:
             raise ExecutorError(f"{client.target.spec}: the agent answered {out[:200]!r}, not JSON") from None
+
+
+def lease_file(home: Path, spec: str) -> Path:
+    """Where trackway keeps the GPU leases of one SSH host (`user@host:port`)."""
+    return home / "ssh" / "leases" / (hashlib.sha256(spec.encode()).hexdigest()[:16] + ".json")
+
+
+def _live_leases(path: Path) -> dict[str, list[int]]:
+    leases = read_json(path) or {}
+    return {d: ids for d, ids in leases.items() if Path(d).is_dir() and not (Path(d) / FINAL_FILE).exists()}
+
+
+def leased_gpus(home: Path, spec: str) -> dict[str, list[int]]:
+    """The GPU indices of `spec` that live attempts of this home hold, by attempt directory."""
+    return _live_leases(lease_file(home, spec))
 
 
 class _locked:  # noqa: N801 - a context manager

@@ -220,7 +220,7 @@ def preview(settings: Settings, spec) -> dict[str, Any]:
 
     selection = preview_placement(settings, spec)
     resource = settings.resource(selection.resource)
-    row = look_up([resource]).get(resource.name)
+    row = look_up([resource], home=settings.home).get(resource.name)
     shown = {"kind": spec.kind, "resource": selection.resource, "qos": selection.qos, "why": selection.text()}
     if row is not None:
         shown.update(free_gpus=row.free_gpus, total_gpus=row.total_gpus, running_jobs=row.running_jobs,

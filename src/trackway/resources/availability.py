@@ -3,7 +3,9 @@
 Local: NVML's GPUs, free when no process holds one. Slurm: one `sinfo` (GPUs configured and
 allocated per node of the partition) and one `squeue` (jobs of the partition by state), run side
 by side with a timeout, so that an unreachable controller makes a row that says so instead of a
-hang. Resources are looked up in parallel: a listing costs the slowest look-up, not their sum.
+hang. SSH: each host asked once (its `nvidia-smi`, where it has one: a GPU with a compute process
+is taken), less the GPUs trackway's own leases hold there (executors/ssh.py), with the attempts
+holding them as the running count. Resources are looked up in parallel: a listing costs the slowest look-up, not their sum.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import re
 import subprocess
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from trackway.settings.resources import Resource
 
@@ -49,23 +52,24 @@ class Availability:
         return ", ".join(parts) or "available"
 
 
-def look_up(resources: list[Resource], timeout_s: float = LOOKUP_TIMEOUT_S) -> dict[str, Availability]:
-    """Every resource's availability, looked up side by side."""
+def look_up(resources: list[Resource], timeout_s: float = LOOKUP_TIMEOUT_S,
+            home: Path | None = None) -> dict[str, Availability]:
+    """Every resource's availability, looked up side by side; `home`: where SSH hosts' GPU leases are kept."""
     if not resources:
         return {}
     from concurrent.futures import ThreadPoolExecutor  # here: `show` imports this module to render a selection
 
     with ThreadPoolExecutor(max_workers=min(8, len(resources))) as pool:
-        found = list(pool.map(lambda resource: availability(resource, timeout_s), resources))
+        found = list(pool.map(lambda resource: availability(resource, timeout_s, home), resources))
     return {row.resource: row for row in found}
 
 
-def availability(resource: Resource, timeout_s: float = LOOKUP_TIMEOUT_S) -> Availability:
+def availability(resource: Resource, timeout_s: float = LOOKUP_TIMEOUT_S, home: Path | None = None) -> Availability:
     started = time.perf_counter()
     if resource.executor == "slurm":
         row = _slurm(resource, timeout_s)
     elif resource.executor == "ssh":
-        row = _ssh(resource, timeout_s)
+        row = _ssh(resource, timeout_s, home)
     else:
         row = _local(resource)
     return Availability(**{**row.as_dict(), "lookup_ms": (time.perf_counter() - started) * 1000})
@@ -87,38 +91,78 @@ def _local(resource: Resource) -> Availability:
     )
 
 
-def _ssh(resource: Resource, timeout_s: float) -> Availability:
-    """Which of the resource's hosts answer now (side by side, each within the timeout).
+# One call a host: its GPUs and the bus ids of GPUs with a compute process, or that it has no nvidia-smi.
+_SSH_GPU_PROBE = ("if command -v nvidia-smi >/dev/null 2>&1; then "
+                  "nvidia-smi --query-gpu=index,pci.bus_id --format=csv,noheader && echo '--apps--' && "
+                  "nvidia-smi --query-compute-apps=gpu_bus_id --format=csv,noheader; "
+                  "else echo 'no nvidia-smi'; fi")
 
-    GPUs are the declared `gpus_per_node` of each answering host: trackway leases them itself
-    (executors/ssh.py), and a host's own tools are not asked, so free GPUs are not known here.
+
+def _ssh(resource: Resource, timeout_s: float, home: Path | None = None) -> Availability:
+    """Which of the resource's hosts answer now, and their free GPUs (side by side, each within the timeout).
+
+    A host's GPUs are what its nvidia-smi lists, else the declared `gpus_per_node`; free are those no
+    compute process holds (where nvidia-smi says) and no live lease of trackway's holds. Running: the
+    attempts of this home holding leases on the resource's hosts. Without `home`, leases are not read.
     """
     from trackway.errors import ExecutorError
+    from trackway.executors.ssh import leased_gpus
     from trackway.executors.ssh_transport import SshClient, SshTarget
 
-    def probe(spec: str) -> str | None:
+    def probe(spec: str) -> tuple[str | None, str]:
         try:
-            SshClient(SshTarget.parse(spec), resource.key_file, resource.ssh_options,
-                      connect_timeout_s=timeout_s).run("true", timeout_s=timeout_s + 1)
-            return None
+            out = SshClient(SshTarget.parse(spec), resource.key_file, resource.ssh_options,
+                            connect_timeout_s=timeout_s).run(_SSH_GPU_PROBE, timeout_s=timeout_s + 1)
+            return None, out.decode(errors="replace")
         except ExecutorError as exc:
-            return str(exc)
+            return str(exc), ""
 
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(max_workers=min(8, len(resource.hosts))) as pool:
-        failures = dict(zip(resource.hosts, pool.map(probe, resource.hosts)))
-    answering = [spec for spec, failure in failures.items() if failure is None]
-    down = "; ".join(failure for failure in failures.values() if failure)
-    per_host = resource.gpus_per_node
+        answers = dict(zip(resource.hosts, pool.map(probe, resource.hosts)))
+    answering = [spec for spec, (failure, _) in answers.items() if failure is None]
+    down = "; ".join(failure for failure, _ in answers.values() if failure)
+    total = free = 0
+    known = True
+    running: set[str] = set()
+    for spec in answering:
+        seen, busy = _nvidia_smi_gpus(answers[spec][1])
+        count = len(seen) if seen is not None else resource.gpus_per_node
+        if count is None:
+            known = False
+            continue
+        leases = leased_gpus(home, spec) if home is not None else {}
+        running.update(leases)
+        held = {index for ids in leases.values() for index in ids} | busy
+        total += count
+        free += max(0, count - len(held & set(range(count))))
     return Availability(
         resource=resource.name,
         reachable=bool(answering),
-        total_gpus=per_host * len(answering) if per_host is not None and answering else None,
+        free_gpus=free if answering and known else None,
+        total_gpus=total if answering and known else None,
         gpu_model=resource.gpu,
         gpu_memory_gb=resource.gpu_memory_gb,
+        running_jobs=len(running) if home is not None and answering else None,
+        # trackway is the one scheduler of these hosts: an attempt it could not place stays queued in the ledger.
+        pending_jobs=0 if home is not None and answering else None,
         error=(f"{len(answering)} of {len(resource.hosts)} hosts answer: {down}" if down else None),
     )
+
+
+def _nvidia_smi_gpus(out: str) -> tuple[list[int] | None, set[int]]:
+    """(the host's GPU indices, those with a compute process) from _SSH_GPU_PROBE's answer; None: no nvidia-smi."""
+    if "--apps--" not in out:
+        return None, set()
+    listed, apps = out.split("--apps--", 1)
+    by_bus: dict[str, int] = {}
+    for line in listed.splitlines():
+        index, _, bus = (part.strip() for part in line.partition(","))
+        if index.isdigit():
+            by_bus[bus.lower()] = int(index)
+    busy = {by_bus[bus] for bus in (line.strip().lower() for line in apps.splitlines()) if bus in by_bus}
+    return sorted(by_bus.values()), busy
 
 
 def _slurm(resource: Resource, timeout_s: float) -> Availability:

@@ -106,7 +106,7 @@ def place(settings: Settings, run: Mapping[str, Any], previous: Mapping[str, Any
 def _select_warned(run: Mapping[str, Any], need: Need, pool: list[Resource], settings: Settings,
                    strict: bool) -> Selection:
     """Selection among `pool`; a run the preflight predicts to OOM everywhere still runs unless it is strict."""
-    available = look_up(pool)
+    available = look_up(pool, home=settings.home)
     priority = settings.selection.get(run["kind"], ())
     try:
         return select(need, pool, available, priority, preferred=run.get("resource_preferred"))
@@ -133,7 +133,7 @@ def _after_oom(
         return None
     roomier = replace(need, gpu_memory_min_gb=None)
     try:
-        chosen = select(roomier, bigger, look_up(bigger), settings.selection.get(run["kind"], ()))
+        chosen = select(roomier, bigger, look_up(bigger, home=settings.home), settings.selection.get(run["kind"], ()))
     except NoResourceFits:
         return None
     memory = capacity_gib(settings.resource(chosen.resource))

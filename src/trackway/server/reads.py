@@ -24,7 +24,7 @@ def resources(request: Request) -> list[dict[str, Any]]:
     from trackway.resources.placement import candidates
 
     declared = candidates(request.app.state.settings)
-    found = look_up(declared)
+    found = look_up(declared, home=request.app.state.settings.home)
     return [resource_record(resource, found[resource.name]) for resource in declared]
 
 

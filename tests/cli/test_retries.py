@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 PY = sys.executable
@@ -197,3 +198,24 @@ def test_explain_tells_how_to_get_a_free_port_once_the_retries_are_spent(cli_sql
     facts = cli_sqlite("explain", "taken", "--json").json()
     assert facts["ended_by"]["reason"] == "infra_transient" and facts["ended_by"]["rule"] == "log:port-in-use"
     assert "--main_process_port 0" in facts["next_steps"]["person"], facts["next_steps"]
+
+
+def test_a_run_going_again_after_a_preemption_shows_no_ending_of_its_own(cli_sqlite):
+    assert cli_sqlite("submit", "--detach", "--name", "again", "--", PY, SCRIPT, "40", "--preempt-at", "5").code == 0
+    deadline = time.monotonic() + 60
+    while not cli_sqlite("attempts", "again", "--json").json()[0]["termination_reason"]:
+        assert time.monotonic() < deadline, "attempt 1 never ended"
+        time.sleep(0.3)  # each listing ticks: the preemption is recorded and the retry queued or started
+    (run,) = cli_sqlite("runs", "--json").json()
+    # Going again: the preemption is attempt 1's ending, not the run's (the listing said `running  preempted`).
+    assert run["state"] in ("queued", "running") and run["termination_reason"] is None, run
+    assert cli_sqlite("attempts", "again", "--json").json()[0]["termination_reason"] == "preempted"
+
+
+def test_the_end_line_says_each_thing_once(cli_sqlite):
+    done = cli_sqlite("submit", "--name", "once", "--", PY, SCRIPT, "3")
+    (line,) = [text for text in done.err.splitlines() if " ended: " in text]
+    assert line.endswith("ended: completed (exit code 0)"), line  # no `none: the run ended completed [...]`
+    failed = cli_sqlite("submit", "--name", "bug3", "--", PY, SCRIPT, "10", "--fail-at", "2")
+    (line,) = [text for text in failed.err.splitlines() if " ended: " in text]
+    assert "ended: code_error (exit code 1); stop: " in line and line.endswith("[code_error: stop]"), line

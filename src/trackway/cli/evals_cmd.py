@@ -8,6 +8,7 @@ import typer
 from sqlalchemy import select
 from typer.core import TyperGroup
 
+from trackway.cli.end_line import decision_of, end_line
 from trackway.cli.context import AppContext, app_context
 from trackway.cli.render import (
     KEY,
@@ -94,11 +95,8 @@ def _follow(app: AppContext, supervisor, eval_id: str) -> int:
                     with app.ledger.read() as conn:
                         mine = {s["eval_run_id"]: int(s["seed"]) for s in seeds_of(conn, eval_id)}
                     if end.run_id in mine:
-                        say(
-                            err_console,
-                            f"seed {mine[end.run_id]} ({end.attempt_id}) ended: {end.reason.value}; "
-                            f"{end.decision.action}: {end.decision.message} [{end.decision.rule}]",
-                        )
+                        say(err_console, f"seed {mine[end.run_id]}: " + end_line(
+                            end.attempt_id, end.reason.value, decision_of(end), process=False))
                 with app.ledger.read() as conn:
                     evaluation = resolve_evaluation(conn, eval_id)
                     seeds = seeds_of(conn, eval_id)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 
+from trackway.cli.end_line import decision_of, end_line
 from trackway.cli.context import AppContext, app_context
 from trackway.cli.jsonout import print_json, to_jsonable
 
@@ -189,8 +190,7 @@ def _follow(app: AppContext, supervisor, experiment_id: str) -> int:
                     attempt = latest_attempt(conn, run_id) if run_id else None
                 for end in ends:
                     if end.run_id in mine:
-                        say(err_console, f"{end.attempt_id} ended: {end.reason.value}; {end.decision.action}: "
-                            f"{end.decision.message}")
+                        say(err_console, end_line(end.attempt_id, end.reason.value, decision_of(end), process=False))
                 for who, message in supervisor.findings:
                     if who == experiment_id or who.split("/")[0] in mine:
                         say(err_console, f"{who}: {message}")

@@ -9,6 +9,7 @@ from pathlib import Path
 import typer
 from rich.text import Text
 
+from trackway.cli.end_line import decision_of, end_line
 from trackway.cli.context import AppContext, app_context
 from trackway.cli.render import console, duration, err_console, printable, say
 from trackway.cli.supervise_cmd import ensure_background_supervisor
@@ -193,13 +194,8 @@ def _say_end(attempt) -> None:
     import json
 
     decision = json.loads(attempt["retry_decision"]) if attempt["retry_decision"] else {}
-    say(
-        err_console,
-        f"{attempt['attempt_id']} ended: {attempt['termination_reason']} "
-        f"({_exit_and_signal(attempt['exit_code'], attempt['signal'])}); "
-        f"{decision.get('action', 'none')}: {decision.get('message', '')}"
-        + (f" [{decision['rule']}]" if decision.get("rule") else ""),
-    )
+    say(err_console, end_line(attempt["attempt_id"], attempt["termination_reason"], decision,
+                              exit_code=attempt["exit_code"], signal=attempt["signal"]))
 
 
 def _say_placement(app: AppContext, attempt_id: str) -> None:
@@ -286,12 +282,8 @@ def follow(app: AppContext, supervisor, run_id: str, attempt_id: str) -> int:
                 for end in ends:
                     if end.run_id == run_id:
                         reported.add(end.attempt_id)
-                        decision = end.decision
-                        say(
-                            err_console,
-                            f"{end.attempt_id} ended: {end.reason.value} ({_exit_and_signal(end.exit_code, end.signal)}); "
-                            f"{decision.action}: {decision.message} [{decision.rule}]",
-                        )
+                        say(err_console, end_line(end.attempt_id, end.reason.value, decision_of(end),
+                                                  exit_code=end.exit_code, signal=end.signal))
                 with app.ledger.read() as conn:
                     run = resolve_run(conn, run_id)
                     attempt = latest_attempt(conn, run_id)
@@ -374,10 +366,3 @@ def _say_pending_evaluations(app: AppContext, run_id: str) -> None:
 def register(app: typer.Typer) -> None:
     app.command("submit", context_settings={"allow_interspersed_args": False})(submit)
     app.command("resume")(resume)
-
-
-def _exit_and_signal(exit_code: int | None, signal: int | None) -> str:
-    """`exit code 1` or `SIGKILL (9)`: how an attempt's process ended, never shown as None."""
-    from trackway.display import exit_text, signal_text
-
-    return signal_text(signal) if signal is not None else exit_text(exit_code)

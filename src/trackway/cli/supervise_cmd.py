@@ -99,10 +99,9 @@ def tell(ends) -> None:
 
 def describe_end(end) -> str:
     """One line for one attempt end: reason and rule, then the decision and its rule."""
-    return (
-        f"{end.attempt_id} ended: {end.reason.value} [{end.rule}]; {end.decision.action}: "
-        f"{end.decision.message} [{end.decision.rule}]"
-    )
+    from trackway.cli.end_line import decision_of, end_line
+
+    return end_line(end.attempt_id, end.reason.value, decision_of(end), rule=end.rule, process=False)
 
 
 def _safe(probe):

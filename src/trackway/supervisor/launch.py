@@ -394,7 +394,8 @@ def _insert_starting(conn, settings: Settings, plan: AttemptPlan, run, number: i
             selection=plan.placement.to_json(),
         ),
     )
-    update_run(conn, run_id, state=RunState.RUNNING.value, not_before=None, ended_at=None)
+    # A run going again has not ended: the reason its last attempt ended is that attempt's, not the run's.
+    update_run(conn, run_id, state=RunState.RUNNING.value, not_before=None, ended_at=None, termination_reason=None)
     _add_launch_events(conn, plan, attempt_id)
     return ClaimedAttempt(attempt_id, number, run, state_dir, config_path, environ_description)
 

@@ -108,6 +108,7 @@ def decide_after_end(
             .values(
                 state=RunState.QUEUED.value,
                 ended_at=None,
+                termination_reason=None,  # the run has not ended: its attempt's reason is on the attempt
                 not_before=datetime.now(timezone.utc) + timedelta(seconds=decision.delay_s),
             )
         )

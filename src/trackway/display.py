@@ -74,6 +74,15 @@ def compute_unit(gpu_count: int | None) -> str:
     return "GPU" if gpu_count else "CPU"
 
 
+def compute_unit_of(gpu_counts) -> str:
+    """The unit of a sum over attempts: `GPU` when every one had GPUs, `CPU` when none did, else `compute`
+    (GPU-hours and CPU-hours added together, said as such)."""
+    counts = [bool(count) for count in gpu_counts]
+    if counts and all(counts):
+        return "GPU"
+    return "compute" if any(counts) else "CPU"
+
+
 def hours(seconds: float | None, gpu_count: int | None, missing: str = NOT_RECORDED) -> str:
     """`0.125 GPU-hours (7 min 30 s)`, or CPU-hours for an attempt that used no GPU; small values keep
     enough digits not to read as zero."""

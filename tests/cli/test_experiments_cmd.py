@@ -58,6 +58,10 @@ def test_a_test_run_gates_the_full_run_and_the_verdict_has_its_numbers(cli):
     assert (shown["status"], shown["verdict"]) == ("concluded", "supported")
     assert shown["changes"] == [{"key": "train.lr", "before": 0.1, "after": 0.2}]
     assert shown["test_run"]["kind"] == "test" and shown["test_plan"]["max_steps"] == 12
+    # No GPU here: the runs' hours are CPU-hours, said as such in the JSON and on the page.
+    assert shown["test_run"]["compute"] == shown["full_run"]["compute"] == "CPU"
+    page = cli("experiment", "show", experiment).out
+    assert "CPU-h" in page and "GPU-h" not in page
     assert [a["last_step"] for a in shown["test_run"]["attempts"]] == [12]
     checks = {c["check"]: c["passed"] for c in shown["test_checks"]}
     # Twelve steps in microseconds cannot be timed, no GPUs, no git here: those checks are skipped, and say so.

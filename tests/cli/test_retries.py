@@ -70,7 +70,9 @@ def test_report_waste_says_which_retries_did_real_work(cli):
     by_run = cli("report", "waste", "--by", "run", "--json").json()
     assert len(by_run) == 2
     table = cli("report", "waste", "--by", "run")
-    assert table.code == 0 and "wasted gpu-h" in table.out
+    # No attempt here had a GPU: their hours are CPU-hours, and said so.
+    assert table.code == 0 and "wasted cpu-h" in table.out and "gpu-h" not in table.out
+    assert "CPU time (no attempt had a GPU)" in " ".join(table.out.split())
     assert cli("report", "waste", "--by", "color").code == 2
 
 

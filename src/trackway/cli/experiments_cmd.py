@@ -269,7 +269,7 @@ def _print_described(d: dict) -> None:
                 run_label = f"test run {len(d['earlier_test_runs']) + 1}"
             fact(console, run_label.replace("_", " "), f"{run['run_id']} {run['state']}"
                  + (f" ({run['termination_reason']})" if run["termination_reason"] not in (None, run["state"]) else "")
-                 + f", {len(run['attempts'])} attempt(s), {run['gpu_hours']:.3g} GPU-h, ${run['cost_usd']:.2f}")
+                 + f", {len(run['attempts'])} attempt(s), {run['gpu_hours']:.3g} {run['compute']}-h, ${run['cost_usd']:.2f}")
     for check in d["test_checks"] or []:
         mark = {True: "pass", False: "FAIL", None: "skip"}[check["passed"]]
         fact(console, f"check {check['check']}", f"{mark}: {check['detail']}", label_width=20)

@@ -5,10 +5,11 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 import typer
-from sqlalchemy import func, select
+from sqlalchemy import case, func, select
 
 from trackway.cli.context import app_context
 from trackway.cli.render import KEY, Column, console, print_json, table
+from trackway.display import compute_unit_of
 from trackway.errors import InputError
 from trackway.ledger.schema import attempts, runs
 from trackway.taxonomy import RunKind
@@ -53,11 +54,17 @@ def waste(
         print_json(rows)
         return
     what = "" if kinds is None else f" ({' and '.join(kinds)} runs)"
+    # GPU-hours only where GPUs were used: a CPU attempt's hours are wall time on its CPUs.
+    unit = compute_unit_of([1] * sum(r["gpu_attempts"] for r in rows)
+                           + [0] * sum(r["attempts"] - r["gpu_attempts"] for r in rows))
+    said = {"GPU": "GPU time", "CPU": "CPU time (no attempt had a GPU)",
+            "compute": "Compute time (GPU-hours where GPUs were used, CPU-hours where none were)"}[unit]
+    h = {"GPU": "gpu-h", "CPU": "cpu-h", "compute": "compute-h"}[unit]
     console.print(
         table(
-            f"GPU time of attempts started in the last {days:g} days{what}, by {by}",
-            [Column(by, KEY, shorten_to=16, middle=True), Column("attempts", 40, right=True), Column("gpu-h", 50, right=True),
-             Column("useful gpu-h", 60, right=True), Column("wasted gpu-h", 70, right=True),
+            f"{said} of attempts started in the last {days:g} days{what}, by {by}",
+            [Column(by, KEY, shorten_to=16, middle=True), Column("attempts", 40, right=True), Column(h, 50, right=True),
+             Column(f"useful {h}", 60, right=True), Column(f"wasted {h}", 70, right=True),
              Column("wasted", 80, right=True)],
             (
                 (r.get("name") or r[by], r["attempts"], f"{r['gpu_seconds'] / 3600:.3f}",
@@ -79,6 +86,7 @@ def _query(by: str, days: float, kinds: list[str] | None):
         select(
             *keys,
             func.count().label("attempts"),
+            func.coalesce(func.sum(case((attempts.c.gpu_count > 0, 1), else_=0)), 0).label("gpu_attempts"),
             func.coalesce(func.sum(attempts.c.gpu_seconds), 0.0).label("gpu_seconds"),
             func.coalesce(func.sum(attempts.c.useful_gpu_seconds), 0.0).label("useful_gpu_seconds"),
             wasted.label("wasted_gpu_seconds"),

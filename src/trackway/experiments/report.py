@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
+from trackway.display import compute_unit_of
 from trackway.experiments import criteria as language
 from trackway.receipts.config_diff import change_text
 from trackway.experiments.quantities import RunNumbers
@@ -89,7 +90,7 @@ def _run_facts(conn: Connection, run) -> dict[str, Any] | None:
             "attempt_id": a["attempt_id"], "state": a["state"], "termination_reason": a["termination_reason"],
             "exit_code": a["exit_code"], "signal": a["signal"], "first_step": a["first_step"],
             "last_step": a["last_step"], "resumed_from": a["resumed_from_checkpoint"], "resource": a["resource"],
-            "gpu_hours": (a["gpu_seconds"] or 0.0) / 3600, "cost_usd": a["cost_usd"],
+            "gpu_hours": (a["gpu_seconds"] or 0.0) / 3600, "cost_usd": a["cost_usd"], "gpu_count": a["gpu_count"],
             "decision": decision.get("action"), "rule": decision.get("rule"),
         })
     return {
@@ -98,6 +99,8 @@ def _run_facts(conn: Connection, run) -> dict[str, Any] | None:
         "code_commit": run["code_commit"], "code_dirty_sha256": run["code_dirty_sha256"],
         "config_sha256": run["config_sha256"], "attempts": listed,
         "gpu_hours": sum(a["gpu_hours"] for a in listed),
+        # What those hours are: GPU-hours only where GPUs were used (the ledger counts a CPU attempt's wall time).
+        "compute": compute_unit_of(a["gpu_count"] for a in listed),
         "cost_usd": sum(a["cost_usd"] or 0.0 for a in listed),
     }
 
@@ -246,9 +249,9 @@ def _attempts(d: dict[str, Any]) -> list[str]:
             continue
         out += [f"**{label} run `{run['run_id']}`** ({run['state']}, on {run['resource']}, commit "
                 f"`{(run['code_commit'] or 'none')[:12]}`{' + diff' if run['code_dirty_sha256'] else ''}): "
-                f"{run['gpu_hours']:.4g} GPU-hours, ${run['cost_usd']:.2f}",
+                f"{run['gpu_hours']:.4g} {run['compute']}-hours, ${run['cost_usd']:.2f}",
                 "",
-                "| attempt | ended | exit | steps | resumed from | GPU-h | decision |",
+                f"| attempt | ended | exit | steps | resumed from | {run['compute']}-h | decision |",
                 "|---|---|---|---|---|---|---|"]
         for a in run["attempts"]:
             exit_text = f"signal {a['signal']}" if a["signal"] is not None else str(a["exit_code"])

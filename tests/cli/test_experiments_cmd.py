@@ -127,7 +127,11 @@ def test_a_test_run_that_diverges_or_never_checkpoints_stops_before_the_full_run
     assert shown["status"] == "stopped" and shown["full_run"] is None and shown["verdict"] is None
     assert [c["check"] for c in shown["test_checks"] if c["passed"] is False] == failed
     assert shown["stop_reason"] == f"the test run failed {', '.join(failed)}"
+    # There will be no verdict: the page says so, and why, never "not yet".
+    page = " ".join(sq("experiment", "show", experiment).out.split())
+    assert f"verdict none: stopped: the test run failed {failed[0]}" in page and "not yet" not in page, page
     report = sq("experiment", "report", experiment).out
+    assert "not yet" not in report
     for check in failed:
         assert f"| {check} | **FAIL** |" in report
     if mode == "nan":

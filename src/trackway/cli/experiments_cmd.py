@@ -282,8 +282,10 @@ def _print_described(d: dict) -> None:
     if not detail.get("criteria"):
         for text in d["criteria"]:
             fact(console, "expect", text)
-    verdict = d["verdict"] or (f"{detail['verdict']} (provisional)" if detail.get("verdict") else "not yet")
-    fact(console, "verdict", verdict + (f": {detail['why']}" if detail.get("why") else ""))
+    verdict = d["verdict"] or (f"{detail['verdict']} (provisional)" if detail.get("verdict") else
+                               "none: stopped" if d["status"] == "stopped" else "not yet")
+    why = detail.get("why") or (d["stop_reason"] if d["status"] == "stopped" and not d["verdict"] else None)
+    fact(console, "verdict", verdict + (f": {why}" if why else ""))
     if detail.get("next_step"):
         fact(console, "next", detail["next_step"])
 

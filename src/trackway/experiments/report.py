@@ -165,7 +165,7 @@ def _header(d: dict[str, Any]) -> list[str]:
         "",
         f"- **Hypothesis:** {d['hypothesis']}",
         f"- **Status:** {d['status']}" + (f" ({d['stop_reason']})" if d["stop_reason"] else ""),
-        f"- **Verdict:** {d['verdict'] or 'not yet'}",
+        f"- **Verdict:** {d['verdict'] or ('none: stopped' if d['status'] == 'stopped' else 'not yet')}",
         f"- **Baseline run:** `{d['baseline_run_id']}`" + (f"; follows experiment `{d['parent_experiment_id']}`"
                                                            if d["parent_experiment_id"] else ""),
         f"- **Command:** `{' '.join(d['command'])}`",
@@ -285,7 +285,7 @@ def _evaluations_table(d: dict[str, Any]) -> list[str]:
 def _verdict(d: dict[str, Any], detail: dict[str, Any]) -> list[str]:
     """## Verdict, and the next step it suggests."""
     out = ["## Verdict", "",
-           f"**{(d['verdict'] or detail.get('verdict') or 'not yet').upper()}**"
+           f"**{(d['verdict'] or detail.get('verdict') or ('none: stopped' if d['status'] == 'stopped' else 'not yet')).upper()}**"
            + (" (provisional)" if detail.get("provisional") else "") + f": {detail.get('why') or d['stop_reason'] or ''}",
            ""]
     if detail.get("next_step"):

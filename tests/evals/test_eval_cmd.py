@@ -41,6 +41,10 @@ def test_the_same_checkpoint_and_versions_again_is_a_repeat_and_a_changed_evalua
     more = cli("eval", "train@20", "--spec", spec, "--seeds", "3")
     assert more.code == 0 and more.out.split()[0] == changed.out.split()[0]
     detail = cli("eval", "show", more.out.split()[0], "--json").json()
+    page = cli("eval", "show", more.out.split()[0]).out
+    # Headers say what their column holds (each seed's attempt endings), and no Python dict or repr leaks out.
+    assert "endings" in page and "sampled failures:" in page and "{'" not in page and "': " not in page, page
+    assert 'output "' in page
     assert [s["seed"] for s in detail["seeds"]] == [0, 1, 2] and detail["metrics"]["pass@1"]["seeds"] == 3
 
 

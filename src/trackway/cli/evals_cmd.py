@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import typer
@@ -208,7 +209,7 @@ def _print_detail(app: AppContext, ref: str) -> None:
     console.print(table(
         None,
         [Column("seed", KEY, right=True), Column("run", 40), Column("state", KEY),
-         Column("attempts", 30, shorten_to=12), Column("samples", 20, right=True), Column("tasks", 20, right=True),
+         Column("endings", 30, shorten_to=12), Column("samples", 20, right=True), Column("tasks", 20, right=True),
          *(Column(m, 90 - i, right=True) for i, m in enumerate(metric_names))],
         (
             (s["seed"], s["eval_run_id"], s["state"] + (f" ({s['termination_reason']})" if s["state"] == "failed" else ""),
@@ -224,10 +225,11 @@ def _print_detail(app: AppContext, ref: str) -> None:
     if failures:
         console.print("  sampled failures:", highlight=False)
         for seed, failure in failures[:10]:
-            extra = {k: v for k, v in failure.items() if k not in ("task_id", "sample", "correct", "output")}
+            extra = "".join(f", {k} {json.dumps(v, ensure_ascii=False)}" for k, v in failure.items()
+                            if k not in ("task_id", "sample", "correct", "output"))
             # The evaluator's output is data: `[a]` in an answer must not vanish as markup.
             say(console, f"    seed {seed} task {failure['task_id']} sample {failure['sample']}: output "
-                         f"{failure['output']!r} {extra if extra else ''}")
+                         f"{json.dumps(failure['output'], ensure_ascii=False)}{extra}")
 
 
 @eval_app.command("compare")

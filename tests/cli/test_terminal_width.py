@@ -44,12 +44,24 @@ def at_80(monkeypatch):
 def fits(text: str, width: int = 80) -> str:
     """`text`, after checking that no line of it is wider than `width` cells.
 
-    A line suggesting a command is the exception: it is kept on one line so that copying it from the
-    terminal (which wraps it on screen) gives the command without a newline in the middle.
+    Two exceptions, kept on one line so that copying from the terminal (which folds them on screen)
+    gives them without a newline in the middle: a line suggesting a command, and a line whose one long
+    word (a path, a hash) is on a line of its own after its label.
     """
     for line in text.splitlines():
-        assert cell_len(line) <= width or "`trackway " in line, f"{cell_len(line)} cells: {line!r}"
+        words = line.split()
+        own_line = len(words) <= 2 and cell_len(words[-1]) > width // 2 if words else False
+        assert cell_len(line) <= width or "`trackway " in line or own_line, f"{cell_len(line)} cells: {line!r}"
     return text
+
+
+def test_a_long_path_is_never_broken_inside_a_word():
+    from trackway.cli.render import hanging
+
+    path = "/tmp/pytest-of-root/pytest-12/popen-gw0/test_a_long_name0/home/runs/r1234567890/attempts/1/output.log"
+    lines = hanging("  log           ", f"{path} (3 lines)", 80)
+    # Whole on one line (past the width: the terminal folds it for the eye), the rest wrapped under it.
+    assert lines[0] == f"  log           {path}" and lines[1].split() == ["(3", "lines)"], lines
 
 
 def shown_or_shortened(text: str, value: str) -> None:

@@ -63,8 +63,9 @@ def hanging(lead: str, text: str, width: int | None) -> list[str]:
     room = width - cell_len(lead) if width else 0
     if width is None or cell_len(lead + text) <= width or room < MIN_HANGING:
         return [lead + text]
-    # Long words (paths, hashes) are broken too: a value wraps, it is never cut.
-    chunks = textwrap.wrap(text, room, break_long_words=True, break_on_hyphens=False) or [""]
+    # A word longer than the room (a path, a hash) is never broken: it takes a line of its own, past the
+    # width if it must, which the terminal folds for the eye and a copy takes whole.
+    chunks = textwrap.wrap(text, room, break_long_words=False, break_on_hyphens=False) or [""]
     return [lead + chunks[0]] + [" " * cell_len(lead) + chunk for chunk in chunks[1:]]
 
 

@@ -166,3 +166,32 @@ def test_repo_and_branch_clone_into_the_workspace_and_run_there(cli, tmp_path):
     assert run["code_commit"] == exp_commit and run["code_branch"] == "exp"
     assert run["workdir"].endswith(f"{run_id}/workspace")
     assert "out on exp" in cli("logs", run_id).out
+
+
+SLOW_TO_STOP = ("import signal, sys, time\n"
+                "def stop(*_):\n"
+                "    time.sleep(3)  # a final save on the notice\n"
+                "    sys.exit(143)\n"
+                "signal.signal(signal.SIGTERM, stop)\n"
+                "print('ready', flush=True)\n"
+                "time.sleep(120)\n")
+
+
+def test_resume_right_after_cancel_waits_for_the_cancel_to_finish(cli_sqlite, tmp_path):
+    script = tmp_path / "slow_to_stop.py"
+    script.write_text(SLOW_TO_STOP)
+    assert cli_sqlite("submit", "--detach", "--name", "slow", "--", PY, str(script)).code == 0
+    (attempt,) = cli_sqlite("attempts", "slow", "--json").json()
+    log = Path(attempt["log_path"])
+    deadline = time.time() + 30
+    while not (log.exists() and "ready" in log.read_text()):
+        assert time.time() < deadline, "the script never started"
+        time.sleep(0.1)
+    assert cli_sqlite("cancel", "slow").code == 0
+    resumed = cli_sqlite("resume", "slow", "--detach")
+    # Not "is running": the cancel was finishing, resume waited for it, then went on.
+    assert resumed.code == 0, resumed.err
+    assert "slow/1 ended (cancelled); resuming" in resumed.err.replace(attempt["run_id"], "slow")
+    first, second = cli_sqlite("attempts", "slow", "--json").json()
+    assert first["termination_reason"] == "user_cancelled" and second["attempt_number"] == 2
+    assert cli_sqlite("cancel", "slow").code == 0

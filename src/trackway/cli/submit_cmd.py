@@ -233,6 +233,7 @@ def resume(
     supervisor.tick()
     with app.ledger.read() as conn:
         record = resolve_run(conn, run)
+    record = _after_cancel(app, supervisor, run, record)
     if record["state"] in (RunState.RUNNING.value, RunState.QUEUED.value, RunState.COMPLETED.value):
         raise InputError(f"run {run!r}: is {record['state']}; only a run that ended without completing can be resumed")
     if same_code and not record["code_commit"]:
@@ -257,6 +258,45 @@ def resume(
     if code == INTERRUPTED or _pending_evaluations(app, record["run_id"]):
         ensure_background_supervisor(app)
     raise typer.Exit(code)
+
+
+# Past the grace period, how long a cancel may take to be recorded (the SIGKILL, the executor's own report).
+CANCEL_SETTLE_S = 15.0
+
+
+def _after_cancel(app: AppContext, supervisor, run: str, record):
+    """The run once a cancel still finishing has ended it: `resume` right after `cancel` waits for it (at most
+    the grace period and CANCEL_SETTLE_S), with a live status line; past that, it says how long to wait."""
+    import time
+
+    from trackway.errors import TrackwayError
+    from trackway.ledger.records import active_attempts
+    from trackway.supervisor.loop import handle_of
+
+    if record["state"] not in (RunState.RUNNING.value, RunState.QUEUED.value):
+        return record
+    with app.ledger.read() as conn:
+        live = [a for a in active_attempts(conn) if a["run_id"] == record["run_id"]]
+    cancelling = [a for a in live if a["executor_job_id"]
+                  and supervisor.executor(a["executor"]).poll(handle_of(a)).cancelled]
+    if not live or len(cancelling) < len(live):
+        return record  # it runs: not ours to wait for
+    grace = max(app.settings.resource(a["resource"] or record["resource"]).grace_seconds for a in cancelling)
+    bound = grace + CANCEL_SETTLE_S
+    ids = ", ".join(a["attempt_id"] for a in cancelling)
+    deadline = time.monotonic() + bound
+    with err_console.status(f"{ids} is being cancelled: waiting for it to end (at most {bound:.0f} s: the "
+                            f"{grace:g} s grace period, then SIGKILL)"):
+        while time.monotonic() < deadline:
+            supervisor.tick()
+            with app.ledger.read() as conn:
+                record = resolve_run(conn, run)
+            if record["state"] not in (RunState.RUNNING.value, RunState.QUEUED.value):
+                say(err_console, f"{ids} ended (cancelled); resuming")
+                return record
+            time.sleep(0.5)
+    raise TrackwayError(f"run {run!r}: the cancel of {ids} has not finished after {bound:.0f} s; `trackway show {run}` "
+                        "says when it has, then resume it")
 
 
 def follow(app: AppContext, supervisor, run_id: str, attempt_id: str) -> int:

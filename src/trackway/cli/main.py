@@ -41,6 +41,7 @@ COMMANDS: dict[str, Entry] = {
     "metrics": Entry("metrics_cmd", "Show a run's metrics: a summary per key, or every point of one key."),
     "checkpoints": Entry("checkpoints_cmd", "List a run's checkpoints as storage holds them: state, step, size and lineage; set-aside ones with why."),
     "gc": Entry("checkpoints_cmd", "Apply checkpoint retention in one pass: what is not kept is superseded, then deleted (marker first)."),
+    "compare": Entry("compare_cmd", "Runs side by side: the config keys that differ, code and data, final and best metrics, state and cost."),
     "evals": Entry("evals_cmd", "The run's checkpoints with their evaluations: step, progress, each metric per seed and aggregated."),
     "resources": Entry("resources_cmd", "List the resources runs may go to, with live availability (free GPUs, jobs running and pending)."),
     "preflight": Entry("preflight_cmd", "Estimate peak GPU memory per GPU at the median, p99 and longest batch, judge it per GPU, and rank the fixes."),

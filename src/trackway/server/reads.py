@@ -86,6 +86,17 @@ def explain_run(run_id: str, request: Request) -> dict[str, Any]:
         return explain(conn, run_id)
 
 
+@router.get("/compare")
+def compare_runs(request: Request, runs: str = Query(..., max_length=10_000,
+                                                    description="Comma-separated runs (ids or names), the first the "
+                                                                "baseline: at least two.")) -> dict[str, Any]:
+    """Runs side by side (what `trackway compare --json` prints): config keys that differ, code, data, final metrics."""
+    from trackway.reports.compare import compare
+
+    with request.app.state.ledger.read() as conn:
+        return compare(conn, [r.strip() for r in runs.split(",") if r.strip()])
+
+
 @router.get("/experiments")
 def experiments(request: Request, limit: int = Query(100, ge=1, le=10_000)) -> list[dict[str, Any]]:
     """Experiments, newest first, with status and verdict."""

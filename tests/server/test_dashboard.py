@@ -8,6 +8,7 @@ Every request the page makes is watched: none may leave this server (no CDN, wor
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -129,10 +130,40 @@ def test_a_resumed_run_reads_as_one_curve_with_its_restart_marked_and_explained(
 
         page.click("button[data-tab='checkpoints']")
         page.wait_for_selector("text=step-00000007")
-        for route in ("#/waste", "#/resources", "#/experiments"):
+
+        # Times in the viewer's zone to the second, the exact value on hover; signals by name; no markup leaking.
+        page.click("button[data-tab='attempts']")
+        page.wait_for_selector("time.when")
+        stamps = page.eval_on_selector_all("time.when", "nodes => nodes.map(n => [n.textContent, n.title])")
+        assert stamps and all(re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", text) and "T" in title
+                              for text, title in stamps), stamps
+        seen = page.inner_text("main")
+        assert "signal 15" not in seen and "starts at step -" not in seen and "`" not in seen, seen
+        page.click("button[data-tab='config']")
+        page.wait_for_selector("#config-diff")
+        assert f"Against {job['id']}/1" in page.inner_text("#config-diff")
+        page.screenshot(path=str(ARTIFACTS / "run-config.png"), full_page=True)
+
+        # The list narrows by search, and two runs picked are drawn over each other, one series each.
+        page.goto(f"{base}/#/runs?search=appears")
+        page.wait_for_selector(f"a[href='#/runs/{other['id']}']")
+        assert page.locator(f"a[href='#/runs/{job['id']}']").count() == 0
+        wait_for(lambda: api.get(f"/api/jobs/{other['id']}")[1]["status"] in ("completed", "failed")
+                 or subprocess.run([sys.executable, "-m", "trackway", "supervise", "--once"], env=environ,
+                                   capture_output=True, timeout=120) and False, "the second job to end", timeout=90)
+        page.goto(f"{base}/#/compare/{job['id']},{other['id']}")
+        page.wait_for_function("document.body.dataset.chart === 'drawn'")
+        assert page.get_attribute("#chart", "data-series") == "2"
+        assert "Final metrics" in page.inner_text("main")
+        page.screenshot(path=str(ARTIFACTS / "compare.png"), full_page=True)
+
+        for route in ("#/waste", "#/resources", "#/experiments", f"#/runs/{job['id']}", "#/runs",
+                      f"#/compare/{job['id']},{other['id']}"):
             page.goto(base + "/" + route)
             page.wait_for_selector("h1")
             assert not page.locator(".error").count(), page.inner_text("main")
+            # Laid out for 1280 px: nothing makes the page scroll sideways.
+            assert page.evaluate("document.documentElement.scrollWidth <= document.documentElement.clientWidth"), route
         assert outside == [], f"the dashboard asked beyond this server: {outside}"
 
 

@@ -197,17 +197,28 @@ def list_jobs(
     state: Literal["queued", "running", "completed", "failed", "cancelled"] | None = None,
     project: str | None = Query(None, max_length=validation.MAX_TEXT),
     kind: Literal["test", "full", "eval"] | None = None,
+    search: str | None = Query(None, max_length=200, description="Runs whose id, name or command holds this text."),
+    sort: Literal["created", "name", "state", "project"] = Query("created", description="The order, newest first "
+                                                                "for `created`, else ascending."),
+    offset: int = Query(0, ge=0, le=10_000_000, description="Skip this many runs (pages of `limit`)."),
     limit: int = Query(100, ge=1, le=10_000),
 ) -> list[dict[str, Any]]:
     count = select(func.count()).where(attempts.c.run_id == runs.c.run_id).scalar_subquery()
-    query = select(runs, count.label("attempt_count")).order_by(runs.c.created_at.desc(), runs.c.run_id.desc())
+    order = {"created": (runs.c.created_at.desc(), runs.c.run_id.desc()), "name": (runs.c.name, runs.c.run_id),
+             "state": (runs.c.state, runs.c.created_at.desc()), "project": (runs.c.project, runs.c.created_at.desc())}
+    query = select(runs, count.label("attempt_count")).order_by(*order[sort])
+    if search:
+        # A literal text, never a pattern: % and _ typed by a person match themselves.
+        needle = "%" + search.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        query = query.where(runs.c.run_id.like(needle, escape="\\") | runs.c.name.like(needle, escape="\\")
+                            | runs.c.command.like(needle, escape="\\"))
     if state:
         query = query.where(runs.c.state == state)
     if project:
         query = query.where(runs.c.project == project)
     query = query.where(runs.c.kind == kind) if kind else query.where(runs.c.kind != "eval")
     with request.app.state.ledger.read() as conn:
-        rows = conn.execute(query.limit(limit)).mappings().all()
+        rows = conn.execute(query.offset(offset).limit(limit)).mappings().all()
         return [{**_summary(r), "last_metric": _last_metric(conn, r["run_id"])} for r in rows]
 
 

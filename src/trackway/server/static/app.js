@@ -76,6 +76,30 @@ function age(iso) {
   return Math.round(seconds / 86400) + " d";
 }
 
+// A moment in the viewer's own zone, to the second; the exact value the server sent on hover.
+function when(iso) {
+  if (!iso) return "-";
+  const t = new Date(iso);
+  if (Number.isNaN(t.getTime())) return String(iso);
+  const pad = (n) => String(n).padStart(2, "0");
+  const text = `${t.getFullYear()}-${pad(t.getMonth() + 1)}-${pad(t.getDate())} ${pad(t.getHours())}:${pad(t.getMinutes())}:${pad(t.getSeconds())}`;
+  return el("time", { datetime: iso, title: iso, class: "when" }, text);
+}
+
+// Signal numbers as the CLI names them (Linux numbering, where trackway's executors run).
+const SIGNALS = { 1: "SIGHUP", 2: "SIGINT", 3: "SIGQUIT", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE", 9: "SIGKILL",
+  10: "SIGUSR1", 11: "SIGSEGV", 12: "SIGUSR2", 13: "SIGPIPE", 14: "SIGALRM", 15: "SIGTERM" };
+function ending(a) {
+  if (a.signal !== null && a.signal !== undefined) return SIGNALS[a.signal] || `signal ${a.signal}`;
+  return a.exit_code === null || a.exit_code === undefined ? "-" : `exit ${a.exit_code}`;
+}
+
+// Text written for a terminal (`trackway resume r1`): the backticked parts as code, the rest as text, never markup.
+function words(text) {
+  if (text === null || text === undefined) return "-";
+  return el("span", {}, String(text).split("`").map((part, i) => (i % 2 ? el("code", {}, part) : part)));
+}
+
 function stateCell(status) { return el("span", { class: "state-" + status }, status); }
 function show(...nodes) { page.replaceChildren(...nodes); }
 function failed(error) { show(el("p", { class: "error" }, String(error.message || error))); }
@@ -120,22 +144,51 @@ function onEvents(refresh, wanted) {
 
 // -- runs ---------------------------------------------------------------------------------------------------------
 
+const RUNS_PAGE = 100;
+
 async function runsPage() {
-  const jobs = await api("/api/jobs?limit=200");
+  const asked = new URLSearchParams(location.hash.split("?")[1] || "");
+  const filters = { search: asked.get("search") || "", project: asked.get("project") || "", kind: asked.get("kind") || "",
+    state: asked.get("state") || "", sort: asked.get("sort") || "created", offset: Number(asked.get("offset") || 0) };
+  const query = new URLSearchParams({ limit: RUNS_PAGE, offset: filters.offset, sort: filters.sort });
+  for (const key of ["search", "project", "kind", "state"]) if (filters[key]) query.set(key, filters[key]);
+  const jobs = await api("/api/jobs?" + query);
+  const go = (changes) => {
+    const next = Object.assign({}, filters, changes);
+    const params = new URLSearchParams();
+    for (const [key, value] of Object.entries(next)) if (value && !(key === "sort" && value === "created")) params.set(key, value);
+    location.hash = "#/runs" + (params.toString() ? "?" + params : "");
+  };
   const picked = new Set();
   const compare = el("button", { disabled: true, onclick: () => { location.hash = "#/compare/" + [...picked].join(","); } },
     "compare selected");
+  const choice = (name, options) => el("select", { id: "filter-" + name, onchange: (e) => go({ [name]: e.target.value, offset: 0 }) },
+    options.map((o) => el("option", { value: o, ...(filters[name] === o ? { selected: "" } : {}) }, o || `any ${name}`)));
+  const search = el("input", { id: "search", type: "search", placeholder: "search id, name or command", value: filters.search,
+    onchange: (e) => go({ search: e.target.value.trim(), offset: 0 }) });
+  const project = el("input", { id: "filter-project", placeholder: "project", value: filters.project,
+    onchange: (e) => go({ project: e.target.value.trim(), offset: 0 }) });
+  // A header click sorts by that column (on the server: every page is in that order).
+  const sortable = { name: "name", project: "project", status: "state", created: "created" };
+  const header = (label) => sortable[label]
+    ? el("a", { href: "#", class: filters.sort === sortable[label] ? "sorted" : "", onclick: (e) => { e.preventDefault(); go({ sort: sortable[label], offset: 0 }); } }, label)
+    : label;
+  const paging = el("span", { class: "paging" },
+    el("button", { disabled: filters.offset === 0 ? "" : null, onclick: () => go({ offset: Math.max(0, filters.offset - RUNS_PAGE) }) }, "newer"),
+    ` runs ${jobs.length ? filters.offset + 1 : 0}–${filters.offset + jobs.length} `,
+    el("button", { disabled: jobs.length < RUNS_PAGE ? "" : null, onclick: () => go({ offset: filters.offset + RUNS_PAGE }) }, "older"));
   show(
     el("h1", {}, "Runs"),
-    el("div", { class: "controls" }, compare),
-    table(["", "run", "name", "kind", "status", "reason", "attempts", "last metric", "age"], jobs.map((job) => [
+    el("div", { class: "controls" }, search, project, choice("kind", ["", "test", "full", "eval"]),
+      choice("state", ["", "queued", "running", "completed", "failed", "cancelled"]), compare, paging),
+    table(["", "run", "name", "project", "kind", "status", "reason", "attempts", "last metric", "created"].map(header), jobs.map((job) => [
       el("input", { type: "checkbox", onchange: (event) => {
         event.target.checked ? picked.add(job.id) : picked.delete(job.id);
         compare.disabled = picked.size < 2;
       } }),
-      el("a", { href: "#/runs/" + job.id }, job.id), job.name, job.kind, stateCell(job.status), job.termination_reason,
+      el("a", { href: "#/runs/" + job.id }, job.id), job.name, job.project, job.kind, stateCell(job.status), job.termination_reason,
       job.attempts, job.last_metric ? `${job.last_metric.key} ${fmt(job.last_metric.value)} @ ${job.last_metric.step}` : "-",
-      age(job.created_at),
+      el("span", { title: job.created_at }, age(job.created_at) + " ago"),
     ])),
   );
   onEvents(() => { if (location.hash.startsWith("#/runs") && !location.hash.startsWith("#/runs/")) runsPage().catch(failed); },
@@ -162,7 +215,7 @@ function aligned(seriesByName) {
   return [steps, ...columns];
 }
 
-function restartMarkers(attempts) {
+function restartMarkers(attempts, color, who, row = 0) {
   // A vertical dashed line at each attempt's first step after the first, labelled with why the one before ended.
   return {
     hooks: {
@@ -172,16 +225,17 @@ function restartMarkers(attempts) {
         for (const a of attempts.filter((a) => a.number > 1 && a.first_step !== null)) {
           const x = u.valToPos(a.first_step, "x", true);
           if (x < u.bbox.left || x > u.bbox.left + u.bbox.width) continue;
-          ctx.strokeStyle = "#b3261e";
+          ctx.strokeStyle = color || "#b3261e";
           ctx.setLineDash([5, 4]);
           ctx.beginPath();
           ctx.moveTo(x, u.bbox.top);
           ctx.lineTo(x, u.bbox.top + u.bbox.height);
           ctx.stroke();
           ctx.setLineDash([]);
-          ctx.fillStyle = "#b3261e";
+          ctx.fillStyle = color || "#b3261e";
           ctx.font = `${12 * devicePixelRatio}px system-ui`;
-          ctx.fillText(`attempt ${a.number} · after ${a.after || "?"}`, x + 4 * devicePixelRatio, u.bbox.top + 14 * devicePixelRatio);
+          ctx.fillText(`${who ? who + " " : ""}attempt ${a.number} · after ${a.after || "?"}`, x + 4 * devicePixelRatio,
+            u.bbox.top + (14 + 14 * row) * devicePixelRatio);  // one label row a run: two restarts at one step stay legible
         }
         ctx.restore();
       }],
@@ -199,7 +253,7 @@ function drawChart(target, names, data, attempts, opts) {
     scales: { x: { time: false }, y: opts.log ? { distr: 3 } : {} },
     axes: [{ label: "step", incrs: STEP_INCREMENTS }, {}],
     cursor: { drag: { x: true, y: false } },
-    plugins: attempts ? [restartMarkers(attempts)] : [],
+    plugins: opts.markers || (attempts ? [restartMarkers(attempts)] : []),
     hooks: {
       ready: [() => { document.body.dataset.chart = "drawn"; }],
       // The visible steps, on the element: what a reader (or a test) can check without reading the canvas.
@@ -253,12 +307,16 @@ async function runPage(runId, rank = 0) {
     el("span", { class: "muted" }, "drag or wheel to zoom, shift+wheel to pan, double-click to reset"),
   );
   const markers = el("ul", { id: "markers" }, chart.attempts.filter((a) => a.number > 1).map((a) =>
-    el("li", {}, `attempt ${a.number} starts at step ${fmt(a.first_step)} after ${a.after || "?"}` +
-      (a.resumed_from ? `, resumed from ${a.resumed_from}` : ""))));
+    el("li", {}, (a.first_step === null ? `attempt ${a.number} logged no step` : `attempt ${a.number} starts at step ${a.first_step}`)
+      + ` after ${a.after || "an ending not recorded"}` + (a.resumed_from ? `, resumed from ${a.resumed_from}` : ""))));
+  // What the run set out to show (`submit --expect`), as last judged.
+  const expected = (job.expectations || []).length ? el("ul", { id: "expected" }, job.expectations.map((c) =>
+    el("li", {}, el("span", { class: "expect-" + c.state.replace(" ", "-") }, c.state), " ", el("code", {}, c.criterion), ` (${c.why})`))) : "";
   const tabs = el("div", { class: "tabs" });
   const body = el("div", {});
   const sections = {
     attempts: () => attemptsTable(job),
+    config: () => configView(runId, job),
     checkpoints: () => checkpointsView(runId),
     evaluations: () => evaluationsView(runId),
     explain: () => explainView(runId, job),
@@ -271,7 +329,7 @@ async function runPage(runId, rank = 0) {
   const summary = chart.attempts.length ? `${chart.attempts.length} attempt(s)` : "no attempt yet";
   show(
     el("h1", {}, `${job.name || job.id} `, stateCell(job.status), el("span", { class: "muted" }, ` ${job.kind} · ${summary} · ${job.resource}`)),
-    controls, target, markers, tabs, body,
+    expected, controls, target, markers, tabs, body,
   );
   redraw();
   open("attempts");
@@ -280,17 +338,41 @@ async function runPage(runId, rank = 0) {
 }
 
 function attemptsTable(job) {
-  return table(["attempt", "started", "ended", "reason", "exit", "steps", "resumed from", "decision", "started by"],
-    job.attempts.map((a) => [a.attempt_id, a.started_at, a.ended_at, a.termination_reason,
-      a.signal !== null ? "signal " + a.signal : a.exit_code, a.first_step !== null ? `${a.first_step}..${a.last_step}` : "-",
-      a.resumed_from, a.decision ? `${a.decision.action}: ${a.decision.message}` : "-", a.started_by]));
+  return table(["attempt", "started", "ended", "reason", "ended by", "steps", "resumed from", "decision", "started by"],
+    job.attempts.map((a) => [a.attempt_id, when(a.started_at), when(a.ended_at), a.termination_reason, ending(a),
+      a.first_step !== null ? `${a.first_step}..${a.last_step}` : "none logged",
+      a.resumed_from || "the start", a.decision ? words(`${a.decision.action}: ${a.decision.message}`) : "-", words(a.started_by)]));
+}
+
+async function configView(runId, job) {
+  // The config each attempt ran with (secrets masked), and what differs from the attempt before it.
+  const numbers = job.attempts.map((a) => a.number);
+  if (!numbers.length) return el("p", { class: "muted" }, "no attempt yet");
+  const pick = el("select", { id: "config-attempt" }, numbers.map((n) => el("option", { value: n }, `attempt ${n}`)));
+  pick.value = numbers[numbers.length - 1];
+  const out = el("div", { id: "config" });
+  const load = async () => {
+    const config = (await api(`/api/attempts/${runId}/${pick.value}/explain`)).config || {};
+    const values = config.values || {};
+    const before = config.differs_from_previous;
+    out.replaceChildren(
+      before ? el("div", { id: "config-diff" }, el("b", {}, `Against ${before.attempt_id}: `),
+        before.keys.length ? el("ul", {}, before.keys.map((line) => el("li", {}, el("code", {}, line)))) : "the same config")
+        : el("p", { class: "muted" }, "the first attempt: nothing before it to compare"),
+      Object.keys(values).length ? table(["key", "value"], Object.entries(values).map(([k, v]) =>
+        [el("code", {}, k), typeof v === "string" ? v : JSON.stringify(v)])) : el("p", { class: "muted" }, "no config declared"),
+    );
+  };
+  pick.onchange = () => load().catch((e) => out.replaceChildren(el("p", { class: "error" }, e.message)));
+  await load();
+  return el("div", {}, pick, out);
 }
 
 async function checkpointsView(runId) {
   const rows = await api(`/api/runs/${runId}/checkpoints`);
   if (!rows.length) return el("p", { class: "muted" }, "no checkpoint");
   return table(["step", "name", "state", "parent", "attempt", "size", "committed"],
-    rows.map((c) => [c.step, c.name, c.state, c.parent, c.attempt_id, c.size_bytes, c.committed_at]));
+    rows.map((c) => [c.step, c.name, c.state, c.parent, c.attempt_id, c.size_bytes, when(c.committed_at)]));
 }
 
 async function evaluationsView(runId) {
@@ -317,8 +399,8 @@ async function explainView(runId, job) {
       changes.length ? el("div", {}, el("b", {}, "Changed against the previous attempt"),
         el("ul", {}, changes.map(([kind, lines]) => el("li", {}, `${kind}: ${lines.join("; ")}`)))) : "",
       facts.watchers && facts.watchers.length ? el("div", {}, el("b", {}, "Watchers"), el("ul", {}, facts.watchers.map((w) => el("li", {}, w)))) : "",
-      el("p", {}, el("b", {}, "Next: "), facts.next_steps.trackway || "-"),
-      facts.next_steps.person ? el("p", {}, el("b", {}, "To go on: "), facts.next_steps.person) : "",
+      el("p", {}, el("b", {}, "Next: "), words(facts.next_steps.trackway || "-")),
+      facts.next_steps.person ? el("p", {}, el("b", {}, "To go on: "), words(facts.next_steps.person)) : "",
     );
   };
   pick.onchange = () => load().catch((e) => out.replaceChildren(el("p", { class: "error" }, e.message)));
@@ -328,13 +410,40 @@ async function explainView(runId, job) {
 
 // -- compare ------------------------------------------------------------------------------------------------------
 
+async function overlay(target, ids, key, labels) {
+  // The runs' curves of one metric on one step axis, one colour a run, each run's restarts dashed in its colour.
+  const charts = await Promise.all(ids.map((id) => api(`/api/runs/${id}/metrics?keys=${encodeURIComponent(key)}&max_points=2000`)));
+  const having = charts.filter((c) => c.series[key]);
+  if (!having.length) { target.replaceChildren(el("p", { class: "muted" }, `no run here logged ${key}`)); return; }
+  const names = having.map((c) => (labels && labels[c.run_id]) || c.run_id);
+  const data = aligned(Object.fromEntries(having.map((c, i) => [names[i], c.series[key]])));
+  const markers = having.map((c, i) => restartMarkers(c.attempts, COLORS[i % COLORS.length], names[i], i));
+  drawChart(target, names, data, null, { log: false, markers });
+  target.dataset.series = String(having.length);
+}
+
 async function comparePage(ids) {
   const key = new URLSearchParams(location.hash.split("?")[1] || "").get("key") || "loss";
-  const charts = await Promise.all(ids.map((id) => api(`/api/runs/${id}/metrics?keys=${encodeURIComponent(key)}&max_points=2000`)));
+  const facts = await api(`/api/compare?runs=${encodeURIComponent(ids.join(","))}`);
+  const labels = Object.fromEntries(facts.runs.map((r) => [r.run_id, r.name || r.run_id]));
   const target = el("div", { id: "chart" });
-  show(el("h1", {}, `Compare ${key}: ${ids.join(", ")}`), target);
-  const data = aligned(Object.fromEntries(charts.map((c) => [c.run_id, c.series[key]])));
-  drawChart(target, ids, data, null, { log: false });
+  const keys = facts.metrics.map((m) => m.key);
+  const pick = el("select", { id: "compare-key", onchange: (e) => { location.hash = `#/compare/${ids.join(",")}?key=${encodeURIComponent(e.target.value)}`; } },
+    (keys.includes(key) ? keys : [key, ...keys]).map((k) => el("option", { value: k, ...(k === key ? { selected: "" } : {}) }, k)));
+  const names = facts.runs.map((r) => r.name || r.run_id);
+  const differing = facts.config.filter((c) => !c.same);
+  show(el("h1", {}, "Compare ", names.join(" · ")), el("div", { class: "controls" }, pick), target,
+    el("h2", {}, `Config: ${differing.length} key(s) differ, ${facts.config_same} the same`),
+    differing.length ? table(["key", ...names], differing.map((c) => [el("code", {}, c.key),
+      ...c.values.map((v) => (typeof v === "string" ? v : JSON.stringify(v)))])) : "",
+    el("h2", {}, "Final metrics (best), and the difference from " + names[0]),
+    table(["metric", ...names], facts.metrics.map((m) => [m.key, ...m.runs.map((r, i) => (r.final === null ? "not logged"
+      : `${fmt(r.final)} (${fmt(r.best)})` + (i && r.delta !== null ? ` ${r.delta >= 0 ? "+" : ""}${fmt(r.delta)}` : "")))])),
+    el("h2", {}, "Runs"), table(["run", "state", "steps", "attempts", "compute hours", "code", "data"], facts.runs.map((r, i) => [
+      el("a", { href: "#/runs/" + r.run_id }, names[i]), r.state, r.steps, r.attempts, `${fmt(r.compute_hours)} ${r.compute}-h`,
+      facts.code.runs[i].commit ? facts.code.runs[i].commit.slice(0, 12) : "no commit", facts.data.manifests[i] ? facts.data.manifests[i].slice(0, 12) : "none"])),
+  );
+  await overlay(target, ids, key, labels);
 }
 
 // -- waste, resources, experiments ---------------------------------------------------------------------------------
@@ -342,8 +451,9 @@ async function comparePage(ids) {
 async function wastePage() {
   const rows = await api("/api/waste?weeks=8");
   const most = Math.max(1e-9, ...rows.map((r) => r.gpu_hours));
-  show(el("h1", {}, "GPU-hours by termination reason, by week"),
-    table(["week", "reason", "attempts", "GPU-hours", "wasted", ""], rows.map((r) => [r.week, r.termination_reason, r.attempts,
+  show(el("h1", {}, "Compute hours by termination reason, by week"),
+    el("p", { class: "muted" }, "GPU-hours where attempts had GPUs; an attempt without one counts its wall time on its CPUs."),
+    table(["week", "reason", "attempts", "hours", "wasted", ""], rows.map((r) => [r.week, r.termination_reason, r.attempts,
       r.gpu_hours, r.wasted_gpu_hours, el("span", {},
         el("span", { class: "bar useful", style: `width:${200 * (r.gpu_hours - r.wasted_gpu_hours) / most}px` }),
         el("span", { class: "bar", style: `width:${200 * r.wasted_gpu_hours / most}px` }))])));
@@ -367,14 +477,27 @@ async function experimentsPage() {
 async function experimentPage(id) {
   const d = await api(`/api/experiments/${id}`);
   const detail = d.verdict_detail || {};
+  const link = (runId, label) => (runId ? el("a", { href: "#/runs/" + runId }, label || runId) : "not started");
+  const candidate = d.full_run ? d.full_run.run_id : d.test_run ? d.test_run.run_id : null;
+  const target = el("div", { id: "chart" });
   show(el("h1", {}, `${d.experiment_id}: ${d.title} `, el("span", { class: "verdict-" + d.verdict }, d.verdict || d.status)),
     el("p", {}, d.hypothesis),
+    table(["", "baseline", "test run", "full run"], [
+      ["run", link(d.baseline_run_id), link(d.test_run && d.test_run.run_id), link(d.full_run && d.full_run.run_id)],
+      ["state", "-", d.test_run ? d.test_run.state : "-", d.full_run ? d.full_run.state : "-"],
+    ]),
+    el("h2", {}, "The change"), (d.changes || []).length ? el("ul", { id: "changes" }, d.changes.map((c) =>
+      el("li", {}, el("code", {}, `${c.key}: ${JSON.stringify(c.before)} → ${JSON.stringify(c.after)}`)))) : el("p", { class: "muted" }, "no config change recorded"),
+    el("h2", {}, "Loss: baseline and candidate"), target,
+    candidate ? el("p", {}, el("a", { href: `#/compare/${d.baseline_run_id},${candidate}` }, "compare the runs side by side")) : "",
     el("h2", {}, "Criteria"), table(["criterion", "holds", "observed", "quantities"], (detail.criteria || []).map((o) =>
-      [o.criterion, o.holds === null ? "undecided" : o.holds ? "yes" : "no", o.missing || `${fmt(o.left)} vs ${fmt(o.right)}`,
+      [el("code", {}, o.criterion), o.holds === null ? "undecided" : o.holds ? "yes" : "no", o.missing || `${fmt(o.left)} vs ${fmt(o.right)}`,
         Object.entries(o.values).map(([k, v]) => `${k} = ${fmt(v)}`).join(", ")])),
-    el("p", {}, detail.why || d.stop_reason || ""),
+    el("p", {}, words(detail.why || d.stop_reason || "")),
     el("h2", {}, "Test-run checks"), table(["check", "result", "detail"], (d.test_checks || []).map((c) =>
-      [c.check, c.passed === null ? "skipped" : c.passed ? "pass" : el("span", { class: "fail" }, "FAIL"), c.detail])));
+      [c.check, c.passed === null ? "skipped" : c.passed ? "pass" : el("span", { class: "fail" }, "FAIL"), words(c.detail)])));
+  if (candidate) await overlay(target, [d.baseline_run_id, candidate], "loss", { [d.baseline_run_id]: "baseline", [candidate]: d.full_run ? "full run" : "test run" });
+  else target.replaceChildren(el("p", { class: "muted" }, "no candidate run yet"));
 }
 
 // -- routing --------------------------------------------------------------------------------------------------------

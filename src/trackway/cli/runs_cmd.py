@@ -131,12 +131,16 @@ def attempts(
 def attempts_listing(rows, with_run_name: bool = False):
     """Attempts one per row; how each ended (exit, signal, reason) outlasts where and when on a narrow terminal."""
     from trackway.cli.render import KEY, Column, duration, short_time, table
+    from trackway.display import compute_unit_of
 
+    rows = list(rows)
     columns = [Column("attempt", KEY)]
     columns += [Column("name", 35, shorten_to=12, middle=True)] if with_run_name else []
     columns += [
         Column("state", KEY), Column("host", 50, shorten_to=10), Column("gpus", 25, right=True),
-        Column("started (UTC)", 40), Column("wall", 45, right=True), Column("gpu-h", 30, right=True),
+        # GPU-hours only where GPUs were used: the header says what the listed attempts' hours are.
+        Column("started (UTC)", 40), Column("wall", 45, right=True),
+        Column(f"{compute_unit_of(a['gpu_count'] for a in rows).lower()}-h", 30, right=True),
         Column("exit", 70, right=True), Column("signal", 70), Column("reason", KEY),
     ]
     return table(None, columns, (

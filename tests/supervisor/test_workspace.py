@@ -82,3 +82,18 @@ def test_nothing_to_rebuild_from_is_none(tmp_path: Path) -> None:
     plain.mkdir()
     assert prepare_workspace(tmp_path / "runs", "r1", plain, "a" * 40, None) is None
     assert prepare_workspace(tmp_path / "runs", "r1", plain, None, None) is None
+
+
+def test_a_working_directory_inside_trackways_home_is_linked_alone(work: Path, tmp_path: Path) -> None:
+    # `make demo` runs its Slurm step from .trackway/demo/slurm: ignored, inside the home that is not linked.
+    where = work / ".trackway" / "demo" / "slurm"
+    where.mkdir(parents=True)
+    (where / "trackway.toml").write_text("[resources.cluster]\n")
+    code = capture_code(where, home=work / ".trackway")
+    space = prepare_workspace(work / ".trackway" / "runs", "r1", where, code.commit, code.dirty_diff,
+                              home=work / ".trackway")
+    assert space is not None and space.cwd == space.tree / ".trackway" / "demo" / "slurm"
+    # The retry starts where the run ran (it was: "No such file or directory" for the rebuilt cwd), and the
+    # home itself is still not linked into its own workspace.
+    assert space.cwd.is_symlink() and (space.cwd / "trackway.toml").read_text() == "[resources.cluster]\n"
+    assert not (space.tree / ".trackway").is_symlink()

@@ -71,7 +71,16 @@ def prepare_workspace(runs_dir: Path, run_id: str, workdir: Path, commit: str | 
     tree = place / TREE
     linked = _link_ignored(root, tree, home)
     relative = workdir.relative_to(root)
-    return Workspace(key=key, tree=tree, cwd=tree / relative, commit=commit,
+    cwd = tree / relative
+    if not os.path.lexists(cwd):
+        # The working directory is one git ignores inside a path that is not linked (trackway's own home,
+        # as `make demo` runs from .trackway/demo/slurm): it alone is linked, or made where it holds the workspace.
+        if tree.resolve().is_relative_to(workdir):
+            cwd.mkdir(parents=True, exist_ok=True)
+        else:
+            _link(workdir, cwd)
+            linked += 1
+    return Workspace(key=key, tree=tree, cwd=cwd, commit=commit,
                      changed_since=record.get("changed_since", []), submodules=record.get("submodules", []),
                      linked=linked)
 

@@ -178,3 +178,15 @@ def test_the_config_given_to_init_is_told_to_the_spool_json_safe(tmp_path):
     ended = _attempt(tmp_path, "run.finish()\n", init=config, name="configured")
     [said] = [e["config"] for e in ended.events if e["kind"] == "init_config"]
     assert said == {"lr": 0.1, "layers": [2, 3], "out": "PosixPath('/x')", "opt": {"fn": "<built-in function print>"}}
+
+
+def test_a_notice_before_any_step_says_so_not_step_none(tmp_path):
+    body = """
+notice()
+assert run.should_stop
+run.exit_preempted()
+"""
+    ended = _attempt(tmp_path, body)
+    assert ended.code == 75, ended.err
+    assert ended.note["message"] == ("preemption notice (SIGTERM) before any step was logged; resume from the start "
+                                     "(no checkpoint yet)")

@@ -417,7 +417,9 @@ class Run:
         detail = f"; {forced}" if forced else ""
         self.note(
             TerminationReason.PREEMPTED,
-            f"preemption notice ({cause}) at step {self._step}{detail}; "
+            f"preemption notice ({cause}) "
+            + (f"at step {self._step}" if self._step is not None else "before any step was logged")
+            + f"{detail}; "
             f"resume from {name or 'the start (no checkpoint yet)'}",
             **({"ended_by": "trackway"} if forced else {}),
         )

@@ -401,6 +401,7 @@ class SlurmExecutor(Executor):
     def _ended(self, state_dir: Path, record: SlurmRecord, job: dict | None, ended: dict | None, ours: bool,
                started_at: datetime | None, placement: dict) -> JobStatus:
         evidence = [record.line()]
+        never_started = False
         evidence += _slurmstepd_lines(state_dir / SLURM_OUT)
         if ended is not None:
             exit_code, signum = ended["exit_code"], ended["signal"]
@@ -410,6 +411,7 @@ class SlurmExecutor(Executor):
             if job is None and not (state_dir / SLURM_OUT).exists():
                 # Slurm reports 0:0 for a job that never ran: that is no exit status, let alone a success.
                 exit_code, signum = None, None
+                never_started = True
                 evidence.append("the job ended before it ever ran")
             elif job is None:
                 evidence.append("the command never started (no job.json): see slurm.out for the batch script's output")
@@ -462,6 +464,7 @@ class SlurmExecutor(Executor):
             evidence=tuple(evidence),
             reason=reason,
             placement=placement,
+            never_started=never_started,
         )
 
     # -- cancel, logs ------------------------------------------------------------------------

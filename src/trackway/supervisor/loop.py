@@ -736,8 +736,9 @@ class Supervisor:
         ended_at = status.ended_at or datetime.now(timezone.utc)
         if attempt["started_at"] is None and status.started_at is not None:
             attempt = {**attempt, "started_at": status.started_at}
-        if status.never_started or attempt["state"] == AttemptState.QUEUED.value:
-            # The time it waited in a queue is no compute: none was held, none is charged.
+        if status.never_started:
+            # The time it waited in a queue is no compute: none was held, none is charged. (An attempt still
+            # `queued` here may have run between two polls: its executor's own start time says so, not its state.)
             attempt = {**attempt, "started_at": ended_at}
         moves_to = None
         if verdict.reason is TerminationReason.OOM:

@@ -50,7 +50,7 @@ def fits(text: str, width: int = 80) -> str:
     """
     for line in text.splitlines():
         words = line.split()
-        own_line = len(words) <= 2 and cell_len(words[-1]) > width // 2 if words else False
+        own_line = bool(words) and cell_len(words[-1]) > width // 2 and cell_len(line) - cell_len(words[-1]) < width // 2
         assert cell_len(line) <= width or "`trackway " in line or own_line, f"{cell_len(line)} cells: {line!r}"
     return text
 

@@ -106,3 +106,22 @@ def test_submit_refuses_a_bad_criterion_before_recording_anything(cli_sqlite):
     refused = cli_sqlite("submit", "--expect", "final.loss <<< 1", "--", PY, "-c", "pass")
     assert refused.code == 2 and refused.err.strip().startswith("trackway: error: --expect")
     assert cli_sqlite("runs", "--json").json() == []
+
+
+def test_a_recorded_criterion_that_no_longer_parses_is_not_known_and_the_supervisor_goes_on(cli_sqlite, sqlite_url):
+    from sqlalchemy import update
+
+    from trackway.ledger import open_ledger
+    from trackway.ledger.schema import runs
+
+    assert cli_sqlite("submit", "--detach", "--name", "odd", "--expect", LOSS, "--", PY, NEUTRAL, "3").code == 0
+    ledger = open_ledger(sqlite_url)
+    try:
+        with ledger.write() as conn:  # as a ledger written by another version might hold it
+            conn.execute(update(runs).where(runs.c.name == "odd").values(expect='["final.loss <<< 1"]',
+                                                                         expect_open=True))
+    finally:
+        ledger.dispose()
+    (judged,) = cli_sqlite("show", "odd", "--json").json()["expectations"]
+    assert judged["state"] == "not known" and "--expect" in judged["why"]
+    assert cli_sqlite("runs", "--json").json()[0]["state"] in ("running", "completed")

@@ -288,8 +288,19 @@ def judge_due(ledger) -> int:
     for run_id in due:
         with ledger.write() as conn:
             row = conn.execute(select(runs).where(runs.c.run_id == run_id)).mappings().first()
-            if row is not None:
+            if row is None:
+                continue
+            try:
                 judge_and_record(conn, dict(row))
+            except InputError as exc:
+                # A criterion recorded that this version no longer parses: said once on the run, never a
+                # supervisor that fails every tick.
+                texts = json.loads(row["expect"])
+                conn.execute(update(runs).where(runs.c.run_id == run_id).values(
+                    expect_verdict=json.dumps({"criteria": [
+                        {"criterion": text, "state": NOT_KNOWN, "why": f"not known: {exc}", "values": {}, "step": None,
+                         "settled_at": None, "checkpoints": []} for text in texts]}),
+                    expect_judged_at=datetime.now(timezone.utc), expect_open=False))
     return len(due)
 
 

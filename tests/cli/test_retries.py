@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from waiting import wait_for
 
 PY = sys.executable
 SCRIPT = str(Path(__file__).parent / "scripts" / "neutral.py")
@@ -204,10 +205,9 @@ def test_explain_tells_how_to_get_a_free_port_once_the_retries_are_spent(cli_sql
 
 def test_a_run_going_again_after_a_preemption_shows_no_ending_of_its_own(cli_sqlite):
     assert cli_sqlite("submit", "--detach", "--name", "again", "--", PY, SCRIPT, "40", "--preempt-at", "5").code == 0
-    deadline = time.monotonic() + 60
-    while not cli_sqlite("attempts", "again", "--json").json()[0]["termination_reason"]:
-        assert time.monotonic() < deadline, "attempt 1 never ended"
-        time.sleep(0.3)  # each listing ticks: the preemption is recorded and the retry queued or started
+    # Each listing ticks: the preemption is recorded and the retry queued or started.
+    wait_for(lambda: cli_sqlite("attempts", "again", "--json").json()[0]["termination_reason"], "attempt 1 to end",
+             interval=0.3)
     (run,) = cli_sqlite("runs", "--json").json()
     # Going again: the preemption is attempt 1's ending, not the run's (the listing said `running  preempted`).
     assert run["state"] in ("queued", "running") and run["termination_reason"] is None, run

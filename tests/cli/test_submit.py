@@ -7,6 +7,8 @@ import sys
 import time
 from pathlib import Path
 
+from waiting import wait_for
+
 PY = sys.executable
 
 
@@ -183,10 +185,7 @@ def test_resume_right_after_cancel_waits_for_the_cancel_to_finish(cli_sqlite, tm
     assert cli_sqlite("submit", "--detach", "--name", "slow", "--", PY, str(script)).code == 0
     (attempt,) = cli_sqlite("attempts", "slow", "--json").json()
     log = Path(attempt["log_path"])
-    deadline = time.time() + 30
-    while not (log.exists() and "ready" in log.read_text()):
-        assert time.time() < deadline, "the script never started"
-        time.sleep(0.1)
+    wait_for(lambda: log.exists() and "ready" in log.read_text(), "the script to start", timeout=30, interval=0.1)
     assert cli_sqlite("cancel", "slow").code == 0
     resumed = cli_sqlite("resume", "slow", "--detach")
     # Not "is running": the cancel was finishing, resume waited for it, then went on.

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from waiting import wait_for
 
 PY = sys.executable
 # `--begin` an hour from now: Slurm holds the job PENDING (BeginTime), as it would behind a busy queue.
@@ -37,10 +38,8 @@ def test_a_job_slurm_holds_is_queued_with_its_reason_and_costs_nothing_once_canc
     assert f"waits in slurm's queue (slurm job {attempt['executor_job_id']}: PENDING (BeginTime))" in said, said
 
     assert cli_sqlite("cancel", "later").code == 0
-    deadline = time.monotonic() + 60
-    while cli_sqlite("show", "later", "--json").json()["state"] != "cancelled":
-        assert time.monotonic() < deadline, "the cancel was not recorded"
-        time.sleep(0.5)
+    wait_for(lambda: cli_sqlite("show", "later", "--json").json()["state"] == "cancelled", "the cancel to be recorded",
+             interval=0.5)
     (ended,) = cli_sqlite("attempts", "later", "--json").json()
     assert ended["termination_reason"] == "user_cancelled"
     # It never ran: the hour it might have waited is no compute.

@@ -221,3 +221,25 @@ def test_the_end_line_says_each_thing_once(cli_sqlite):
     failed = cli_sqlite("submit", "--name", "bug3", "--", PY, SCRIPT, "10", "--fail-at", "2")
     (line,) = [text for text in failed.err.splitlines() if " ended: " in text]
     assert "ended: code_error (exit code 1); stop: " in line and line.endswith("[code_error: stop]"), line
+
+
+def test_a_runs_own_threshold_keeps_it_running_where_the_files_would_stop_it(cli):
+    Path("trackway.toml").write_text('[supervisor]\nstop_on = ["loss_rising"]\n')
+    script = str(Path(__file__).parent / "scripts" / "rising.py")
+    # The loss climbs 1.0 → 5.0: under trackway.toml's rule (+10 %) that is a rise; this run asks for +10000 %.
+    result = cli("submit", "--name", "tolerant", "--watch", "loss_rising.min_rise=100", "--", PY, script)
+    assert result.code == 0, result.err
+    (attempt,) = cli("attempts", "tolerant", "--json").json()
+    assert attempt["termination_reason"] == "completed" and attempt["last_step"] == 399
+    explained = cli("explain", "tolerant").out
+    assert "this run's own (--watch loss_rising.min_rise=100.0)" in " ".join(explained.split())
+
+
+def test_a_bad_watch_is_refused_before_anything_is_recorded(cli):
+    script = str(Path(__file__).parent / "scripts" / "rising.py")
+    refused = cli("submit", "--name", "never", "--watch", "plateau.window=3 parsecs", "--", PY, script)
+    assert refused.code == 2
+    assert refused.err.strip().splitlines()[-1].endswith(
+        "--watch plateau.window: expected a number of steps or a duration, such as \"500 steps\", \"90s\", \"10m\" "
+        "or \"3h\", got '3 parsecs'")
+    assert cli("runs", "--json").json() == []

@@ -59,6 +59,11 @@ def submit(
              "evaluated checkpoint; add 'at latest' for the newest), 'final.loss < 2.0'. `show`, `explain` and "
              "`evals` give the verdict.",
     ),
+    watch: list[str] = typer.Option(
+        [], "--watch",
+        help="This run's own watcher threshold, over trackway.toml's [watchers] (repeatable): KIND.KEY=VALUE, e.g. "
+             "'loss_rising.window=200 steps', 'plateau.window=3h', 'gpu_underused.threshold=50'.",
+    ),
     metric_patterns: list[str] = typer.Option(
         [], "--metric-pattern",
         help="For a script without the SDK: a regex read from its output; group (?P<step>...) is the step (without it: "
@@ -118,6 +123,7 @@ def submit(
         checkpoint_root=checkpoint_root,
         preflight_strict=strict,
         expect=[text.strip() for text in expect],
+        watch=list(watch),
     )
     supervisor = supervisor_for(app.ledger, app.settings)
     run_id = submit_run(app.ledger, app.settings, spec, console=err_console)

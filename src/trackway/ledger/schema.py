@@ -116,6 +116,8 @@ runs = Table(
     Column("expect_open", Boolean, index=True),
     # A resource the run prefers (the API's prefer_resource, 0021): ranked first when it can take the run.
     Column("resource_preferred", String(200)),
+    # The run's own watcher thresholds, submit --watch (0025): JSON {kind: {key: value}} over [watchers].
+    Column("watchers", Text),
 )
 
 attempts = Table(

@@ -22,6 +22,7 @@ from trackway.ledger.script_config import CONFLICTS_EVENT
 from trackway.ledger.records import list_attempts, resolve_attempt, resolve_run
 from trackway.ledger.schema import attempt_events, checkpoints, run_eval_specs
 from trackway.receipts import submitted_env
+from trackway.settings.run_watchers import described as described_watchers
 from trackway.receipts.config_diff import change_text, changes, flatten
 from trackway.redaction import MASK, redact_argv, redact_structure
 from trackway.reports.memory_facts import memory_facts
@@ -123,6 +124,7 @@ def explain(conn: Connection, ref: str, now: datetime | None = None) -> dict[str
                                     "resource", "created_at", "ended_at", "not_before")}
         | {"command": json.dumps(redact_argv(json.loads(run["command"]))),  # a run recorded before redaction
            "own_retry_policy": bool(run["retry_policy"]), "attempts": len(history),
+           "own_watchers": described_watchers(run.get("watchers")),
            "experiment": _experiment(conn, run)},
         "attempt": {
             k: attempt[k]

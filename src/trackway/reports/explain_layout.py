@@ -138,8 +138,12 @@ def _attempt_blocks(facts: dict[str, Any]) -> list[Block]:
         blocks += [("heading", "GPU memory")] + [("item", 0, None, line) for line in memory]
     if facts["incidents"]:
         blocks += [("heading", "Incidents")] + [("item", 0, None, line) for line in facts["incidents"]]
-    if facts["watchers"]:
+    own = facts["run"].get("own_watchers")
+    if facts["watchers"] or own:
         blocks += [("heading", "What the watchers noticed")] + [("item", 0, None, line) for line in facts["watchers"]]
+        if own:
+            blocks.append(("item", 0, "thresholds", f"this run's own (--watch {', '.join(own)}), the rest "
+                                                    "trackway.toml's [watchers]"))
     return blocks
 
 

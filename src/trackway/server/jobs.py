@@ -80,6 +80,10 @@ class JobRequest(BaseModel):
         description="The run's own acceptance criteria (as `submit --expect`), judged as metrics and evaluations "
                     "land: 'eval.pass@1 > 0.05' (any evaluated checkpoint; 'at latest' for the newest), "
                     "'final.loss < 2.0'. `GET /api/jobs/{id}` gives each one's verdict.")
+    watch: list[str] = Field(
+        default_factory=list, max_length=50,
+        description="The run's own watcher thresholds (as `submit --watch`), over trackway.toml's [watchers]: "
+                    "KIND.KEY=VALUE, e.g. 'loss_rising.window=200 steps', 'gpu_underused.threshold=50'.")
     strict_memory_preflight: bool = Field(
         False, description="Refuse the job, recording nothing, when the memory preflight (the config's [preflight]) "
                            "predicts it runs out of GPU memory wherever it may go.")
@@ -170,7 +174,7 @@ def submit_job(job: JobRequest, request: Request) -> Submitted:
         retry_policy_path=policy, metric_patterns=list(job.metric_patterns) or None,
         checkpoint_paths=list(job.checkpoint_paths) or None, checkpoint_root=job.checkpoint_root,
         preflight_strict=job.strict_memory_preflight, expect=[text.strip() for text in job.expect],
-        repo_script=script_path if job.repo else None,
+        watch=list(job.watch), repo_script=script_path if job.repo else None,
     )
     try:
         run_id = submit_run(state.ledger, state.settings, spec)

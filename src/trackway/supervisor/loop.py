@@ -49,6 +49,7 @@ from trackway.supervisor.watchers import (
     rank_stalled,
     stall_evidence,
 )
+from trackway.settings.run_watchers import for_run as watchers_for_run
 from trackway.settings.windows import Window
 from trackway.supervisor.node_samples import ingest_node_samples
 from trackway.supervisor.trends import Points
@@ -146,6 +147,7 @@ class Supervisor:
         # Each running run's own secret values, masked in what its events say. Fixed at submit (its
         # variables and command line), so read from its files once, not on every tick.
         self._secrets: dict[str, tuple[str, ...]] = {}
+        self._run_watchers: dict[str, str | None] = {}  # each running run's own watcher thresholds, as stored
         self.backlog = False  # the last tick left ends or running attempts for the next one
         # Scripts without the SDK: each run's log patterns and declared checkpoint paths (fixed at submit).
         self._outside_sdk: dict[str, RowMapping] = {}
@@ -171,6 +173,7 @@ class Supervisor:
         self._read_offsets = {key: value for key, value in self._read_offsets.items() if key in live}
         running = {a["run_id"] for a in pending}
         self._secrets = {key: value for key, value in self._secrets.items() if key in running}
+        self._run_watchers = {key: value for key, value in self._run_watchers.items() if key in running}
         # A tick is bounded in time. Every attempt is polled (a few file reads each), and the ends
         # are recorded first: a receipt and a retry are what people wait for, while ingesting and
         # watching the attempts still running can wait a tick. What the budget leaves undone is
@@ -643,8 +646,18 @@ class Supervisor:
             with self.ledger.read() as conn:
                 points = recent_points(conn, attempt["run_id"], "loss", attempt["attempt_number"], limit=TREND_POINTS)
             series = Points.of([p["step"] for p in points], [p["logged_at"] for p in points], [p["value"] for p in points])
-            found += loss_trends(series, self.settings.watchers)
+            found += loss_trends(series, self._watchers_of(attempt))
         return found
+
+    def _watchers_of(self, attempt: RowMapping) -> dict[str, dict[str, Any]]:
+        """The thresholds the attempt's run is judged by: trackway.toml's as this supervisor holds it now (an edit
+        reaches running runs), under what the run set for itself at submit (`runs.watchers`, fixed: read once)."""
+        run_id = attempt["run_id"]
+        if run_id not in self._run_watchers:
+            with self.ledger.read() as conn:
+                self._run_watchers[run_id] = conn.execute(
+                    select(runs.c.watchers).where(runs.c.run_id == run_id)).scalar()
+        return watchers_for_run(self.settings.watchers, self._run_watchers[run_id])
 
     def _rss_baseline(self, attempt: RowMapping, rss: int | None) -> int | None:
         """The first RSS seen for the attempt, kept in the ledger (`memory_baseline`) so a restarted supervisor
@@ -668,7 +681,7 @@ class Supervisor:
         """`gpu_underused` once the GPUs were below the threshold in every reading for its duration; the first reading
         is kept as `gpu_measured`, so that a gate can tell "not measured" from "fine"."""
         attempt_id = attempt["attempt_id"]
-        rule = {**GPU_UNDERUSED_DEFAULTS, **(self.settings.watchers.get("gpu_underused") or {})}
+        rule = {**GPU_UNDERUSED_DEFAULTS, **(self._watchers_of(attempt).get("gpu_underused") or {})}
         threshold, duration = float(rule["threshold"]), Window.parse(rule["duration"]).size
         now = time.time()
         if attempt_id not in self._gpu_measured:

@@ -29,6 +29,8 @@ from trackway.receipts.code import CodeRef, capture_code, clone_branch
 from trackway.receipts.config import load_config
 from trackway.receipts.data_manifest import build_data_manifest
 from trackway.settings import Settings
+from trackway.settings.run_watchers import parse_watch
+from trackway.settings.run_watchers import recorded as recorded_watchers
 from trackway.resources.nodes import MAX_NODES, check_nodes, node_limit
 from trackway.resources.placement import candidates, place
 from trackway.taxonomy import RunKind, RunState
@@ -77,6 +79,8 @@ class RunSpec:
     # The run's own acceptance criteria (`--expect`), as given; parsed and checked by the caller
     # (experiments/expectations.py, a floor above this one) before the run is submitted.
     expect: list[str] = field(default_factory=list)
+    # The run's own watcher thresholds (`--watch KIND.KEY=VALUE`), over trackway.toml's [watchers].
+    watch: list[str] = field(default_factory=list)
     # The script the command runs, relative to --repo's top (the API's `script`): refused at submit, with
     # nothing recorded, when the cloned branch does not hold it.
     repo_script: str | None = None
@@ -108,6 +112,7 @@ SUBMIT_FIELDS: dict[str, tuple[str, str]] = {
     "checkpoint_root": ("--checkpoint-root", "checkpoint_root"),
     "preflight_strict": ("--strict", "strict_memory_preflight"),
     "expect": ("--expect", "expect"),
+    "watch": ("--watch", "watch"),
 }
 # RunSpec's fields no person sets by an option: the command and where it runs, what callers fill in.
 INTERNAL_FIELDS = frozenset({"command", "cwd", "environ", "env", "repo_script"})
@@ -134,6 +139,7 @@ def _validate(spec: RunSpec) -> None:
             spec.time_limit_hours, "--time-limit", 0, validation.TEN_YEARS_HOURS, "hours", low_open=True,
             note=" (10 years)",
         )
+    parse_watch(spec.watch)
     if bool(spec.repo_url) != bool(spec.branch):
         raise InputError("--repo/--branch: expected both together (--repo URL --branch B) or neither")
     if spec.name is not None:
@@ -318,6 +324,7 @@ def _insert_submitted_run(conn, settings: Settings, spec: RunSpec, run_id: str, 
             expect=json.dumps(list(spec.expect)) if spec.expect else None,
             resource_preferred=spec.prefer_resource,
             expect_open=True if spec.expect else None,
+            watchers=recorded_watchers(parse_watch(spec.watch)),
         ),
     )
     if receipt.eval_specs:

@@ -36,4 +36,4 @@ def test_a_look_before_the_first_heartbeat_does_not_lose_the_starting_value(atte
     # A supervisor started later (a restart) judges from the same start, not from what it reads first.
     again = Supervisor(ledger, settings)
     said = memory_growing(again._rss_baseline(row, 3 * GIB), 3 * GIB)
-    assert said is not None and "was 0.5 GiB" in said and "rule: ×2 and +1 GiB" in said
+    assert said is not None and "was 0.50 GiB" in said and "rule: ×2 and +1 GiB" in said

@@ -673,7 +673,7 @@ class Supervisor:
         else:
             with self.ledger.write() as conn:
                 add_supervisor_event(conn, attempt_id, "memory_baseline", {
-                    "rss_bytes": rss, "message": f"host memory at the first heartbeat read: RSS {rss / 2**30:.2f} GiB"})
+                    "rss_bytes": rss, "message": f"host memory at the first reading once training stepped: RSS {rss / 2**30:.2f} GiB"})
             self._first_rss[attempt_id] = rss
         return self._first_rss[attempt_id]
 

@@ -162,8 +162,8 @@ def memory_growing(first_rss: int | None, rss: int | None, factor: float = 2.0, 
     if not first_rss or not rss:
         return None
     if rss > factor * first_rss and rss - first_rss >= floor_bytes:
-        return (f"host memory growing: RSS {rss / 2**30:.1f} GiB, was {first_rss / 2**30:.1f} GiB at the first heartbeat "
-                f"read; rule: ×{factor:g} and +{floor_bytes / 2**30:g} GiB")
+        return (f"host memory growing: RSS {rss / 2**30:.2f} GiB, was {first_rss / 2**30:.2f} GiB at the first reading "
+                f"once training stepped; rule: ×{factor:g} and +{floor_bytes / 2**30:g} GiB")
     return None
 
 

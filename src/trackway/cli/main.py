@@ -52,6 +52,7 @@ COMMANDS: dict[str, Entry] = {
     "experiment": Entry("experiments_cmd", "Plan, start, show and report experiments: a hypothesis, a test run that gates the full run, a verdict."),
     "serve": Entry("serve_cmd", "Serve the REST API over this ledger: jobs, metrics, checkpoints, evaluations, explain, experiments, SQL, events."),
     "notify": Entry("notify_cmd", "Notifications: each message's state and each destination's delivery."),
+    "mcp": Entry("mcp_cmd", "Serve trackway's tools to an agent over MCP on stdin/stdout: resources, budget, submit, wait, explain, metrics, logs, cancel, sql."),
     "token": Entry("token_cmd", "Named API tokens for `trackway serve`, each with a role: add, list, revoke."),
     "experiments": Entry("experiments_cmd", "List experiments with their status and verdict; --chain EXP prints the iterations around EXP."),
     "schema": Entry("schema_cmd", "Print the JSON Schema of trackway.toml: every table and field, what each expects, unknown keys refused."),

@@ -158,6 +158,13 @@ max_running = 2
 # [preflight]
 # mode = "warn"               # warn | strict | off
 # keys = { batch_size = "train.batch_size", max_length = "data.max_len", model_config = "model.config" }
+
+# Agents that drive trackway over MCP (`trackway mcp --agent NAME`): each one's GPU-hour budget (its
+# runs' spent GPU-hours plus what each unfinished one may still take, checked before anything starts)
+# and how many of its runs may be unfinished at once. An agent not declared here cannot start work.
+# [agents.night-shift]
+# gpu_hours_budget = 50
+# max_running = 3
 """
 
 
@@ -185,6 +192,8 @@ class Settings:
     # [preflight] (resources/run_preflight.py): warn, strict or off; where a run config holds each preflight key.
     preflight_mode: str = "warn"
     preflight_keys: dict[str, str] = field(default_factory=dict)
+    # [agents.NAME]: each agent's GPU-hour budget and cap on runs at once (trackway/agents/guardrails.py).
+    agents: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def resource(self, name: str = "local") -> Resource:
         """The resource called `name`; an undeclared one (a run recorded before it was removed) runs locally."""
@@ -247,6 +256,7 @@ def load_settings(home: str | Path | None = None, db: str | None = None, cwd: Pa
         notify_events=tuple(notify["events"]),
         preflight_mode=tables["preflight"]["mode"],
         preflight_keys={key: value for key, value in tables["preflight"]["keys"].items() if value is not None},
+        agents=dict(tables.get("agents") or {}),
     )
 
 

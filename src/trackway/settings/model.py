@@ -254,6 +254,14 @@ class WatchersTable(Table):
     gpu_underused: GpuUnderusedTable = Field(default_factory=GpuUnderusedTable, description="a table")
 
 
+class AgentTable(Table):
+    """`[agents.NAME]`: what one agent driving trackway over MCP may spend (trackway/agents/guardrails.py)."""
+
+    gpu_hours_budget: float | None = Field(
+        None, gt=0, le=10_000_000, description="a number of GPU-hours above 0, such as 50 (none: no budget)")
+    max_running: int = Field(2, ge=1, le=10_000, description="a whole number of runs from 1 to 10000")
+
+
 class EvalsTable(Table):
     """`[evals]`: how many evaluation attempts run at once."""
 
@@ -318,6 +326,7 @@ class TrackwayToml(Table):
     watchers: WatchersTable = Field(default_factory=WatchersTable, description="a table")
     notify: NotifyTable = Field(default_factory=NotifyTable, description="a table")
     preflight: PreflightTable = Field(default_factory=PreflightTable, description="a table")
+    agents: dict[str, AgentTable] = Field({}, description="tables [agents.NAME]")
 
     @model_validator(mode="before")
     @classmethod
@@ -327,6 +336,10 @@ class TrackwayToml(Table):
             if not RESOURCE_NAME.match(name):
                 raise refuse(None, "a resource name: letters, digits, '_', '.', '-' (up to 64), first a letter or digit",
                              table=("resources", name))
+        for name in (doc.get("agents") or {}) if isinstance(doc, dict) and isinstance(doc.get("agents"), dict) else ():
+            if not RESOURCE_NAME.match(name):
+                raise refuse(None, "an agent name: letters, digits, '_', '.', '-' (up to 64), first a letter or digit",
+                             table=("agents", name))
         return doc
 
     @model_validator(mode="after")

@@ -1,0 +1,164 @@
+"""`trackway mcp`: the agent tools (agents/tools.py) served over the Model Context Protocol, on the official SDK.
+
+Every tool has a JSON schema for its arguments, answers structured content, and refuses what it
+cannot take as structured content too, `{"error": {"field", "expected", "message"}}` with
+`isError` set, so an agent can tell what to change without parsing prose. An argument a tool does
+not have is refused the same way before the tool runs (the SDK would drop it silently, and an
+agent that misspelt `time_limit_hours` would get a run without a limit).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+from typing import Annotated, Any
+
+from pydantic import Field
+
+from trackway.agents import tools
+from trackway.agents.guardrails import AgentRefused
+from trackway.agents.tools import AgentSession
+from trackway.errors import TrackwayError
+
+INSTRUCTIONS = (
+    "trackway runs and supervises training jobs and keeps every attempt as a receipt. The loop: `resources` and "
+    "`budget` to see what is free and what you may spend; `submit` a short kind='test' run of a hypothesis; `wait` for "
+    "its ending; read `metrics` and `explain`; then `submit` the kind='full' run; `wait`; `explain` the ending. "
+    "Every error names the argument and what was expected."
+)
+_FIELD = re.compile(r"^([A-Za-z_][\w.]*(?:\s*×\s*[\w.]+)?)")
+_EXPECTED = re.compile(r"expected (.+)$")
+
+
+def error_result(field: str | None, expected: str | None, message: str):
+    from mcp import types
+
+    payload = {"error": {"field": field, "expected": expected, "message": message}}
+    return types.CallToolResult(content=[types.TextContent(type="text", text=json.dumps(payload))],
+                                structured_content=payload, is_error=True)
+
+
+def _refusal(exc: TrackwayError):
+    """A trackway error as the structured error every tool answers: the field it names and what was expected."""
+    if isinstance(exc, AgentRefused):
+        return error_result(exc.field, exc.expected, str(exc))
+    message = str(exc)
+    field = _FIELD.match(message)
+    expected = _EXPECTED.search(message)
+    return error_result(field[1] if field else None, expected[1].split(";")[0] if expected else None, message)
+
+
+def build_server(session: AgentSession):
+    """An MCPServer whose tools act for `session.agent`."""
+    from mcp.server.mcpserver import MCPServer
+
+    known: dict[str, set[str]] = {}
+
+    async def refuse_unknown_arguments(ctx, call_next):
+        if ctx.method == "tools/call" and isinstance(ctx.params, dict):
+            name, given = ctx.params.get("name"), ctx.params.get("arguments") or {}
+            unknown = sorted(set(given) - known.get(name, set(given))) if isinstance(given, dict) else []
+            if unknown:
+                expected = ", ".join(sorted(known[name])) or "no arguments"
+                return error_result(unknown[0], f"one of {expected}",
+                                    f"{unknown[0]}: not an argument of {name}; expected one of {expected}")
+        return await call_next(ctx)
+
+    server = MCPServer("trackway", instructions=INSTRUCTIONS, middleware=[refuse_unknown_arguments])
+
+    def tool(function):
+        """Register `function` (its first argument the session) as a tool answering structured content."""
+        signature = inspect.signature(function)
+        known[function.__name__] = set(signature.parameters)
+
+        def call(**arguments: Any):
+            try:
+                return getattr(tools, function.__name__)(session, **arguments)
+            except TrackwayError as exc:
+                return _refusal(exc)
+
+        call.__name__ = function.__name__
+        call.__doc__ = function.__doc__
+        call.__signature__ = signature.replace(return_annotation=dict[str, Any])
+        call.__annotations__ = {**function.__annotations__, "return": dict[str, Any]}
+        server.tool(name=function.__name__, description=function.__doc__, structured_output=True)(call)
+        return function
+
+    @tool
+    def resources() -> dict[str, Any]:
+        """The resources runs may go to, with what each can take now: free GPUs, jobs running and pending."""
+
+    @tool
+    def budget() -> dict[str, Any]:
+        """Your GPU-hour budget: spent, held by your unfinished runs, left; and your cap on unfinished runs."""
+
+    @tool
+    def runs(mine_only: Annotated[bool, Field(description="Only the runs you started.")] = True,
+             limit: Annotated[int, Field(description="At most this many runs, newest first (1 to 500).")] = 20,
+             ) -> dict[str, Any]:
+        """Runs newest first, each with its state, resource and GPUs."""
+
+    @tool
+    def submit(
+        script: Annotated[str, Field(description="A Python file's path relative to the server's working directory.")],
+        args: Annotated[list[str] | None, Field(description="Arguments after the script.")] = None,
+        kind: Annotated[str, Field(description="'test' (a short run that checks a hypothesis) or 'full'.")] = "test",
+        gpu_count: Annotated[int, Field(description="GPUs in all (0 for CPU).")] = 0,
+        time_limit_hours: Annotated[float | None, Field(
+            description="The run's time limit in hours; needed for a run with GPUs when you have a budget.")] = None,
+        name: Annotated[str | None, Field(description="A unique name to address the run by.")] = None,
+        project: Annotated[str, Field(description="The project the run belongs to.")] = "default",
+        config: Annotated[dict[str, Any] | None, Field(description="The run's config, kept in its receipt.")] = None,
+        set: Annotated[list[str] | None, Field(description="Config overrides KEY=VALUE.")] = None,
+        resource: Annotated[str | None, Field(description="A declared resource, or 'auto'.")] = None,
+        expect: Annotated[list[str] | None, Field(
+            description="Acceptance criteria judged as metrics land, e.g. 'final.loss < 2.0'.")] = None,
+        watch: Annotated[list[str] | None, Field(
+            description="Watcher thresholds KIND.KEY=VALUE, e.g. 'loss_rising.window=200 steps'.")] = None,
+    ) -> dict[str, Any]:
+        """Start a run of `script`, credited to you, if it fits your budget and your cap on unfinished runs."""
+
+    @tool
+    def wait(run: Annotated[str, Field(description="A run id or name.")],
+             timeout_s: Annotated[float, Field(description="Seconds to wait at most (above 0, at most 600).")] = 300.0,
+             ) -> dict[str, Any]:
+        """Wait for a run to end: its state, its last attempt's termination reason, evidence and the retry decision."""
+
+    @tool
+    def explain(ref: Annotated[str, Field(description="A run (its latest attempt) or one attempt RUN/N.")],
+                ) -> dict[str, Any]:
+        """Every fact about an attempt: config, placement, checkpoints, the ending with its evidence, what happens next."""
+
+    @tool
+    def metrics(run: Annotated[str, Field(description="A run id or name.")],
+                key: Annotated[str, Field(description="The metric, e.g. loss.")] = "loss",
+                max_points: Annotated[int, Field(description="At most this many points, evenly thinned (2 to 2000).")] = 200,
+                ) -> dict[str, Any]:
+        """A metric's history by step, thinned to at most `max_points` points."""
+
+    @tool
+    def logs(ref: Annotated[str, Field(description="A run (its latest attempt) or one attempt RUN/N.")],
+             lines: Annotated[int, Field(description="How many lines from the end (1 to 2000).")] = 50,
+             ) -> dict[str, Any]:
+        """The last lines of an attempt's output."""
+
+    @tool
+    def cancel(run: Annotated[str, Field(description="One of your runs, by id or name.")]) -> dict[str, Any]:
+        """End one of your own runs; its end is recorded as user_cancelled."""
+
+    @tool
+    def sql(query: Annotated[str, Field(description="One read-only statement (PostgreSQL dialect), e.g. "
+                                                    "\"select * from training_attempts limit 5\".")],
+            max_rows: Annotated[int, Field(description="At most this many rows (1 to 10000).")] = 200,
+            ) -> dict[str, Any]:
+        """A read-only query over the ledger."""
+
+    return server
+
+
+def serve_stdio(session: AgentSession) -> None:
+    """Serve the tools on stdin/stdout until the agent hangs up."""
+    import anyio
+
+    anyio.run(build_server(session).run_stdio_async)

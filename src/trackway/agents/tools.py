@@ -1,0 +1,292 @@
+"""The research loop as tools an agent calls: each a plain function over the ledger, answering JSON-ready values.
+
+The MCP server (agents/mcp_server.py) registers them with their schemas; they are plain so that
+they can be read and tested without a protocol in between. They do what the CLI does, with the
+guardrails of agents/guardrails.py before anything starts: a run is started only from a script
+file inside the server's working directory (as the REST API), by a declared agent, inside its
+budget and its cap, and credited to it. An agent cancels only its own runs.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from trackway.agents.guardrails import Agent, AgentRefused, admit, agents_runs, is_agents_run, standing
+from trackway.errors import InputError
+from trackway.ledger import Ledger
+from trackway.settings import Settings
+from trackway.taxonomy import RunState
+
+MAX_WAIT_S = 600.0
+WAIT_POLL_S = 0.5
+MAX_POINTS = 2000
+MAX_LOG_LINES = 2000
+
+
+@dataclass
+class AgentSession:
+    """What every tool works with: the ledger, the settings, the agent calling and the directory scripts live in."""
+
+    ledger: Ledger
+    settings: Settings
+    agent: Agent
+    workdir: Path
+    _supervisor: Any = None
+    submitting: threading.Lock = field(default_factory=threading.Lock)
+    ticking: threading.Lock = field(default_factory=threading.Lock)
+
+    def tick(self) -> None:
+        """One pass of the control loop: the MCP SDK runs tools in threads, and one loop is driven by one at a time."""
+        with self.ticking:
+            self.supervisor().tick()
+
+    def supervisor(self):
+        """A control loop this session ticks while it waits (as a following `submit` does)."""
+        if self._supervisor is None:
+            from trackway.supervision import supervisor_for
+
+            self._supervisor = supervisor_for(self.ledger, self.settings)
+        return self._supervisor
+
+
+def jsonable(value: Any) -> Any:
+    """A ledger row's values as JSON holds them: times in ISO 8601 UTC."""
+    def convert(item: Any) -> Any:
+        if isinstance(item, datetime):
+            return item.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+        if isinstance(item, bytes | memoryview):
+            return bytes(item).hex()
+        return str(item)
+
+    return json.loads(json.dumps(value, default=convert))
+
+
+# -- looking ----------------------------------------------------------------------------------------
+
+
+def resources(session: AgentSession) -> dict[str, Any]:
+    """The declared resources with what each can take now (free GPUs, jobs running and pending)."""
+    from trackway.resources.availability import look_up, resource_record
+    from trackway.resources.placement import candidates
+
+    declared = candidates(session.settings)
+    found = look_up(declared, home=session.settings.home)
+    return {"resources": jsonable([resource_record(resource, found[resource.name]) for resource in declared])}
+
+
+def budget(session: AgentSession) -> dict[str, Any]:
+    """The agent's GPU-hours spent, held by its unfinished runs and left, and its cap on runs at once."""
+    with session.ledger.read() as conn:
+        return standing(conn, session.agent).to_json(session.agent)
+
+
+def runs(session: AgentSession, mine_only: bool = True, limit: int = 20) -> dict[str, Any]:
+    """Runs newest first (the agent's own, unless `mine_only` is false)."""
+    from sqlalchemy import select
+
+    from trackway.ledger.schema import runs as runs_table
+
+    _whole(limit, "limit", 1, 500)
+    query = select(runs_table.c.run_id, runs_table.c.name, runs_table.c.kind, runs_table.c.state,
+                   runs_table.c.resource, runs_table.c.gpus, runs_table.c.created_at, runs_table.c.ended_at)
+    if mine_only:
+        query = query.where(runs_table.c.run_id.in_(agents_runs(session.agent)))
+    with session.ledger.read() as conn:
+        rows = conn.execute(query.order_by(runs_table.c.created_at.desc()).limit(limit)).mappings().all()
+    return {"runs": jsonable([dict(row) for row in rows])}
+
+
+def explain(session: AgentSession, ref: str) -> dict[str, Any]:
+    """Every fact `trackway explain RUN|RUN/N --json` gives: the ending, its reason and evidence, the decision."""
+    from trackway.reports.explain import explain as gather
+    from trackway.validation import attempt_ref
+
+    attempt_ref(ref)
+    session.tick()  # an end nobody recorded yet is recorded before it is explained
+    with session.ledger.read() as conn:
+        return jsonable(gather(conn, ref))
+
+
+def metrics(session: AgentSession, run: str, key: str = "loss", max_points: int = 200) -> dict[str, Any]:
+    """A metric's history, evenly thinned to at most `max_points` points (the last point always kept)."""
+    from trackway.read_api import Api
+
+    _whole(max_points, "max_points", 2, MAX_POINTS)
+    history = Api(db=session.settings.db_url, home=session.settings.home).history(run, key)
+    count = len(history.steps)
+    stride = max(1, -(-count // max_points))
+    keep = list(range(0, count, stride))
+    if count and keep[-1] != count - 1:
+        keep[-1] = count - 1
+    return {"run_id": history.run_id, "key": key, "points_logged": count,
+            "steps": [history.steps[i] for i in keep], "values": [history.values[i] for i in keep],
+            "attempts": [history.attempt_numbers[i] for i in keep]}
+
+
+def logs(session: AgentSession, ref: str, lines: int = 50) -> dict[str, Any]:
+    """The last `lines` lines of an attempt's output (a run: its newest attempt)."""
+    from trackway.ledger.records import resolve_attempt
+    from trackway.supervisor.loop import read_log_tail
+    from trackway.validation import attempt_ref
+
+    attempt_ref(ref)
+    _whole(lines, "lines", 1, MAX_LOG_LINES)
+    with session.ledger.read() as conn:
+        attempt = resolve_attempt(conn, ref)
+    tail = read_log_tail(Path(attempt["log_path"]), max_bytes=lines * 400, max_lines=lines)
+    return {"attempt_id": attempt["attempt_id"], "state": attempt["state"], "lines": tail}
+
+
+def sql(session: AgentSession, query: str, max_rows: int = 200) -> dict[str, Any]:
+    """One read-only statement over the ledger (PostgreSQL dialect), at most `max_rows` rows, 30 s at most."""
+    from trackway.ledger.sql.readonly import DEFAULT_TIMEOUT_S, check_max_rows, run_readonly_query
+
+    _whole(max_rows, "max_rows", 1, 10_000)
+    result = run_readonly_query(session.settings.db_url, query, timeout_s=DEFAULT_TIMEOUT_S,
+                                remember_in=session.settings.home / "cache" / "sql", max_rows=check_max_rows(max_rows))
+    return {"columns": list(result.columns), "rows": jsonable([list(row) for row in result.rows]),
+            "truncated": bool(result.truncated)}
+
+
+# -- acting -----------------------------------------------------------------------------------------
+
+
+def submit(session: AgentSession, script: str, args: list[str] | None = None, kind: str = "test", gpu_count: int = 0,
+           time_limit_hours: float | None = None, name: str | None = None, project: str = "default",
+           config: dict[str, Any] | None = None, set: list[str] | None = None, resource: str | None = None,
+           expect: list[str] | None = None, watch: list[str] | None = None) -> dict[str, Any]:
+    """Start `script` (a Python file in the working directory) as a run credited to the agent, inside its limits."""
+    from trackway.experiments.expectations import parse_all
+    from trackway.supervisor.launch import command_by, start_attempt
+    from trackway.supervisor.submit import RunSpec, api_words, submit_run
+
+    script_path = _script(session.workdir, script)
+    parse_all(expect or [])
+    config_path = None
+    try:
+        if config is not None:
+            from trackway.receipts.submitted_config import write_file
+            import uuid
+
+            config_path = session.settings.home / "agents" / "configs" / f"{uuid.uuid4().hex}.json"
+            write_file(config_path, json.dumps(config).encode())
+        spec = RunSpec(
+            command=[sys.executable, script_path, *(args or [])], cwd=session.workdir, name=name, project=project,
+            kind=kind, config_path=str(config_path) if config_path else None, overrides=list(set or []),
+            gpus=gpu_count, time_limit_hours=time_limit_hours, resource=resource,
+            expect=[text.strip() for text in expect or []], watch=list(watch or []),
+        )
+        # The check and the record are one step per session: two calls racing could otherwise both fit in
+        # what is left. (Two servers for one agent are two sessions: each is checked against the ledger.)
+        with session.submitting:
+            with session.ledger.read() as conn:
+                admit(conn, session.agent, gpu_count, time_limit_hours)
+            try:
+                run_id = submit_run(session.ledger, session.settings, spec)
+            except InputError as exc:
+                exc.args = (api_words(str(exc)), *exc.args[1:])  # the CLI's flags named as the tool's arguments
+                raise
+    finally:
+        if config_path is not None:
+            config_path.unlink(missing_ok=True)  # the receipt holds the snapshot now (or nothing was recorded)
+    attempt_id = start_attempt(session.ledger, session.settings, run_id, session.supervisor().executor, first=True,
+                               started_by=command_by(session.agent.credit))
+    _background(session)
+    with session.ledger.read() as conn:
+        from trackway.ledger.records import resolve_run
+
+        state = resolve_run(conn, run_id)["state"]
+    return {"run_id": run_id, "attempt_id": attempt_id, "state": state, "budget": budget(session)}
+
+
+def wait(session: AgentSession, run: str, timeout_s: float = 300.0) -> dict[str, Any]:
+    """Wait until `run` ends or `timeout_s` passes; the ending with its reason, evidence and decision, or where it is."""
+    from trackway.ledger.records import latest_attempt, resolve_run
+
+    if not (0 < timeout_s <= MAX_WAIT_S):
+        raise AgentRefused("timeout_s", f"a number of seconds above 0 and at most {MAX_WAIT_S:g}",
+                           f"timeout_s {timeout_s!r}: expected a number of seconds above 0 and at most {MAX_WAIT_S:g}")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        session.tick()
+        with session.ledger.read() as conn:
+            row = resolve_run(conn, run)
+            attempt = latest_attempt(conn, row["run_id"])
+        ended = RunState(row["state"]).is_terminal()
+        if ended or time.monotonic() >= deadline:
+            break
+        time.sleep(WAIT_POLL_S)
+    answer: dict[str, Any] = {"run_id": row["run_id"], "state": row["state"], "ended": ended,
+                              "waited_out": not ended}
+    if attempt is not None:
+        evidence = json.loads(attempt["termination_evidence"]) if attempt["termination_evidence"] else {}
+        decision = json.loads(attempt["retry_decision"]) if attempt["retry_decision"] else None
+        answer["attempt"] = jsonable({
+            "attempt_id": attempt["attempt_id"], "state": attempt["state"],
+            "termination_reason": attempt["termination_reason"], "exit_code": attempt["exit_code"],
+            "rule": evidence.get("rule"), "evidence": evidence.get("lines", []), "decision": decision,
+            "last_step": attempt["last_step"], "gpu_seconds": attempt["gpu_seconds"],
+        })
+    if not ended:
+        answer["note"] = (f"still {row['state']} after {timeout_s:g} s; call wait again, or explain "
+                          f"{row['run_id']} for where it is")
+    return answer
+
+
+def cancel(session: AgentSession, run: str) -> dict[str, Any]:
+    """End one of the agent's own runs (SIGTERM, SIGKILL after the grace period); another's is refused."""
+    from trackway.ledger.records import resolve_run
+
+    with session.ledger.read() as conn:
+        row = resolve_run(conn, run)
+        mine = is_agents_run(conn, session.agent, row["run_id"])
+    if not mine:
+        raise AgentRefused("run", f"a run agent {session.agent.name!r} started",
+                           f"run {run!r}: expected a run agent {session.agent.name!r} started; an agent cancels "
+                           "only its own runs (a person can: trackway cancel)")
+    with session.ticking:
+        cancelled = session.supervisor().cancel(row["run_id"])
+    return {"run_id": row["run_id"], "cancel_requested_for": cancelled,
+            "note": "the end is recorded as user_cancelled" if cancelled else "it had no running attempt; marked cancelled"}
+
+
+# -- helpers ----------------------------------------------------------------------------------------
+
+
+def _script(workdir: Path, script: str) -> str:
+    """`script` as a file inside the working directory (never an interpreter option or a path outside it)."""
+    path = PurePosixPath(script)
+    if not script or script.startswith("-") or "\x00" in script or path.is_absolute() or ".." in path.parts:
+        raise AgentRefused("script", "a Python file's path relative to the server's working directory",
+                           f"script {script!r}: expected a Python file's path relative to the server's working "
+                           "directory, e.g. train.py")
+    resolved = (workdir / script).resolve()
+    if not resolved.is_relative_to(workdir.resolve()) or not resolved.is_file():
+        raise AgentRefused("script", "a file inside the server's working directory",
+                           f"script {script!r}: expected a file inside the server's working directory")
+    return str(resolved)
+
+
+def _whole(value: Any, field: str, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not (low <= value <= high):
+        raise AgentRefused(field, f"a whole number from {low} to {high}",
+                           f"{field} {value!r}: expected a whole number from {low} to {high}")
+
+
+def _background(session: AgentSession) -> None:
+    """A background supervisor drives the run's retries once this call returns (when the machine allows one)."""
+    from trackway.errors import TrackwayError
+    from trackway.supervisor.background import autostart_enabled, ensure_running
+
+    if autostart_enabled():
+        try:
+            ensure_running(session.settings)
+        except TrackwayError:
+            pass  # `wait` ticks a supervisor itself: the run is driven while the agent waits for it

@@ -1,0 +1,180 @@
+"""An agent drives trackway through `trackway mcp`: the real server over stdio, and in process, with its guardrails."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+import mcp
+import pytest
+from mcp.client.stdio import StdioServerParameters
+
+from trackway.agents.guardrails import agent_of
+from trackway.agents.mcp_server import build_server
+from trackway.agents.tools import AgentSession
+from trackway.ledger import open_ledger
+from trackway.settings import load_settings
+
+TRAIN = """
+import sys, time, trackway
+run = trackway.init()
+for step in range(20):
+    run.log({"loss": 1.0 / (step + 1)}, step=step)
+    time.sleep(0.02)
+if "--fail" in sys.argv:
+    raise ValueError("bad config value: lr")
+run.finish()
+"""
+SLOW = """
+import time, trackway
+run = trackway.init()
+for step in range(3000):
+    run.log({"loss": 1.0}, step=step)
+    time.sleep(0.05)
+run.finish()
+"""
+TOML = """
+[agents.night]
+gpu_hours_budget = 2
+max_running = 1
+
+[agents.day]
+max_running = 2
+"""
+
+
+@pytest.fixture
+def project(home: Path) -> Path:
+    work = Path.cwd()
+    (work / "trackway.toml").write_text(TOML)
+    (work / "train.py").write_text(TRAIN)
+    (work / "slow.py").write_text(SLOW)
+    return work
+
+
+def call(session: AgentSession, *steps: tuple[str, dict]) -> list:
+    """Each (tool, arguments) through an in-process MCP client; each result's (is_error, structured content)."""
+    async def go():
+        answers = []
+        async with mcp.Client(build_server(session)) as client:
+            for name, arguments in steps:
+                result = await client.call_tool(name, arguments)
+                answers.append((result.is_error, result.structured_content))
+        return answers
+
+    return asyncio.run(go())
+
+
+def session_for(name: str, work: Path) -> AgentSession:
+    settings = load_settings()
+    return AgentSession(open_ledger(settings.db_url), settings, agent_of(settings, name), work)
+
+
+def test_an_agent_runs_the_loop_over_stdio_and_its_runs_are_credited_to_it(project: Path):
+    params = StdioServerParameters(command=sys.executable, args=["-m", "trackway", "mcp", "--agent", "night"],
+                                   cwd=str(project), env=dict(os.environ))
+
+    async def go():
+        async with mcp.Client(params) as client:
+            listed = {tool.name: tool for tool in (await client.list_tools()).tools}
+            submitted = await client.call_tool("submit", {"script": "train.py", "kind": "test", "name": "h1"})
+            ended = await client.call_tool("wait", {"run": "h1", "timeout_s": 120})
+            curve = await client.call_tool("metrics", {"run": "h1", "max_points": 5})
+            failed = await client.call_tool("submit", {"script": "train.py", "args": ["--fail"], "name": "h2"})
+            why = await client.call_tool("wait", {"run": "h2", "timeout_s": 120})
+            return listed, submitted, ended, curve, failed, why
+
+    listed, submitted, ended, curve, failed, why = asyncio.run(go())
+    assert {"resources", "budget", "submit", "wait", "explain", "metrics", "logs", "cancel", "sql", "runs"} <= set(listed)
+    assert listed["submit"].input_schema["properties"]["time_limit_hours"]["description"].startswith("The run's time")
+    assert not submitted.is_error and submitted.structured_content["budget"]["agent"] == "night"
+    assert ended.structured_content["state"] == "completed"
+    assert ended.structured_content["attempt"]["termination_reason"] == "completed"
+    assert curve.structured_content["steps"][-1] == 19 and curve.structured_content["points_logged"] == 20
+    assert not failed.is_error
+    attempt = why.structured_content["attempt"]
+    assert (attempt["termination_reason"], attempt["decision"]["action"]) == ("code_error", "stop")
+    assert "ValueError: bad config value: lr" in attempt["evidence"]
+    settings = load_settings()
+    with open_ledger(settings.db_url).read() as conn:
+        from sqlalchemy import select
+
+        from trackway.ledger.schema import attempts
+
+        credited = conn.execute(select(attempts.c.started_by)).scalars().all()
+    assert len(credited) == 2 and all(text.startswith("agent night via mcp (") for text in credited)
+
+
+def test_the_cap_on_unfinished_runs_refuses_before_anything_starts(project: Path):
+    session = session_for("night", project)
+    (first_error, first), (refused_error, refused), (_, standing) = call(
+        session, ("submit", {"script": "slow.py", "name": "long"}), ("submit", {"script": "train.py", "name": "more"}),
+        ("budget", {}))
+    try:
+        assert not first_error and refused_error
+        assert refused["error"]["field"] == "max_running" and "[agents.night] max_running is 1" in refused["error"]["message"]
+        assert standing["unfinished_runs"] == [first["run_id"]]
+        with session.ledger.read() as conn:
+            from trackway.ledger.records import name_taken
+
+            assert not name_taken(conn, "more")  # nothing recorded
+    finally:
+        (_, cancelled), = call(session, ("cancel", {"run": "long"}))
+        assert cancelled["cancel_requested_for"]
+
+
+def test_a_run_over_the_budget_is_refused_with_the_numbers(project: Path):
+    session = session_for("night", project)
+    (no_limit_error, no_limit), (over_error, over) = call(
+        session, ("submit", {"script": "train.py", "gpu_count": 1}),
+        ("submit", {"script": "train.py", "gpu_count": 2, "time_limit_hours": 1.5}))
+    assert no_limit_error and no_limit["error"]["field"] == "time_limit_hours"
+    assert over_error and over["error"]["field"] == "time_limit_hours"
+    assert "expected at most 2 GPU-hours" in over["error"]["message"] and "2 × 1.5 h = 3" in over["error"]["message"]
+    with session.ledger.read() as conn:
+        from trackway.ledger.records import list_runs
+
+        assert list_runs(conn) == []
+
+
+def test_an_unknown_argument_or_a_bad_value_is_a_structured_error_naming_it(project: Path):
+    session = session_for("day", project)
+    answers = call(session,
+                   ("submit", {"script": "train.py", "time_limt_hours": 1}),
+                   ("submit", {"script": "../outside.py"}),
+                   ("submit", {"script": "train.py", "kind": "huge"}),
+                   ("wait", {"run": "nope", "timeout_s": 1}),
+                   ("metrics", {"run": "nope", "max_points": 1}))
+    (e1, typo), (e2, outside), (e3, kind), (e4, missing), (e5, points) = answers
+    assert all((e1, e2, e3, e4, e5))
+    assert typo["error"]["field"] == "time_limt_hours" and "time_limit_hours" in typo["error"]["expected"]
+    assert outside["error"]["field"] == "script"
+    assert kind["error"]["field"] == "kind" and "'test' or 'full'" in kind["error"]["message"]
+    assert "nope" in missing["error"]["message"]
+    assert points["error"]["field"] == "max_points"
+
+
+def test_an_agent_cancels_only_its_own_runs(project: Path, cli):
+    Path("trackway.toml").write_text(TOML)
+    started = cli("submit", "--detach", "--name", "persons", "--", sys.executable, "slow.py")
+    assert started.code == 0, started.err
+    try:
+        (is_error, refused), = call(session_for("day", project), ("cancel", {"run": "persons"}))
+        assert is_error and refused["error"]["field"] == "run" and "only its own runs" in refused["error"]["message"]
+        assert cli("show", "persons", "--json").json()["state"] in ("running", "queued")
+    finally:
+        cli("cancel", "persons")
+
+
+def test_an_undeclared_agent_is_refused_before_the_protocol_starts(project: Path, cli_process):
+    refused = cli_process("mcp", "--agent", "stranger")
+    assert refused.code == 2
+    assert "--agent 'stranger': expected an agent declared as [agents.NAME] in trackway.toml (day, night)" in refused.err
+
+
+def test_a_bad_agents_table_is_refused_in_one_line(project: Path, cli_process):
+    (project / "trackway.toml").write_text("[agents.night]\ngpu_hours_budget = -3\n")
+    refused = cli_process("runs")
+    assert refused.code == 2 and "[agents.night] gpu_hours_budget: expected a number of GPU-hours above 0" in refused.err

@@ -42,6 +42,11 @@ max_running = 1
 
 [agents.day]
 max_running = 2
+
+[agents.careful]
+max_running = 3
+approve_full_runs = true
+approve_over_gpu_hours = 1
 """
 
 
@@ -171,10 +176,70 @@ def test_an_agent_cancels_only_its_own_runs(project: Path, cli):
 def test_an_undeclared_agent_is_refused_before_the_protocol_starts(project: Path, cli_process):
     refused = cli_process("mcp", "--agent", "stranger")
     assert refused.code == 2
-    assert "--agent 'stranger': expected an agent declared as [agents.NAME] in trackway.toml (day, night)" in refused.err
+    assert ("--agent 'stranger': expected an agent declared as [agents.NAME] in trackway.toml (careful, day, night)"
+            in refused.err)
 
 
 def test_a_bad_agents_table_is_refused_in_one_line(project: Path, cli_process):
     (project / "trackway.toml").write_text("[agents.night]\ngpu_hours_budget = -3\n")
     refused = cli_process("runs")
     assert refused.code == 2 and "[agents.night] gpu_hours_budget: expected a number of GPU-hours above 0" in refused.err
+
+
+def test_a_full_run_waits_for_a_person_and_starts_only_when_approved(project: Path, cli):
+    Path("trackway.toml").write_text(TOML)
+    session = session_for("careful", project)
+    (error, submitted), (_, waited), (_, test_run) = call(
+        session, ("submit", {"script": "train.py", "kind": "full", "name": "big"}),
+        ("wait", {"run": "big", "timeout_s": 30}),
+        ("submit", {"script": "train.py", "kind": "test", "name": "small"}))
+    assert not error and submitted["awaiting_approval"] and submitted["attempt_id"] is None
+    assert "approve_full_runs" in submitted["note"] and "trackway approve" in submitted["note"]
+    assert waited["awaiting_approval"] and not waited["ended"] and "waiting for a person's approval" in waited["note"]
+    assert not test_run["awaiting_approval"]  # a test run within the threshold starts at once
+    # The supervisor passes it over, however long it waits; a person sees it waiting.
+    supervisor = session.supervisor()
+    supervisor.orphaned_run_s = 0
+    supervisor.tick()
+    assert cli("attempts", "big", "--json").json() == []
+    listed = {run["name"]: run for run in cli("runs", "--json").json()}
+    assert listed["big"]["approval"] == "awaiting" and listed["big"]["submitted_by"].startswith("agent careful via mcp (")
+    assert "queued (awaiting approval)" in cli("runs").out
+    said = cli("explain", "big")
+    assert said.code != 0 and "waits for a person's approval" in said.err
+    approved = cli("approve", "big")
+    assert approved.code == 0, approved.err
+    (_, ended), = call(session, ("wait", {"run": "big", "timeout_s": 120}))
+    assert ended["state"] == "completed"
+    (attempt,) = cli("attempts", "big", "--json").json()
+    assert attempt["started_by"].startswith("trackway approve (") and "approving agent careful via mcp (" in attempt["started_by"]
+    again = cli("approve", "big")
+    assert again.code == 2 and "it was approved already" in again.err
+
+
+def test_a_refused_run_ends_cancelled_with_the_reason_and_nothing_ran(project: Path, cli):
+    Path("trackway.toml").write_text(TOML)
+    session = session_for("careful", project)
+    (_, submitted), = call(session, ("submit", {"script": "train.py", "kind": "full"}))
+    assert submitted["awaiting_approval"]
+    run_id = submitted["run_id"]
+    no_reason = cli("approve", run_id, "--refuse")
+    assert no_reason.code == 2 and "--why: expected the reason" in no_reason.err
+    refused = cli("approve", run_id, "--refuse", "--why", "too costly for a guess")
+    assert refused.code == 0, refused.err
+    shown = cli("show", run_id, "--json").json()
+    assert shown["state"] == "cancelled" and "too costly for a guess" in shown["approval_note"]
+    assert cli("attempts", run_id, "--json").json() == []
+    (_, waited), = call(session, ("wait", {"run": run_id, "timeout_s": 5}))
+    assert waited["ended"] and waited["state"] == "cancelled" and "refused by trackway approve" in waited["approval"]
+
+
+def test_what_asks_for_a_persons_approval():
+    from trackway.agents.guardrails import Agent, needs_approval
+
+    careful = Agent("careful", None, 3, approve_full_runs=False, approve_over_gpu_hours=4)
+    assert needs_approval(careful, "full", 2, 2) is None  # 4 GPU-hours: not over
+    assert "this run asks 2 × 2.5 h = 5 GPU-hours" in needs_approval(careful, "test", 2, 2.5)
+    assert "without a time limit may spend more" in needs_approval(careful, "test", 1, None)
+    assert needs_approval(careful, "full", 0, None) is None  # no GPUs: no GPU-hours
+    assert "approve_full_runs" in needs_approval(Agent("a", None, 1, approve_full_runs=True), "full", 0, None)

@@ -1,9 +1,10 @@
 """What an agent may start: its identity, its GPU-hour budget and its cap on unfinished runs, checked before anything starts.
 
 An agent is declared by a person (`[agents.NAME]` in trackway.toml); an undeclared name starts
-nothing. Every attempt an agent starts is credited `agent NAME via mcp (user@host)` in its
-`started_by`, which is how its runs are found again: a run is the agent's when its first
-attempt was started by it.
+nothing. Every run an agent submits is credited `agent NAME via mcp (user@host)` in its
+`submitted_by` (and its first attempt's `started_by`), which is how its runs are found again.
+Where its settings say so, a run waits for a person's approval before anything starts
+(agents/approval.py).
 
 The budget counts GPU-hours, as `report waste` does: the GPU-seconds every ended attempt of the
 agent's runs spent (retries included), plus, for each unfinished run, what its current attempt may
@@ -46,6 +47,8 @@ class Agent:
     name: str
     gpu_hours_budget: float | None
     max_running: int
+    approve_full_runs: bool = False
+    approve_over_gpu_hours: float | None = None
 
     @property
     def credit(self) -> str:
@@ -59,7 +62,8 @@ def agent_of(settings: Settings, name: str) -> Agent:
     if table is None:
         known = ", ".join(sorted(settings.agents)) or "none is declared"
         raise InputError(f"--agent {name!r}: expected an agent declared as [agents.NAME] in trackway.toml ({known})")
-    return Agent(name, table.get("gpu_hours_budget"), int(table.get("max_running") or 2))
+    return Agent(name, table.get("gpu_hours_budget"), int(table.get("max_running") or 2),
+                 bool(table.get("approve_full_runs")), table.get("approve_over_gpu_hours"))
 
 
 @dataclass(frozen=True)
@@ -80,13 +84,27 @@ class Standing:
 
 
 def agents_runs(agent: Agent):
-    """The ids of the runs whose first attempt the agent started, as a subquery."""
-    return select(attempts.c.run_id).where(
-        attempts.c.attempt_number == 1, attempts.c.started_by.startswith(f"{agent.credit} (", autoescape=True))
+    """The ids of the runs the agent submitted, as a subquery."""
+    return select(runs.c.run_id).where(runs.c.submitted_by.startswith(f"{agent.credit} (", autoescape=True))
 
 
 def is_agents_run(conn: Connection, agent: Agent, run_id: str) -> bool:
-    return conn.execute(agents_runs(agent).where(attempts.c.run_id == run_id)).first() is not None
+    return conn.execute(agents_runs(agent).where(runs.c.run_id == run_id)).first() is not None
+
+
+def needs_approval(agent: Agent, kind: str, gpus: int, time_limit_hours: float | None) -> str | None:
+    """Why a person must approve this run before it starts (None: it starts at once)."""
+    if agent.approve_full_runs and kind == "full":
+        return f"[agents.{agent.name}] approve_full_runs: a full run waits for a person"
+    limit = agent.approve_over_gpu_hours
+    if limit is not None and gpus > 0:
+        if time_limit_hours is None:
+            return (f"[agents.{agent.name}] approve_over_gpu_hours = {limit:g}: a run of {gpus} GPU(s) without a "
+                    "time limit may spend more")
+        if gpus * time_limit_hours > limit:
+            return (f"[agents.{agent.name}] approve_over_gpu_hours = {limit:g}: this run asks {gpus} × "
+                    f"{time_limit_hours:g} h = {gpus * time_limit_hours:g} GPU-hours")
+    return None
 
 
 def standing(conn: Connection, agent: Agent, now: float | None = None) -> Standing:

@@ -18,7 +18,8 @@ from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from trackway.agents.guardrails import Agent, AgentRefused, admit, agents_runs, is_agents_run, standing
+from trackway.agents.approval import AWAITING
+from trackway.agents.guardrails import Agent, AgentRefused, admit, agents_runs, is_agents_run, needs_approval, standing
 from trackway.errors import InputError
 from trackway.ledger import Ledger
 from trackway.settings import Settings
@@ -95,7 +96,8 @@ def runs(session: AgentSession, mine_only: bool = True, limit: int = 20) -> dict
 
     _whole(limit, "limit", 1, 500)
     query = select(runs_table.c.run_id, runs_table.c.name, runs_table.c.kind, runs_table.c.state,
-                   runs_table.c.resource, runs_table.c.gpus, runs_table.c.created_at, runs_table.c.ended_at)
+                   runs_table.c.approval, runs_table.c.resource, runs_table.c.gpus, runs_table.c.created_at,
+                   runs_table.c.ended_at, runs_table.c.submitted_by)
     if mine_only:
         query = query.where(runs_table.c.run_id.in_(agents_runs(session.agent)))
     with session.ledger.read() as conn:
@@ -182,7 +184,11 @@ def submit(session: AgentSession, script: str, args: list[str] | None = None, ki
             kind=kind, config_path=str(config_path) if config_path else None, overrides=list(set or []),
             gpus=gpu_count, time_limit_hours=time_limit_hours, resource=resource,
             expect=[text.strip() for text in expect or []], watch=list(watch or []),
+            submitted_by=command_by(session.agent.credit),
         )
+        waits_for = needs_approval(session.agent, kind, gpu_count, time_limit_hours)
+        if waits_for is not None:
+            spec.approval, spec.approval_note = AWAITING, waits_for
         # The check and the record are one step per session: two calls racing could otherwise both fit in
         # what is left. (Two servers for one agent are two sessions: each is checked against the ledger.)
         with session.submitting:
@@ -196,14 +202,19 @@ def submit(session: AgentSession, script: str, args: list[str] | None = None, ki
     finally:
         if config_path is not None:
             config_path.unlink(missing_ok=True)  # the receipt holds the snapshot now (or nothing was recorded)
+    if waits_for is not None:
+        return {"run_id": run_id, "attempt_id": None, "state": RunState.QUEUED.value, "awaiting_approval": True,
+                "note": f"recorded, nothing started: it waits for a person (`trackway approve {run_id}`), because "
+                        f"{waits_for}", "budget": budget(session)}
     attempt_id = start_attempt(session.ledger, session.settings, run_id, session.supervisor().executor, first=True,
-                               started_by=command_by(session.agent.credit))
+                               started_by=spec.submitted_by)
     _background(session)
     with session.ledger.read() as conn:
         from trackway.ledger.records import resolve_run
 
         state = resolve_run(conn, run_id)["state"]
-    return {"run_id": run_id, "attempt_id": attempt_id, "state": state, "budget": budget(session)}
+    return {"run_id": run_id, "attempt_id": attempt_id, "state": state, "awaiting_approval": False,
+            "budget": budget(session)}
 
 
 def wait(session: AgentSession, run: str, timeout_s: float = 300.0) -> dict[str, Any]:
@@ -220,11 +231,16 @@ def wait(session: AgentSession, run: str, timeout_s: float = 300.0) -> dict[str,
             row = resolve_run(conn, run)
             attempt = latest_attempt(conn, row["run_id"])
         ended = RunState(row["state"]).is_terminal()
-        if ended or time.monotonic() >= deadline:
+        if ended or time.monotonic() >= deadline or row["approval"] == AWAITING:
             break
         time.sleep(WAIT_POLL_S)
     answer: dict[str, Any] = {"run_id": row["run_id"], "state": row["state"], "ended": ended,
-                              "waited_out": not ended}
+                              "waited_out": not ended and row["approval"] != AWAITING,
+                              "awaiting_approval": row["approval"] == AWAITING, "approval": row["approval_note"]}
+    if row["approval"] == AWAITING:
+        answer["note"] = (f"waiting for a person's approval (`trackway approve {row['run_id']}`): "
+                          f"{row['approval_note']}; nothing has started")
+        return answer
     if attempt is not None:
         evidence = json.loads(attempt["termination_evidence"]) if attempt["termination_evidence"] else {}
         decision = json.loads(attempt["retry_decision"]) if attempt["retry_decision"] else None

@@ -19,7 +19,7 @@ RUN_COLUMNS = [
     "created_at", "ended_at", "command", "workdir", "resource", "resource_request", "gpu_memory_min_gb", "executor",
     "gpus", "nodes", "time_limit_s",
     "config_sha256", "data_manifest_sha256", "code_repo", "code_branch", "code_commit", "code_dirty_sha256",
-    "checkpoint_root",
+    "checkpoint_root", "submitted_by", "approval", "approval_note", "approval_at",
 ]
 ATTEMPT_COLUMNS = [
     "attempt_id", "run_id", "run_name", "attempt_number", "state", "executor", "executor_job_id", "host",
@@ -81,10 +81,15 @@ def runs(
     from trackway.cli.render import console, table
 
     console.print(table(None, runs_listing(), (
-        (r["run_id"], r["name"], r["project"], r["kind"], r["state"], r["termination_reason"], r["attempt_count"],
+        (r["run_id"], r["name"], r["project"], r["kind"], _state(r), r["termination_reason"], r["attempt_count"],
          _minute(r["created_at"]), " ".join(shown_command(r)))
         for r in rows
     )))
+
+
+def _state(run) -> str:
+    """The run's state, and a person's approval it waits for (an agent's run: `trackway approve`)."""
+    return f"{run['state']} (awaiting approval)" if run.get("approval") == "awaiting" else run["state"]
 
 
 def runs_listing() -> list:
@@ -259,7 +264,9 @@ def _print_run(app: AppContext, run, config_sha, config, data_sha, manifest, sho
         code += f" @ {run['code_branch'] or 'detached'} {short_sha(run['code_commit'])}"
         code += f" + uncommitted diff {short_sha(run['code_dirty_sha256'])}" if run["code_dirty_sha256"] else ""
     for label, value in (
-        ("state", f"{run['state']}{reason}"),
+        ("state", f"{_state(run)}{reason}"),
+        *((("submitted by", run["submitted_by"]),) if run.get("submitted_by") else ()),
+        *((("approval", run["approval_note"]),) if run.get("approval") else ()),
         ("project", f"{run['project']}   model family {run['model_family'] or 'not set'}   kind {run['kind']}"),
         ("command", " ".join(shown_command(run))),
         ("workdir", run["workdir"]),

@@ -91,6 +91,7 @@ def submit(
     """Submit COMMAND as a run: capture its receipt, start an attempt and follow it (exit 0 iff it completed)."""
     # Imported on use, so that the other commands do not pay for receipts and executors at start-up.
     from trackway.supervision import supervisor_for
+    from trackway.supervisor.launch import command_by
     from trackway.supervisor.submit import RunSpec, submit_run
 
     from trackway.experiments.expectations import parse_all
@@ -124,6 +125,7 @@ def submit(
         preflight_strict=strict,
         expect=[text.strip() for text in expect],
         watch=list(watch),
+        submitted_by=command_by("trackway submit"),
     )
     supervisor = supervisor_for(app.ledger, app.settings)
     run_id = submit_run(app.ledger, app.settings, spec, console=err_console)

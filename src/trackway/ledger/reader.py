@@ -29,7 +29,7 @@ from trackway.taxonomy import AttemptState, RunState
 # Every column stored as `UTCDateTime` in schema.py (a test keeps this set equal to the schema's).
 TIMESTAMP_COLUMNS = frozenset({
     "created_at", "ended_at", "not_before", "started_at", "last_heartbeat_at", "at", "committed_at", "updated_at", "concluded_at",
-    "claimed_at", "sent_at", "revoked_at", "lease_until", "tried_at", "expect_judged_at",
+    "claimed_at", "sent_at", "revoked_at", "lease_until", "tried_at", "expect_judged_at", "approval_at",
 })
 DRIVEN_RUN_STATES = (RunState.QUEUED.value, RunState.RUNNING.value)
 EVALUATION_IN_FLIGHT = "running"  # evals.records.IN_FLIGHT (a test holds the two equal)
@@ -137,6 +137,9 @@ class Reader:
         if not number_text:
             row = self.latest_attempt(run["run_id"])
             if row is None:
+                if run.get("approval") == "awaiting":
+                    raise NotFound(f"run {run_ref!r}: has no attempt yet: it waits for a person's approval "
+                                   f"(`trackway approve {run['run_id']}`), because {run.get('approval_note')}")
                 raise NotFound(f"run {run_ref!r}: has no attempt yet")
             return row
         row = self.first(

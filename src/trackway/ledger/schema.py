@@ -118,6 +118,12 @@ runs = Table(
     Column("resource_preferred", String(200)),
     # The run's own watcher thresholds, submit --watch (0025): JSON {kind: {key: value}} over [watchers].
     Column("watchers", Text),
+    # Who submitted the run, as started_by says it (0026), and a person's approval an agent's settings asked
+    # for: NULL (none needed), awaiting (nothing started), approved or refused, with who, when and why.
+    Column("submitted_by", Text),
+    Column("approval", String(16), index=True),
+    Column("approval_note", Text),
+    Column("approval_at", UTCDateTime),
 )
 
 attempts = Table(

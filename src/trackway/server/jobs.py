@@ -165,6 +165,8 @@ def submit_job(job: JobRequest, request: Request) -> Submitted:
     policy = inside(state.workdir, job.retry_policy, "retry_policy", "a TOML retry policy file") \
         if job.retry_policy is not None else None
     prefer = job.prefer_resource if job.prefer_resource not in (None, "auto") else None
+    client = request.client.host if request.client else "unknown"
+    submitter = command_by(f"POST /api/jobs with token {request.state.caller.name} from {client}")
     spec = RunSpec(
         command=[sys.executable, script_path, *job.args], cwd=state.workdir, name=job.name, project=job.project,
         model_family=job.model_family, kind=job.kind, config_path=str(config_path) if config_path else None,
@@ -174,7 +176,7 @@ def submit_job(job: JobRequest, request: Request) -> Submitted:
         retry_policy_path=policy, metric_patterns=list(job.metric_patterns) or None,
         checkpoint_paths=list(job.checkpoint_paths) or None, checkpoint_root=job.checkpoint_root,
         preflight_strict=job.strict_memory_preflight, expect=[text.strip() for text in job.expect],
-        watch=list(job.watch), repo_script=script_path if job.repo else None,
+        watch=list(job.watch), repo_script=script_path if job.repo else None, submitted_by=submitter,
     )
     try:
         run_id = submit_run(state.ledger, state.settings, spec)
@@ -185,10 +187,8 @@ def submit_job(job: JobRequest, request: Request) -> Submitted:
     finally:
         if config_path is not None:
             config_path.unlink(missing_ok=True)  # the receipt holds the snapshot now (or nothing was recorded)
-    client = request.client.host if request.client else "unknown"
     attempt_id = start_attempt(state.ledger, state.settings, run_id, state.supervisor.executor, first=True,
-                               started_by=command_by(f"POST /api/jobs with token {request.state.caller.name} "
-                                                     f"from {client}"))
+                               started_by=submitter)
     state.after_submit()
     with state.ledger.read() as conn:
         status = resolve_run(conn, run_id)["state"]
@@ -290,6 +290,8 @@ def _summary(run) -> dict[str, Any]:
         "resource": run["resource"], "gpu_count": run["gpus"],
         "nodes": run["nodes"] or 1, "command": redact_argv(json.loads(run["command"])),
         "created_at": run["created_at"], "ended_at": run["ended_at"],
+        # An agent's run waiting for `trackway approve` (agents/approval.py): awaiting, approved, refused or null.
+        "approval": run.get("approval"), "submitted_by": run.get("submitted_by"),
     }
 
 

@@ -260,6 +260,10 @@ class AgentTable(Table):
     gpu_hours_budget: float | None = Field(
         None, gt=0, le=10_000_000, description="a number of GPU-hours above 0, such as 50 (none: no budget)")
     max_running: int = Field(2, ge=1, le=10_000, description="a whole number of runs from 1 to 10000")
+    approve_full_runs: bool = Field(False, description="true or false: a full run waits for `trackway approve`")
+    approve_over_gpu_hours: float | None = Field(
+        None, gt=0, le=10_000_000,
+        description="a number of GPU-hours above 0: a run asking more (GPUs × time limit) waits for `trackway approve`")
 
 
 class EvalsTable(Table):

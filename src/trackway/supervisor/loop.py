@@ -17,7 +17,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Protocol
 
-from sqlalchemy import RowMapping, select, update
+from sqlalchemy import RowMapping, or_, select, update
 
 from trackway.errors import InputError, TrackwayError
 from trackway.executors.base import Executor, JobHandle, JobPhase, JobStatus
@@ -796,12 +796,15 @@ class Supervisor:
 def orphaned_runs(conn, recorded_before: datetime) -> list[tuple[str, str]]:
     """(run id, executor) of queued training runs with no attempt at all, recorded before then.
 
-    Evaluation seeds are queued without attempts by design (they wait for a free evaluator slot).
+    Evaluation seeds are queued without attempts by design (they wait for a free evaluator slot), and so are
+    runs awaiting a person's approval.
     """
     has_attempt = select(attempts.c.run_id).where(attempts.c.run_id == runs.c.run_id).exists()
     query = (
         select(runs.c.run_id, runs.c.executor)
         .where(runs.c.state == RunState.QUEUED.value, runs.c.kind != RunKind.EVAL.value, ~has_attempt)
+        # A run awaiting a person's approval was recorded without an attempt on purpose (agents/approval.py).
+        .where(or_(runs.c.approval.is_(None), runs.c.approval != "awaiting"))
         .where(runs.c.created_at < recorded_before)
         .order_by(runs.c.created_at)
     )

@@ -84,6 +84,12 @@ class RunSpec:
     # The script the command runs, relative to --repo's top (the API's `script`): refused at submit, with
     # nothing recorded, when the cloned branch does not hold it.
     repo_script: str | None = None
+    # Who submits, as `started_by` says it (`trackway submit (ana@gpu3)`, `agent NAME via mcp (...)`).
+    submitted_by: str | None = None
+    # "awaiting": recorded with no attempt, until a person approves it (an agent's [agents.NAME] asked for it);
+    # `approval_note` says what asked.
+    approval: str | None = None
+    approval_note: str | None = None
 
 
 # Every option a run is submitted with: RunSpec's field -> (`trackway submit`'s flag, `POST /api/jobs`' field).
@@ -115,7 +121,8 @@ SUBMIT_FIELDS: dict[str, tuple[str, str]] = {
     "watch": ("--watch", "watch"),
 }
 # RunSpec's fields no person sets by an option: the command and where it runs, what callers fill in.
-INTERNAL_FIELDS = frozenset({"command", "cwd", "environ", "env", "repo_script"})
+INTERNAL_FIELDS = frozenset({"command", "cwd", "environ", "env", "repo_script", "submitted_by", "approval",
+                             "approval_note"})
 _FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z-]*)(?![\w-])")
 
 
@@ -325,6 +332,9 @@ def _insert_submitted_run(conn, settings: Settings, spec: RunSpec, run_id: str, 
             resource_preferred=spec.prefer_resource,
             expect_open=True if spec.expect else None,
             watchers=recorded_watchers(parse_watch(spec.watch)),
+            submitted_by=spec.submitted_by,
+            approval=spec.approval,
+            approval_note=spec.approval_note,
         ),
     )
     if receipt.eval_specs:

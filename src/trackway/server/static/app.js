@@ -100,7 +100,10 @@ function words(text) {
   return el("span", {}, String(text).split("`").map((part, i) => (i % 2 ? el("code", {}, part) : part)));
 }
 
-function stateCell(status) { return el("span", { class: "state-" + status }, status); }
+function stateCell(status, approval) {
+  // An agent's run waiting for a person (`trackway approve RUN`) is queued, and says what it waits for.
+  return el("span", { class: "state-" + status }, approval === "awaiting" ? status + " (awaiting approval)" : status);
+}
 function show(...nodes) { page.replaceChildren(...nodes); }
 function failed(error) { show(el("p", { class: "error" }, String(error.message || error))); }
 
@@ -186,7 +189,7 @@ async function runsPage() {
         event.target.checked ? picked.add(job.id) : picked.delete(job.id);
         compare.disabled = picked.size < 2;
       } }),
-      el("a", { href: "#/runs/" + job.id }, job.id), job.name, job.project, job.kind, stateCell(job.status), job.termination_reason,
+      el("a", { href: "#/runs/" + job.id }, job.id), job.name, job.project, job.kind, stateCell(job.status, job.approval), job.termination_reason,
       job.attempts, job.last_metric ? `${job.last_metric.key} ${fmt(job.last_metric.value)} @ ${job.last_metric.step}` : "-",
       el("span", { title: job.created_at }, age(job.created_at) + " ago"),
     ])),
@@ -328,7 +331,7 @@ async function runPage(runId, rank = 0) {
   Object.keys(sections).forEach((name) => tabs.append(el("button", { "data-tab": name, onclick: () => open(name) }, name)));
   const summary = chart.attempts.length ? `${chart.attempts.length} attempt(s)` : "no attempt yet";
   show(
-    el("h1", {}, `${job.name || job.id} `, stateCell(job.status), el("span", { class: "muted" }, ` ${job.kind} · ${summary} · ${job.resource}`)),
+    el("h1", {}, `${job.name || job.id} `, stateCell(job.status, job.approval), el("span", { class: "muted" }, ` ${job.kind} · ${summary} · ${job.resource}`)),
     expected, controls, target, markers, tabs, body,
   );
   redraw();

@@ -25,6 +25,14 @@ class RunState(str, Enum):
         return self in (RunState.COMPLETED, RunState.FAILED, RunState.CANCELLED)
 
 
+class Approval(str, Enum):
+    """A person's approval of a run an agent's settings hold back (`runs.approval`; NULL: none needed)."""
+
+    AWAITING = "awaiting"  # recorded whole, nothing started: `trackway approve RUN` starts it
+    APPROVED = "approved"
+    REFUSED = "refused"  # ended cancelled before anything ran
+
+
 class AttemptState(str, Enum):
     STARTING = "starting"
     # Submitted, held by the executor's queue (Slurm PENDING): not started, no compute spent yet.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ from trackway.agents.tools import AgentSession
 from trackway.ledger import open_ledger
 from trackway.settings import load_settings
 
+TOY = str(Path(__file__).resolve().parents[1] / "experiments" / "scripts" / "toy_train.py")
 TRAIN = """
 import sys, time, trackway
 run = trackway.init()
@@ -243,3 +245,31 @@ def test_what_asks_for_a_persons_approval():
     assert "without a time limit may spend more" in needs_approval(careful, "test", 1, None)
     assert needs_approval(careful, "full", 0, None) is None  # no GPUs: no GPU-hours
     assert "approve_full_runs" in needs_approval(Agent("a", None, 1, approve_full_runs=True), "full", 0, None)
+
+
+
+def test_an_agents_experiment_is_gated_credited_and_its_full_run_waits_for_a_person(project: Path, cli_sqlite):
+    cli = cli_sqlite
+    Path("trackway.toml").write_text(TOML)
+    Path("cfg.json").write_text(json.dumps({"train": {"steps": 40, "lr": 0.1}}))
+    assert cli("submit", "--name", "base", "--config", "cfg.json", "--", sys.executable, TOY).code == 0
+    session = session_for("careful", project)
+    (e1, planned), = call(session, ("experiment_new", {
+        "title": "double lr", "hypothesis": "doubling lr reaches the baseline's loss sooner", "baseline": "base",
+        "set": ["train.lr=0.2"], "expect": ["final.loss <= baseline.final.loss"]}))
+    assert not e1 and planned["changes"] == [{"key": "train.lr", "before": 0.1, "after": 0.2}]
+    experiment = planned["experiment_id"]
+    (e2, started), (e3, waited) = call(session, ("experiment_start", {"experiment": experiment}),
+                                       ("experiment_wait", {"experiment": experiment, "timeout_s": 180}))
+    assert not e2 and started["kind"] == "test" and started["full_run_needs_approval"]
+    assert not e3 and waited["full_run_awaiting_approval"] and not waited["concluded"], waited
+    full_run = waited["experiment"]["full_run"]["run_id"]
+    listed = {run["run_id"]: run for run in cli("runs", "--json").json()}
+    assert listed[started["run_id"]]["submitted_by"].startswith("agent careful via mcp (")
+    assert listed[full_run]["submitted_by"].startswith("agent careful via mcp (")
+    assert listed[full_run]["approval"] == "awaiting" and cli("attempts", full_run, "--json").json() == []
+    assert cli("approve", full_run).code == 0
+    (_, concluded), (_, chain) = call(session, ("experiment_wait", {"experiment": experiment, "timeout_s": 180}),
+                                      ("experiments_chain", {"experiment": experiment}))
+    assert concluded["concluded"] and concluded["verdict"] == "supported", concluded
+    assert [row["verdict"] for row in chain["iterations"]] == [None, "supported"]

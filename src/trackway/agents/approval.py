@@ -18,11 +18,9 @@ from trackway.ledger import Ledger
 from trackway.ledger.records import resolve_run
 from trackway.ledger.schema import runs
 from trackway.settings import Settings
-from trackway.taxonomy import RunState
+from trackway.taxonomy import Approval, RunState
 
-AWAITING = "awaiting"
-APPROVED = "approved"
-REFUSED = "refused"
+AWAITING, APPROVED, REFUSED = Approval.AWAITING.value, Approval.APPROVED.value, Approval.REFUSED.value
 
 
 def _awaiting(conn, ref: str):

@@ -154,6 +154,54 @@ def build_server(session: AgentSession):
             ) -> dict[str, Any]:
         """A read-only query over the ledger."""
 
+    @tool
+    def experiment_new(
+        title: Annotated[str, Field(description="A short title, e.g. 'double the learning rate'.")],
+        hypothesis: Annotated[str, Field(description="The falsifiable statement under test.")],
+        baseline: Annotated[str | None, Field(description="The run the hypothesis is measured against.")] = None,
+        parent: Annotated[str | None, Field(
+            description="The previous experiment: its full run is the baseline if it was supported.")] = None,
+        set: Annotated[list[str] | None, Field(description="The change: config overrides KEY=VALUE.")] = None,
+        expect: Annotated[list[str] | None, Field(
+            description="Criteria, e.g. 'final.loss < baseline.final.loss * 0.98'.")] = None,
+        name: Annotated[str | None, Field(description="A unique name to address the experiment by.")] = None,
+        gpus: Annotated[int | None, Field(description="GPUs per run (default: the baseline's).")] = None,
+        time_limit_hours: Annotated[float | None, Field(
+            description="The full run's time limit in hours (default: the baseline's).")] = None,
+        resource: Annotated[str | None, Field(description="A declared resource or 'auto'.")] = None,
+    ) -> dict[str, Any]:
+        """Record a hypothesis against a baseline run: its change (config overrides) and criteria. Nothing runs yet."""
+
+    @tool
+    def experiment_start(
+        experiment: Annotated[str, Field(description="A planned experiment (id or name).")],
+        max_steps: Annotated[int | None, Field(description="The test run's steps (default: chosen from the config).")] = None,
+        test_time_limit_hours: Annotated[float, Field(description="The test run's time limit in hours.")] = 1.0,
+        budget_gpu_hours: Annotated[float | None, Field(
+            description="Refuse a full run estimated above this many GPU-hours.")] = None,
+        skip_test: Annotated[bool, Field(description="Submit the full run at once (recorded).")] = False,
+        again: Annotated[bool, Field(description="A new test run of an experiment stopped before its full run.")] = False,
+    ) -> dict[str, Any]:
+        """Submit the gated test run; the full run follows when every check passes (or waits for a person)."""
+
+    @tool
+    def experiment_wait(
+        experiment: Annotated[str, Field(description="An experiment (id or name).")],
+        timeout_s: Annotated[float, Field(description="Seconds to wait at most (above 0, at most 600).")] = 300.0,
+    ) -> dict[str, Any]:
+        """Wait until the experiment concludes or stops, or its full run waits for a person; then show it."""
+
+    @tool
+    def experiment_show(experiment: Annotated[str, Field(description="An experiment (id or name).")]) -> dict[str, Any]:
+        """The experiment: hypothesis, changes, criteria with their numbers, test-run checks, runs and verdict."""
+
+    @tool
+    def experiments_chain(
+        experiment: Annotated[str, Field(description="Any experiment of the chain (id or name).")],
+        metric: Annotated[str, Field(description="The key metric shown per iteration.")] = "loss",
+    ) -> dict[str, Any]:
+        """The iterations around an experiment: each verdict, key metric, compute, and what followed."""
+
     return server
 
 

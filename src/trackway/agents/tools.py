@@ -273,7 +273,132 @@ def cancel(session: AgentSession, run: str) -> dict[str, Any]:
             "note": "the end is recorded as user_cancelled" if cancelled else "it had no running attempt; marked cancelled"}
 
 
+# -- experiments ------------------------------------------------------------------------------------
+
+
+def experiment_new(session: AgentSession, title: str, hypothesis: str, baseline: str | None = None,
+                   parent: str | None = None, set: list[str] | None = None, expect: list[str] | None = None,
+                   name: str | None = None, gpus: int | None = None, time_limit_hours: float | None = None,
+                   resource: str | None = None) -> dict[str, Any]:
+    """Record a hypothesis against a baseline run: its one change (config overrides), its criteria. Nothing runs.
+
+    An agent changes the config only: the command is the baseline's (a person may give another on the CLI).
+    """
+    from trackway.experiments.define import ExperimentSpec, new_experiment
+
+    recorded = new_experiment(session.ledger, session.settings, ExperimentSpec(
+        title=title, hypothesis=hypothesis, cwd=session.workdir, baseline=baseline, parent=parent,
+        overrides=list(set or []), criteria=list(expect or []), name=name, gpus=gpus,
+        time_limit_hours=time_limit_hours, resource=resource))
+    return jsonable({"experiment_id": recorded.experiment_id, "baseline_run_id": recorded.baseline_run_id,
+                     "changes": recorded.changes, "baseline_note": recorded.baseline_note or None,
+                     "note": None if expect else "no criteria: the verdict will be inconclusive"})
+
+
+def experiment_start(session: AgentSession, experiment: str, max_steps: int | None = None,
+                     test_time_limit_hours: float = 1.0, budget_gpu_hours: float | None = None,
+                     skip_test: bool = False, again: bool = False) -> dict[str, Any]:
+    """Submit the experiment's gated test run (its full run follows when every check passes), inside the agent's limits.
+
+    The test run is admitted as `submit` admits a run. The full run the supervisor submits after it is
+    credited to the agent too, held to what the agent's budget had left when the experiment started
+    (the experiment's own budget_gpu_hours, if lower), and waits for a person when the agent's settings
+    say so.
+    """
+    from trackway.experiments.launch import TestPlan, default_test_steps, logging_interval, planned_steps
+    from trackway.experiments.progress import start
+    from trackway.experiments.records import resolve_experiment
+    from trackway.supervisor.launch import command_by
+
+    if max_steps is not None:
+        _whole(max_steps, "max_steps", 1, 2**31 - 1)
+    with session.ledger.read() as conn:
+        record = resolve_experiment(conn, experiment)
+    if max_steps is None:
+        max_steps, _ = default_test_steps(planned_steps(session.ledger, record),
+                                          logging_interval(session.ledger, record["baseline_run_id"], "loss"))
+    gpus = record["gpus"] or 0
+    full_hours = record["time_limit_s"] / 3600 if record["time_limit_s"] else None
+    with session.submitting:
+        with session.ledger.read() as conn:
+            first_gpus, first_hours = (gpus, full_hours) if skip_test else (gpus, test_time_limit_hours)
+            now = admit(conn, session.agent, first_gpus, first_hours)
+        left = None
+        if session.agent.gpu_hours_budget is not None:
+            left = session.agent.gpu_hours_budget - now.spent_gpu_hours - now.held_gpu_hours - first_gpus * (first_hours or 0)
+            left = max(left, 0.0)
+        limits = [x for x in (budget_gpu_hours, left) if x is not None]
+        cap = min(limits) if limits else None
+        plan = TestPlan(max_steps=max_steps, time_limit_hours=test_time_limit_hours, budget_gpu_hours=cap,
+                        skip_test=skip_test, submitted_by=command_by(session.agent.credit),
+                        full_run_approval=needs_approval(session.agent, "full", gpus, full_hours))
+        started = start(session.ledger, session.settings, record["experiment_id"], plan, session.supervisor().executor,
+                        started_by=plan.submitted_by, again=again)
+    _background(session)
+    return {"experiment_id": started.experiment_id, "run_id": started.run_id, "kind": started.kind,
+            "attempt_id": started.attempt_id, "awaiting_approval": started.attempt_id is None,
+            "full_run_budget_gpu_hours": cap, "full_run_needs_approval": plan.full_run_approval,
+            "note": "wait for the experiment with experiment_wait, or for this run with wait"}
+
+
+def experiment_show(session: AgentSession, experiment: str) -> dict[str, Any]:
+    """The experiment: hypothesis, changes, criteria with their numbers, the test run's checks, its runs, the verdict."""
+    from trackway.experiments.records import resolve_experiment
+    from trackway.experiments.report import describe
+
+    session.tick()
+    with session.ledger.read() as conn:
+        return _finite(jsonable(describe(conn, resolve_experiment(conn, experiment))))
+
+
+def experiment_wait(session: AgentSession, experiment: str, timeout_s: float = 300.0) -> dict[str, Any]:
+    """Wait until the experiment concludes or stops (or its full run waits for a person), then show it."""
+    from trackway.experiments.records import ExperimentStatus, resolve_experiment
+    from trackway.ledger.records import resolve_run
+
+    if not (0 < timeout_s <= MAX_WAIT_S):
+        raise AgentRefused("timeout_s", f"a number of seconds above 0 and at most {MAX_WAIT_S:g}",
+                           f"timeout_s {timeout_s!r}: expected a number of seconds above 0 and at most {MAX_WAIT_S:g}")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        session.tick()
+        with session.ledger.read() as conn:
+            record = resolve_experiment(conn, experiment)
+            full = resolve_run(conn, record["full_run_id"]) if record["full_run_id"] else None
+        final = ExperimentStatus(record["status"]).is_final()
+        held = full is not None and full["approval"] == AWAITING
+        if final or held or time.monotonic() >= deadline:
+            break
+        time.sleep(WAIT_POLL_S)
+    shown = experiment_show(session, experiment)
+    return {"experiment_id": record["experiment_id"], "status": record["status"], "verdict": record["verdict"],
+            "concluded": final, "waited_out": not final and not held, "full_run_awaiting_approval": held,
+            "experiment": shown}
+
+
+def experiments_chain(session: AgentSession, experiment: str, metric: str = "loss") -> dict[str, Any]:
+    """The iterations leading to and following `experiment`: each verdict, key metric, compute and what followed."""
+    from trackway.experiments.chain import chain_rows
+    from trackway.experiments.records import chain_of
+
+    with session.ledger.read() as conn:
+        return {"metric": metric, "iterations": _finite(jsonable(chain_rows(conn, chain_of(conn, experiment), metric)))}
+
+
 # -- helpers ----------------------------------------------------------------------------------------
+
+
+def _finite(node: Any) -> Any:
+    """NaN and infinities as JSON cannot hold them: as text."""
+    if isinstance(node, float) and node != node:
+        return "nan"
+    if isinstance(node, float) and node in (float("inf"), float("-inf")):
+        return "inf" if node > 0 else "-inf"
+    if isinstance(node, dict):
+        return {k: _finite(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_finite(v) for v in node]
+    return node
 
 
 def _script(workdir: Path, script: str) -> str:

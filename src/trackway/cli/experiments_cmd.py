@@ -138,6 +138,7 @@ def start(
         max_steps=max_steps,
         time_limit_hours=test_time_limit, min_throughput=min_throughput, budget_gpu_hours=budget_gpu_hours,
         loss_key=loss_key, skip_test=skip_test,
+        submitted_by=command_by(f"trackway experiment start {record['experiment_id']}"),
     )
     # Where each run would go, before anything is submitted.
     shown = []
@@ -348,6 +349,7 @@ def experiments(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """List experiments with their status and verdict; --chain EXP prints the iterations around EXP."""
+    from trackway.experiments.chain import chain_rows, listed_row
     from trackway.experiments.records import chain_of, list_experiments
     from trackway.validation import limit as check_limit
 
@@ -356,9 +358,9 @@ def experiments(
     app.reconcile()
     with app.ledger.read() as conn:
         if chain:
-            listed = _chain(conn, chain_of(conn, chain), metric)
+            listed = chain_rows(conn, chain_of(conn, chain), metric)
         else:
-            listed = [_listed(conn, r, metric) for r in list_experiments(conn, project=project, limit=limit or 0)]
+            listed = [listed_row(conn, r, metric) for r in list_experiments(conn, project=project, limit=limit or 0)]
     if as_json:
         print_json(listed)
         return
@@ -380,62 +382,6 @@ def experiments(
          str(e["created_at"])[:16].replace("T", " "))
         for e in listed
     ), squeeze=("title",)))
-
-
-NEXT = {"supported": "build on it", "rejected": "revert", "inconclusive": "measure again"}
-
-
-def _chain(conn, rows, metric: str) -> list[dict]:
-    """The iterations as a table: the first experiment's baseline run, then each experiment, with what followed."""
-    root = rows[0]["baseline_run_id"]
-    first = {
-        "iteration": 1, "experiment_id": None, "run_id": root, "hypothesis": "the baseline", "status": "baseline",
-        "verdict": None, "key_metric": _final(conn, root, metric), "gpu_hours": _gpu_hours(conn, [root]),
-        "next": "",
-    }
-    listed = [first]
-    for i, row in enumerate(rows, 2):
-        entry = _listed(conn, row, metric)
-        entry.update(iteration=i, run_id=row["full_run_id"],
-                     next=NEXT.get(row["verdict"] or "", f"fix: {row['stop_reason']}" if row["stop_reason"] else ""))
-        listed.append(entry)
-    return listed
-
-
-def _final(conn, run_id: str | None, metric: str) -> float | None:
-    from trackway.experiments.criteria import Missing, Quantity
-    from trackway.experiments.quantities import RunNumbers
-
-    if not run_id:
-        return None
-    try:
-        return RunNumbers(conn, run_id).metric("final", metric, Quantity("final", metric))
-    except Missing:
-        return None
-
-
-def _gpu_hours(conn, run_ids: list[str]) -> float:
-    from sqlalchemy import func, select
-
-    from trackway.ledger.schema import attempts
-
-    if not run_ids:
-        return 0.0
-    seconds = conn.execute(select(func.sum(attempts.c.gpu_seconds)).where(attempts.c.run_id.in_(run_ids))).scalar()
-    return (seconds or 0.0) / 3600
-
-
-def _listed(conn, row, metric: str) -> dict:
-    return {
-        "experiment_id": row["experiment_id"], "name": row["name"], "project": row["project"], "title": row["title"],
-        "hypothesis": row["hypothesis"], "status": row["status"], "verdict": row["verdict"],
-        "stop_reason": row["stop_reason"], "baseline_run_id": row["baseline_run_id"],
-        "parent_experiment_id": row["parent_experiment_id"], "test_run_id": row["test_run_id"],
-        "full_run_id": row["full_run_id"], "key_metric": _final(conn, row["full_run_id"], metric),
-        "baseline_metric": _final(conn, row["baseline_run_id"], metric),
-        "gpu_hours": _gpu_hours(conn, [r for r in (row["test_run_id"], row["full_run_id"]) if r]),
-        "created_at": to_jsonable(row["created_at"]),
-    }
 
 
 def _jsonable(node):

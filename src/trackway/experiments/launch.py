@@ -28,7 +28,7 @@ from trackway.ledger.store import make_private_dirs
 from trackway.receipts import submitted_config
 from trackway.receipts.canonical import canonical_json
 from trackway.settings import Settings
-from trackway.taxonomy import RunKind
+from trackway.taxonomy import Approval, RunKind
 
 DEFAULT_TEST_HOURS = 1.0
 TEST_STEP_SHARE = 10  # without --max-steps: a tenth of the planned steps...
@@ -48,11 +48,16 @@ class TestPlan:
     budget_gpu_hours: float | None = None
     loss_key: str = "loss"
     skip_test: bool = False
+    # Who started the experiment, credited as each of its runs' submitter (an agent's runs count against its cap
+    # and budget: agents/guardrails.py), and why its full run waits for a person's approval (None: it does not).
+    submitted_by: str | None = None
+    full_run_approval: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"max_steps": self.max_steps, "time_limit_hours": self.time_limit_hours,
                 "min_throughput": self.min_throughput, "budget_gpu_hours": self.budget_gpu_hours,
-                "loss_key": self.loss_key, "skip_test": self.skip_test}
+                "loss_key": self.loss_key, "skip_test": self.skip_test, "submitted_by": self.submitted_by,
+                "full_run_approval": self.full_run_approval}
 
 
 def planned_steps(ledger: Ledger, experiment) -> int | None:
@@ -178,9 +183,18 @@ def full_spec(ledger: Ledger, settings: Settings, experiment, environ: dict[str,
     return run_spec(ledger, settings, experiment, RunKind.FULL.value, time_limit_hours=hours, environ=environ)
 
 
-def record(ledger: Ledger, settings: Settings, spec, experiment) -> str:
-    """Record the run (a full run with its eval specs attached); return its id. Nothing is started yet."""
+def record(ledger: Ledger, settings: Settings, spec, experiment, plan: dict[str, Any] | None = None) -> str:
+    """Record the run (a full run with its eval specs attached); return its id. Nothing is started yet.
+
+    `plan` (the experiment's test plan as stored) credits the run to whoever started the experiment and, for
+    a full run its agent's settings hold back, records it awaiting a person's approval (`spec.approval`).
+    """
     from trackway.supervisor.submit import submit_run
+
+    plan = plan or {}
+    spec.submitted_by = plan.get("submitted_by")
+    if spec.kind == RunKind.FULL.value and plan.get("full_run_approval"):
+        spec.approval, spec.approval_note = Approval.AWAITING.value, plan["full_run_approval"]
 
     run_id = submit_run(ledger, settings, spec)
     if spec.kind == RunKind.FULL.value and experiment["eval_specs"]:

@@ -33,7 +33,7 @@ from trackway.ledger.records import resolve_run
 from trackway.ledger.schema import attempts, checkpoints, evaluations, run_eval_specs
 from trackway.receipts.submitted_env import MissingSecrets
 from trackway.settings import Settings
-from trackway.taxonomy import RunState
+from trackway.taxonomy import Approval, RunState
 
 TESTING, RUNNING, ANALYZING = ExperimentStatus.TESTING.value, ExperimentStatus.RUNNING.value, ExperimentStatus.ANALYZING.value
 
@@ -94,13 +94,15 @@ def start(ledger: Ledger, settings: Settings, ref: str, plan: TestPlan, executor
     if not claimed:
         raise InputError(f"experiment {ref!r}: was started by someone else meanwhile")
     try:
-        run_id = record(ledger, settings, spec, experiment)
+        run_id = record(ledger, settings, spec, experiment, planned)
     except BaseException:
         with ledger.write() as conn:  # nothing was recorded: it is as it was
             update_experiment(conn, experiment_id, **before)
         raise
     with ledger.write() as conn:
         update_experiment(conn, experiment_id, **{f"{kind}_run_id": run_id})
+    if spec.approval == Approval.AWAITING.value:
+        return Started(experiment_id, run_id, kind, None)  # `trackway approve` starts it
     # A launch that fails is recorded on the run's attempt; the gate then reads how the run ended.
     attempt_id = launch(ledger, settings, run_id, executor, started_by)
     return Started(experiment_id, run_id, kind, attempt_id)
@@ -189,7 +191,7 @@ def _after_test(ledger: Ledger, settings: Settings, experiment, executor_for, pr
             return  # another supervisor took it
     try:
         spec = full_spec(ledger, settings, experiment, environ=environ_of_run(ledger, settings, test_run["run_id"]))
-        run_id = record(ledger, settings, spec, experiment)
+        run_id = record(ledger, settings, spec, experiment, plan)
     except (TrackwayError, OSError, MissingSecrets) as exc:
         with ledger.write() as conn:
             update_experiment(conn, experiment_id, status=ExperimentStatus.STOPPED.value,
@@ -199,6 +201,10 @@ def _after_test(ledger: Ledger, settings: Settings, experiment, executor_for, pr
         return
     with ledger.write() as conn:
         update_experiment(conn, experiment_id, full_run_id=run_id)
+    if spec.approval == Approval.AWAITING.value:
+        progress.say(experiment_id, f"test run passed every check; full run {run_id} recorded, waiting for a "
+                                    f"person's approval (`trackway approve {run_id}`): {spec.approval_note}")
+        return
     progress.say(experiment_id, f"test run passed every check; full run {run_id} submitted")
     try:
         launch(ledger, settings, run_id, executor_for(_executor_name(settings, spec)),

@@ -273,3 +273,28 @@ def test_an_agents_experiment_is_gated_credited_and_its_full_run_waits_for_a_per
                                       ("experiments_chain", {"experiment": experiment}))
     assert concluded["concluded"] and concluded["verdict"] == "supported", concluded
     assert [row["verdict"] for row in chain["iterations"]] == [None, "supported"]
+
+
+def test_receipts_and_explain_texts_are_resources_and_the_loop_is_a_prompt(project: Path):
+    session = session_for("day", project)
+
+    async def go():
+        async with mcp.Client(build_server(session)) as client:
+            submitted = await client.call_tool("submit", {"script": "train.py", "args": ["--fail"], "name": "f"})
+            run_id = submitted.structured_content["run_id"]
+            await client.call_tool("wait", {"run": run_id, "timeout_s": 120})
+            templates = [t.uri_template for t in (await client.list_resource_templates()).resource_templates]
+            explained = await client.read_resource(f"trackway://runs/{run_id}/explain")
+            receipt = await client.read_resource(f"trackway://runs/{run_id}/attempts/1/receipt")
+            missing = await client.read_resource("trackway://runs/nope/explain")
+            prompt = await client.get_prompt("research_loop", {"hypothesis": "a lower lr helps", "baseline": "base"})
+            return templates, explained, receipt, missing, prompt
+
+    templates, explained, receipt, missing, prompt = asyncio.run(go())
+    assert "trackway://runs/{run}/attempts/{number}/receipt" in templates
+    assert "code_error" in explained.contents[0].text and "ValueError: bad config value: lr" in explained.contents[0].text
+    held = json.loads(receipt.contents[0].text)
+    assert held["termination_reason"] == "code_error" and held["started_by"].startswith("agent day via mcp (")
+    assert "nope" in json.loads(missing.contents[0].text)["error"]["message"]
+    text = prompt.messages[0].content.text
+    assert "a lower lr helps" in text and "experiment_start" in text and "trackway approve" in text

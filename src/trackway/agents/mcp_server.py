@@ -202,7 +202,51 @@ def build_server(session: AgentSession):
     ) -> dict[str, Any]:
         """The iterations around an experiment: each verdict, key metric, compute, and what followed."""
 
+    # Receipts and explain texts as resources an agent can read into its context.
+    def readable(function, *args: str):
+        try:
+            return function(session, *args)
+        except TrackwayError as exc:
+            return json.dumps({"error": {"message": str(exc)}})
+
+    @server.resource("trackway://runs/{run}/explain", mime_type="text/markdown",
+                     description="The run's latest attempt explained: ending, evidence, checkpoints, retries, what next.")
+    def run_explained(run: str) -> str:
+        return readable(tools.explain_markdown, run)
+
+    @server.resource("trackway://runs/{run}/attempts/{number}/explain", mime_type="text/markdown",
+                     description="One attempt explained.")
+    def attempt_explained(run: str, number: str) -> str:
+        return readable(tools.explain_markdown, f"{run}/{number}")
+
+    @server.resource("trackway://runs/{run}/attempts/{number}/receipt", mime_type="application/json",
+                     description="One attempt's receipt as the ledger holds it.")
+    def attempt_receipt(run: str, number: str) -> str:
+        return readable(lambda s, ref: json.dumps(tools.receipt(s, ref)), f"{run}/{number}")
+
+    @server.prompt(description="Walk one hypothesis through trackway: test run, full run, analysis.")
+    def research_loop(hypothesis: str, baseline: str) -> str:
+        return RESEARCH_LOOP.format(hypothesis=hypothesis, baseline=baseline)
+
     return server
+
+
+RESEARCH_LOOP = """You are testing a hypothesis with trackway, which runs and supervises training and keeps every attempt.
+
+Hypothesis: {hypothesis}
+Baseline run: {baseline}
+
+1. Call `budget` and `resources`: know what you may spend and what is free now.
+2. Call `experiment_new` with the baseline, ONE change as config overrides (`set`), and criteria (`expect`) that
+   would show the hypothesis wrong, e.g. "final.loss <= baseline.final.loss * 0.98".
+3. Call `experiment_start`: it submits a short test run; the full run follows only when every check passes.
+4. Call `experiment_wait` until it concludes. If the full run waits for a person's approval, say so and stop:
+   a person decides with `trackway approve RUN`.
+5. Read the verdict with each criterion's numbers (`experiment_show`), the curves (`metrics`), and any failed
+   attempt's ending (`explain`, or the resource trackway://runs/RUN/explain). State only what the numbers show.
+6. Decide the next step: build on a supported change (`experiment_new` with `parent`), revert a rejected one,
+   measure again an inconclusive one. `experiments_chain` shows the iterations so far.
+"""
 
 
 def serve_stdio(session: AgentSession) -> None:

@@ -157,6 +157,34 @@ def sql(session: AgentSession, query: str, max_rows: int = 200) -> dict[str, Any
             "truncated": bool(result.truncated)}
 
 
+def explain_markdown(session: AgentSession, ref: str) -> str:
+    """`trackway explain RUN|RUN/N --markdown`: the attempt's story as a person reads it."""
+    from trackway.reports.explain import explain as gather
+    from trackway.reports.explain_layout import to_markdown
+    from trackway.validation import attempt_ref
+
+    attempt_ref(ref)
+    with session.ledger.read() as conn:
+        return to_markdown(gather(conn, ref))
+
+
+def receipt(session: AgentSession, ref: str) -> dict[str, Any]:
+    """One attempt's receipt as the ledger holds it (`trackway attempts RUN --json`'s row)."""
+    from trackway.ledger.records import resolve_attempt
+    from trackway.validation import attempt_ref
+
+    attempt_ref(ref)
+    with session.ledger.read() as conn:
+        row = dict(resolve_attempt(conn, ref))
+    for key in ("termination_evidence", "retry_decision", "selection", "code_capture"):
+        if isinstance(row.get(key), str):
+            try:
+                row[key] = json.loads(row[key])
+            except ValueError:
+                pass
+    return _finite(jsonable(row))
+
+
 # -- acting -----------------------------------------------------------------------------------------
 
 

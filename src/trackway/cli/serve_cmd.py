@@ -69,8 +69,15 @@ def serve(
         say(err_console, f"every request needs a bearer token: the server's own ({made}in {access.source}), or one from "
                          "`trackway token add NAME --role read|submit|admin`")
         say(err_console, f"dashboard: http://{shown}:{bound}/ (it asks for the token once per tab)")
+    from trackway.server.agent_endpoint import available
+
+    if app.settings.agents:
+        say(err_console, f"agents over MCP: http://{shown}:{bound}/mcp, each with a token named as its [agents.NAME] "
+                         f"({', '.join(sorted(app.settings.agents))})" if available() else
+                         "agents declared, but /mcp is off: the MCP SDK is not installed (pip install 'trackway[agents]')")
     print(bound, flush=True)  # the port, on stdout: scripts and tests read it
-    config = uvicorn.Config(server_app, log_level="info", access_log=True, lifespan="off")
+    # "on": agents' MCP apps (/mcp) run their session managers for as long as the server runs.
+    config = uvicorn.Config(server_app, log_level="info", access_log=True, lifespan="on")
     logging.getLogger("uvicorn.access").addFilter(NoQueryStrings())  # after uvicorn configured its loggers
     uvicorn.Server(config).run(sockets=[sock])
 

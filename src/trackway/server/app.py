@@ -64,14 +64,20 @@ class State:
 def create_app(settings: Settings, access: Access, workdir: Path, hosts: frozenset[str] = LOOPBACK_NAMES,
                max_body: int = DEFAULT_MAX_BODY) -> FastAPI:
     """The API over `settings`' ledger; `hosts`: the names a request's Host may carry (server/guard.py)."""
+    from trackway.server import agent_endpoint
+
+    state = State(settings, workdir)
+    # Agents over MCP at /mcp (server/agent_endpoint.py), when the agents extra is installed and any is declared.
+    agents = agent_endpoint.agent_apps(settings, state.ledger, workdir) \
+        if settings.agents and agent_endpoint.available() else {}
     app = FastAPI(
         title="trackway",
         summary="Training runs that leave tracks: jobs, attempts, metrics, checkpoints, evaluations, experiments.",
         version="1",
         default_response_class=LedgerJSON,
+        lifespan=(lambda _app: agent_endpoint.running(agents)) if agents else None,
     )
     app.state.settings = settings
-    state = State(settings, workdir)
     for name in ("ledger", "supervisor", "workdir", "after_submit"):
         setattr(app.state, name, getattr(state, name))
     errors.install(app)
@@ -81,5 +87,7 @@ def create_app(settings: Settings, access: Access, workdir: Path, hosts: frozens
     for router in (jobs.router, reads.router, events.router):
         app.include_router(router, dependencies=guarded, responses=errors.RESPONSES)
     dashboard.install(app)
-    app.add_middleware(Guard, hosts=hosts, max_body=max_body)
+    if agents:
+        app.add_middleware(agent_endpoint.AgentEndpoint, access=access, ledger=state.ledger, agent_apps=agents)
+    app.add_middleware(Guard, hosts=hosts, max_body=max_body)  # outermost: /mcp is guarded as /api is
     return app

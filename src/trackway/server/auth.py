@@ -78,31 +78,31 @@ def access_for(host: str, home: Path, no_auth: bool = False) -> Access:
     return Access(token, generated=True, source=str(path))
 
 
-def bearer(request: Request) -> str | None:
-    scheme, _, given = request.headers.get("authorization", "").partition(" ")
-    return given.strip() if scheme.lower() == "bearer" and given.strip() else None
+NO_TOKEN = ("a bearer token is required (Authorization: Bearer <token>): the server's own, in "
+            "$TRACKWAY_HOME/server-token, or one from `trackway token add`")
+
+
+def caller_of(access: Access, ledger, authorization: str) -> Caller | None:
+    """Whose token an Authorization header carries (None: no token, or one nobody was given)."""
+    if access.open:
+        return OPEN_CALLER
+    scheme, _, given = authorization.partition(" ")
+    given = given.strip()
+    if scheme.lower() != "bearer" or not given:
+        return None
+    if access.token and hmac.compare_digest(given.encode("utf-8", "surrogatepass"), access.token.encode()):
+        return SERVER_CALLER
+    with ledger.read() as conn:
+        return caller_for(conn, given)
 
 
 def requires(access: Access, role: str):
     """A FastAPI dependency: 401 without a known token, 403 when its role is below `role`; the caller on request.state."""
-    expected = access.token.encode() if access.token else None
 
     def require(request: Request) -> Caller:
-        if access.open:
-            request.state.caller = OPEN_CALLER
-            return OPEN_CALLER
-        given = bearer(request)
-        caller = None
-        if given is not None:
-            if expected is not None and hmac.compare_digest(given.encode("utf-8", "surrogatepass"), expected):
-                caller = SERVER_CALLER
-            else:
-                with request.app.state.ledger.read() as conn:
-                    caller = caller_for(conn, given)
+        caller = caller_of(access, request.app.state.ledger, request.headers.get("authorization", ""))
         if caller is None:
-            raise HTTPException(401, "a bearer token is required (Authorization: Bearer <token>): the server's own, "
-                                     "in $TRACKWAY_HOME/server-token, or one from `trackway token add`",
-                                headers={"WWW-Authenticate": "Bearer"})
+            raise HTTPException(401, NO_TOKEN, headers={"WWW-Authenticate": "Bearer"})
         if not caller.may(role):
             raise HTTPException(403, f"token {caller.name!r} has the role {caller.role}; this needs {role} or above")
         request.state.caller = caller

@@ -277,3 +277,25 @@ def test_with_the_baseline_config_and_command_only_new_code_is_a_change(sq):
     assert changed.code == 0, changed.err
     (change,) = sq("experiment", "show", changed.out.strip(), "--json").json()["changes"]
     assert change["key"] == "code" and change["before"].startswith("commit ") and change["after"] != change["before"]
+
+
+def test_the_test_run_may_go_elsewhere_than_the_full_run_and_its_speed_is_then_not_compared(sq):
+    Path("trackway.toml").write_text('[resources.quick]\nexecutor = "local"\n\n[resources.big]\nexecutor = "local"\n')
+    config = Path("cfg.json")
+    config.write_text(json.dumps({"train": {"steps": 40, "lr": 0.1}}))
+    assert sq("submit", "--name", "base", "--resource", "big", "--config", str(config), "--",
+              sys.executable, TOY).code == 0
+    experiment = _new(sq, "--title", "lr", "--hypothesis", "a higher lr is no worse", "--baseline", "base",
+                      "--set", "train.lr=0.2", "--full-resource", "big", "--expect", "final.loss <= baseline.final.loss")
+    refused = sq("experiment", "start", experiment, "--test-resource", "nope")
+    assert refused.code == 2 and "--test-resource" in refused.err and "--resource" not in refused.err.replace(
+        "--test-resource", "")
+    started = sq("experiment", "start", experiment, "--test-resource", "quick")
+    assert started.code == 0, started.err
+    assert "test run → quick" in started.err and "full run → big" in started.err
+    shown = sq("experiment", "show", experiment, "--json").json()
+    assert shown["test_plan"]["test_resource"] == "quick"
+    assert (shown["test_run"]["resource"], shown["full_run"]["resource"]) == ("quick", "big")
+    throughput = next(c for c in shown["test_checks"] if c["check"] == "throughput")
+    assert throughput["passed"] is None and "on quick with 0 GPU(s) is not comparable with the baseline on big" \
+        in throughput["detail"]

@@ -181,6 +181,9 @@ def build_server(session: AgentSession):
             description="Refuse a full run estimated above this many GPU-hours.")] = None,
         skip_test: Annotated[bool, Field(description="Submit the full run at once (recorded).")] = False,
         again: Annotated[bool, Field(description="A new test run of an experiment stopped before its full run.")] = False,
+        test_resource: Annotated[str | None, Field(
+            description="A declared resource for the test run alone (default: the full run's).")] = None,
+        test_gpus: Annotated[int | None, Field(description="GPUs of the test run alone (default: the full run's).")] = None,
     ) -> dict[str, Any]:
         """Submit the gated test run; the full run follows when every check passes (or waits for a person)."""
 

@@ -325,7 +325,8 @@ def experiment_new(session: AgentSession, title: str, hypothesis: str, baseline:
 
 def experiment_start(session: AgentSession, experiment: str, max_steps: int | None = None,
                      test_time_limit_hours: float = 1.0, budget_gpu_hours: float | None = None,
-                     skip_test: bool = False, again: bool = False) -> dict[str, Any]:
+                     skip_test: bool = False, again: bool = False, test_resource: str | None = None,
+                     test_gpus: int | None = None) -> dict[str, Any]:
     """Submit the experiment's gated test run (its full run follows when every check passes), inside the agent's limits.
 
     The test run is admitted as `submit` admits a run. The full run the supervisor submits after it is
@@ -340,6 +341,8 @@ def experiment_start(session: AgentSession, experiment: str, max_steps: int | No
 
     if max_steps is not None:
         _whole(max_steps, "max_steps", 1, 2**31 - 1)
+    if test_gpus is not None:
+        _whole(test_gpus, "test_gpus", 0, 100_000)
     with session.ledger.read() as conn:
         record = resolve_experiment(conn, experiment)
     if max_steps is None:
@@ -349,7 +352,8 @@ def experiment_start(session: AgentSession, experiment: str, max_steps: int | No
     full_hours = record["time_limit_s"] / 3600 if record["time_limit_s"] else None
     with session.submitting:
         with session.ledger.read() as conn:
-            first_gpus, first_hours = (gpus, full_hours) if skip_test else (gpus, test_time_limit_hours)
+            test_gpus_given = gpus if test_gpus is None else test_gpus
+            first_gpus, first_hours = (gpus, full_hours) if skip_test else (test_gpus_given, test_time_limit_hours)
             now = admit(conn, session.agent, first_gpus, first_hours)
         left = None
         if session.agent.gpu_hours_budget is not None:
@@ -359,7 +363,8 @@ def experiment_start(session: AgentSession, experiment: str, max_steps: int | No
         cap = min(limits) if limits else None
         plan = TestPlan(max_steps=max_steps, time_limit_hours=test_time_limit_hours, budget_gpu_hours=cap,
                         skip_test=skip_test, submitted_by=command_by(session.agent.credit),
-                        full_run_approval=needs_approval(session.agent, "full", gpus, full_hours))
+                        full_run_approval=needs_approval(session.agent, "full", gpus, full_hours),
+                        test_resource=test_resource, test_gpus=test_gpus)
         started = start(session.ledger, session.settings, record["experiment_id"], plan, session.supervisor().executor,
                         started_by=plan.submitted_by, again=again)
     _background(session)

@@ -51,9 +51,13 @@ def new(
     data: list[str] = typer.Option([], "--data", help="Data to hash into the runs' manifests (default: the baseline's)."),
     eval_specs: list[str] = typer.Option([], "--eval", help="Eval specs for the full run (default: the baseline's)."),
     no_evals: bool = typer.Option(False, "--no-evals", help="No evaluations of the full run (not the baseline's specs)."),
-    gpus: int = typer.Option(None, "--gpus", help="GPUs per run (default: the baseline's)."),
+    gpus: int = typer.Option(None, "--gpus", "--full-gpus",
+                             help="GPUs of the full run, and of the test run unless `start --test-gpus` (default: the "
+                                  "baseline's)."),
     time_limit: float = typer.Option(None, "--time-limit", help="The full run's time limit in hours (default: the baseline's)."),
-    resource: str = typer.Option(None, "--resource", help="A declared resource or auto (default: the baseline's request)."),
+    resource: str = typer.Option(None, "--resource", "--full-resource",
+                                 help="A declared resource or auto for the full run, and the test run unless `start "
+                                      "--test-resource` (default: the baseline's request)."),
 ) -> None:
     """Record a hypothesis against a baseline run: its changes (computed) and expected outcomes; print its id."""
     from trackway.cli.render import console, err_console, say
@@ -95,6 +99,9 @@ def start(
         None, "--budget-gpu-hours",
         help="Refuse a full run estimated (test-run rate × planned steps) above this many GPU-hours."),
     loss_key: str = typer.Option("loss", "--loss-key", help="The metric the test run's loss check reads."),
+    test_resource: str = typer.Option(
+        None, "--test-resource", help="A declared resource or auto for the test run alone (default: the full run's)."),
+    test_gpus: int = typer.Option(None, "--test-gpus", help="GPUs of the test run alone (default: the full run's)."),
     skip_test: bool = typer.Option(False, "--skip-test", help="Submit the full run at once (recorded)."),
     detach: bool = typer.Option(False, "--detach", help="Return once submitted; a background supervisor goes on."),
     again: bool = typer.Option(
@@ -105,6 +112,7 @@ def start(
     from trackway import validation
     from trackway.cli.render import console, err_console, say
     from trackway.cli.supervise_cmd import ensure_background_supervisor
+    from trackway.errors import InputError
     from trackway.experiments.launch import (
         TestPlan,
         default_test_steps,
@@ -126,6 +134,8 @@ def start(
     if budget_gpu_hours is not None:
         validation.finite(budget_gpu_hours, "--budget-gpu-hours", 0, 1e9, "GPU-hours")
     validation.printable_text(loss_key, "--loss-key")
+    if test_gpus is not None:
+        validation.whole(test_gpus, "--test-gpus", 0, validation.MAX_GPUS)
     app = app_context(ctx)
     with app.ledger.read() as conn:
         record = resolve_experiment(conn, experiment)
@@ -139,11 +149,18 @@ def start(
         time_limit_hours=test_time_limit, min_throughput=min_throughput, budget_gpu_hours=budget_gpu_hours,
         loss_key=loss_key, skip_test=skip_test,
         submitted_by=command_by(f"trackway experiment start {record['experiment_id']}"),
+        test_resource=test_resource, test_gpus=test_gpus,
     )
     # Where each run would go, before anything is submitted.
     shown = []
     if not skip_test:
-        shown.append(("test run", preview(app.settings, test_spec(app.ledger, app.settings, record, plan))))
+        try:
+            shown.append(("test run", preview(app.settings, test_spec(app.ledger, app.settings, record, plan))))
+        except InputError as exc:
+            if test_resource is None and test_gpus is None:
+                raise
+            # The placement's words name submit's flags: what placed the test run apart here is start's.
+            raise InputError(str(exc).replace("--resource", "--test-resource").replace("--gpus", "--test-gpus")) from None
     shown.append(("full run", preview(app.settings, full_spec(app.ledger, app.settings, record))))
     for label, where in shown:
         queue = ""

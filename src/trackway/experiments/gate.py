@@ -147,6 +147,16 @@ def _throughput(conn: Connection, run_id: str, baseline_run_id: str, minimum: fl
         steps, seconds = numbers.step_timing(probe)
     except Missing as exc:
         return Check("throughput", None if minimum is None else False, exc.why)
+    # A test run placed apart from the baseline (experiment start --test-resource/--test-gpus) ran on other
+    # hardware: its speed says nothing of the full run's against the baseline's.
+    placed = conn.execute(select(runs.c.run_id, runs.c.resource, runs.c.gpus)
+                          .where(runs.c.run_id.in_((run_id, baseline_run_id)))).mappings().all()
+    where = {row["run_id"]: (row["resource"], row["gpus"] or 0) for row in placed}
+    if minimum is None and run_id in where and baseline_run_id in where and where[run_id] != where[baseline_run_id]:
+        (resource, gpus), (base_resource, base_gpus) = where[run_id], where[baseline_run_id]
+        return Check("throughput", None, f"{value:.4g} ({how}) on {resource} with {gpus} GPU(s) is not comparable "
+                                         f"with the baseline on {base_resource} with {base_gpus}; --min-throughput "
+                                         "checks it")
     if seconds < MIN_TIMED_S:
         return Check("throughput", None, f"too short to time: {steps} steps logged in {seconds:.3g} s")
     if minimum is not None:

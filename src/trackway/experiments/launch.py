@@ -52,12 +52,16 @@ class TestPlan:
     # and budget: agents/guardrails.py), and why its full run waits for a person's approval (None: it does not).
     submitted_by: str | None = None
     full_run_approval: str | None = None
+    # Where the test run goes when not where the full run will (experiment start --test-resource/--test-gpus).
+    test_resource: str | None = None
+    test_gpus: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"max_steps": self.max_steps, "time_limit_hours": self.time_limit_hours,
                 "min_throughput": self.min_throughput, "budget_gpu_hours": self.budget_gpu_hours,
                 "loss_key": self.loss_key, "skip_test": self.skip_test, "submitted_by": self.submitted_by,
-                "full_run_approval": self.full_run_approval}
+                "full_run_approval": self.full_run_approval, "test_resource": self.test_resource,
+                "test_gpus": self.test_gpus}
 
 
 def planned_steps(ledger: Ledger, experiment) -> int | None:
@@ -130,9 +134,7 @@ def run_spec(ledger: Ledger, settings: Settings, experiment, kind: str, label: s
         kind=kind,
         config_path=str(config_path) if config_path else None,
         data_paths=json.loads(experiment["data_paths"] or "[]"),
-        gpus=experiment["gpus"],
-        resource=experiment["resource_request"],
-        **extra,
+        **{"gpus": experiment["gpus"], "resource": experiment["resource_request"], **extra},
     )
 
 
@@ -175,6 +177,8 @@ def test_spec(ledger: Ledger, settings: Settings, experiment, plan: TestPlan, nu
         ledger, settings, experiment, RunKind.TEST.value, label="test" if number == 1 else f"test-{number}",
         time_limit_hours=plan.time_limit_hours,
         env={"TRACKWAY_MAX_STEPS": str(plan.max_steps), "TRACKWAY_RESTORE_CHECK": "1"},
+        **({"gpus": plan.test_gpus} if plan.test_gpus is not None else {}),
+        **({"resource": plan.test_resource} if plan.test_resource else {}),
     )
 
 

@@ -18,13 +18,16 @@ from trackway.supervisor.loop import Supervisor
 
 
 class AdvanceExperiments:
-    """Gate experiments whose test run ended and judge those whose full run did."""
+    """Gate experiments whose test run ended, judge those whose full run did, start batches' next members."""
 
     def tick(self, supervisor: Supervisor) -> Iterable[tuple[str, str]]:
         # Imported here: most commands that tick never have an experiment in flight.
+        from trackway.experiments.batch import advance_batches
         from trackway.experiments.progress import advance
 
-        return advance(supervisor.ledger, supervisor.settings, supervisor.executor).lines
+        lines = advance(supervisor.ledger, supervisor.settings, supervisor.executor).lines
+        # After the members' own moves: a member that just concluded makes room for the next.
+        return [*lines, *advance_batches(supervisor.ledger, supervisor.settings, supervisor.executor)]
 
     def settle(self, timeout: float) -> None:
         """Nothing outlives a tick here."""

@@ -199,6 +199,27 @@ def build_server(session: AgentSession):
         """The experiment: hypothesis, changes, criteria with their numbers, test-run checks, runs and verdict."""
 
     @tool
+    def experiment_batch(
+        baseline: Annotated[str, Field(description="The run every hypothesis is measured against.")],
+        hypotheses: Annotated[list[dict[str, Any]], Field(
+            description="Each {title, hypothesis, set: [KEY=VALUE], expect: [criterion]}: one change each.")],
+        expect: Annotated[list[str] | None, Field(description="Criteria every hypothesis is judged by.")] = None,
+        budget_gpu_hours: Annotated[float | None, Field(
+            description="GPU-hours the whole batch may spend (at most what your budget has left).")] = None,
+        max_running: Annotated[int, Field(description="Experiments in flight at once (at most your cap's room).")] = 2,
+        test_time_limit_hours: Annotated[float, Field(description="Each test run's time limit in hours.")] = 1.0,
+        name: Annotated[str | None, Field(description="A unique name for the batch.")] = None,
+    ) -> dict[str, Any]:
+        """Test a wave of hypotheses against one baseline: experiments sharing a budget, started as room allows."""
+
+    @tool
+    def experiment_batch_wait(
+        batch: Annotated[str, Field(description="A batch id or name, or one of its experiments.")],
+        timeout_s: Annotated[float, Field(description="Seconds to wait at most (above 0, at most 600).")] = 300.0,
+    ) -> dict[str, Any]:
+        """Wait for a batch to finish; its table: each member's change, verdict and criteria with their numbers."""
+
+    @tool
     def experiments_chain(
         experiment: Annotated[str, Field(description="Any experiment of the chain (id or name).")],
         metric: Annotated[str, Field(description="The key metric shown per iteration.")] = "loss",

@@ -409,6 +409,72 @@ def experiment_wait(session: AgentSession, experiment: str, timeout_s: float = 3
             "experiment": shown}
 
 
+def experiment_batch(session: AgentSession, baseline: str, hypotheses: list[dict[str, Any]],
+                     expect: list[str] | None = None, budget_gpu_hours: float | None = None, max_running: int = 2,
+                     test_time_limit_hours: float = 1.0, name: str | None = None) -> dict[str, Any]:
+    """Record a wave of hypotheses against one baseline and start them as room allows, inside the agent's limits.
+
+    The batch shares what is left of the agent's budget (its own budget_gpu_hours, if lower), runs at most as
+    many members at once as the agent's cap leaves room for, and each member's full run waits for a person
+    where the agent's settings say so (judged on the baseline's GPUs and time limit, which members keep).
+    """
+    from trackway.experiments.batch import Hypothesis, advance_batches, new_batch
+    from trackway.experiments.launch import TestPlan
+    from trackway.ledger.records import resolve_run
+    from trackway.supervisor.launch import command_by
+
+    members = []
+    for number, given in enumerate(hypotheses, 1):
+        if not isinstance(given, dict) or set(given) - {"title", "hypothesis", "set", "expect"} \
+                or not given.get("title") or not given.get("hypothesis"):
+            raise AgentRefused(f"hypotheses[{number - 1}]", "an object with title, hypothesis, set and expect",
+                               f"hypotheses[{number - 1}]: expected an object with title, hypothesis, set (config "
+                               "overrides) and expect (criteria)")
+        members.append(Hypothesis(str(given["title"]), str(given["hypothesis"]), list(given.get("set") or []),
+                                  [*(expect or []), *(given.get("expect") or [])]))
+    with session.submitting:
+        with session.ledger.read() as conn:
+            base = resolve_run(conn, baseline)
+            now = admit(conn, session.agent, 0, None)  # the cap: one more unfinished run must fit
+        room = session.agent.max_running - len(now.unfinished)
+        left = None if session.agent.gpu_hours_budget is None else max(
+            session.agent.gpu_hours_budget - now.spent_gpu_hours - now.held_gpu_hours, 0.0)
+        limits = [x for x in (budget_gpu_hours, left) if x is not None]
+        hours = base["time_limit_s"] / 3600 if base["time_limit_s"] else None
+        plan = TestPlan(max_steps=None, time_limit_hours=test_time_limit_hours,  # type: ignore[arg-type]
+                        submitted_by=command_by(session.agent.credit),
+                        full_run_approval=needs_approval(session.agent, "full", base["gpus"] or 0, hours))
+        batch_id, recorded = new_batch(session.ledger, session.settings, baseline, members, session.workdir, plan,
+                                       max_running=max(1, min(max_running, room)),
+                                       budget_gpu_hours=min(limits) if limits else None, name=name)
+        said = advance_batches(session.ledger, session.settings, session.supervisor().executor)
+    _background(session)
+    return {"batch_id": batch_id, "experiments": recorded, "max_running": max(1, min(max_running, room)),
+            "budget_gpu_hours": min(limits) if limits else None, "started": [m for _, m in said],
+            "note": "wait with experiment_batch_wait; the batch goes on while you wait or not"}
+
+
+def experiment_batch_wait(session: AgentSession, batch: str, timeout_s: float = 300.0) -> dict[str, Any]:
+    """Wait until every member of the batch concluded or stopped (or timeout_s passed); then its table of verdicts."""
+    from trackway.experiments.batch import DONE, batch_of
+    from trackway.experiments.batch import table as batch_table
+
+    if not (0 < timeout_s <= MAX_WAIT_S):
+        raise AgentRefused("timeout_s", f"a number of seconds above 0 and at most {MAX_WAIT_S:g}",
+                           f"timeout_s {timeout_s!r}: expected a number of seconds above 0 and at most {MAX_WAIT_S:g}")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        session.tick()
+        with session.ledger.read() as conn:
+            record = batch_of(conn, batch)
+        if record["status"] == DONE or time.monotonic() >= deadline:
+            break
+        time.sleep(WAIT_POLL_S)
+    with session.ledger.read() as conn:
+        shown = batch_table(conn, batch_of(conn, batch))
+    return _finite(jsonable({**shown, "done": shown["status"] == DONE}))
+
+
 def experiments_chain(session: AgentSession, experiment: str, metric: str = "loss") -> dict[str, Any]:
     """The iterations leading to and following `experiment`: each verdict, key metric, compute and what followed."""
     from trackway.experiments.chain import chain_rows

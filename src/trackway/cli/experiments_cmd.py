@@ -186,6 +186,119 @@ def start(
     raise typer.Exit(_follow(app, supervisor, started.experiment_id))
 
 
+@experiment_app.command("batch")
+def batch(
+    ctx: typer.Context,
+    baseline: str = typer.Option(..., "--baseline", help="The run (id or name) every hypothesis is measured against."),
+    from_file: str = typer.Option(
+        None, "--from-file",
+        help="A TOML file of [[hypothesis]] tables (title, hypothesis, set, expect), with shared `expect`, "
+             "`budget_gpu_hours` and `max_running` at its top."),
+    hypotheses: list[str] = typer.Option(
+        [], "--hypothesis", help="'KEY=VALUE: statement', the change before the colon (repeatable)."),
+    criteria: list[str] = typer.Option([], "--expect", help="A criterion every hypothesis is judged by (repeatable)."),
+    budget_gpu_hours: float = typer.Option(
+        None, "--budget-gpu-hours", help="GPU-hours the whole batch may spend (test and full runs); over the file's."),
+    max_running: int = typer.Option(None, "--max-running", help="Experiments in flight at once (default 2); over the file's."),
+    test_time_limit: float = typer.Option(1.0, "--test-time-limit", help="Each test run's time limit in hours."),
+    name: str = typer.Option(None, "--name", help="A unique name for the batch (its experiments are NAME-1, NAME-2, ...)."),
+    detach: bool = typer.Option(False, "--detach", help="Return once the first ones are submitted."),
+) -> None:
+    """Test several hypotheses against one baseline: N experiments sharing a GPU-hour budget, started as room allows, one table of verdicts."""
+    from dataclasses import replace
+
+    from trackway import validation
+    from trackway.cli.render import console, err_console, say
+    from trackway.cli.supervise_cmd import ensure_background_supervisor
+    from trackway.errors import InputError
+    from trackway.experiments.batch import advance_batches, from_flags, new_batch, read_file
+    from trackway.experiments.launch import TestPlan
+    from trackway.supervisor.launch import command_by
+
+    if bool(from_file) == bool(hypotheses):
+        raise InputError("--from-file/--hypothesis: expected a hypotheses file or --hypothesis options, one of them")
+    validation.finite(test_time_limit, "--test-time-limit", 0, validation.TEN_YEARS_HOURS, "hours", low_open=True)
+    members, settings_of_file = read_file(from_file) if from_file else (from_flags(hypotheses, criteria), {})
+    if from_file and criteria:
+        members = [replace(m, criteria=[*m.criteria, *criteria]) for m in members]
+    app = app_context(ctx)
+    plan = TestPlan(max_steps=None, time_limit_hours=test_time_limit,  # type: ignore[arg-type]
+                    submitted_by=command_by("trackway experiment batch"))
+    batch_id, recorded = new_batch(
+        app.ledger, app.settings, baseline, members, Path.cwd(), plan,
+        max_running=max_running if max_running is not None else settings_of_file.get("max_running", 2),
+        budget_gpu_hours=budget_gpu_hours if budget_gpu_hours is not None else settings_of_file.get("budget_gpu_hours"),
+        name=name)
+    console.print(batch_id, highlight=False)
+    say(err_console, f"{len(recorded)} experiments recorded: {', '.join(recorded)}")
+    supervisor = app.supervisor()
+    for who, message in advance_batches(app.ledger, app.settings, supervisor.executor):
+        say(err_console, f"{who}: {message}")
+    if detach:
+        err_console.print(app.hint(f"`trackway experiments --batch {batch_id}` shows the verdicts as they come"),
+                          highlight=False)
+        ensure_background_supervisor(app)
+        return
+    raise typer.Exit(_follow_batch(app, supervisor, batch_id))
+
+
+def _follow_batch(app: AppContext, supervisor, batch_id: str) -> int:
+    """Tick until the batch is done, saying each member's moves; then its table. 0 iff every member concluded."""
+    from trackway.cli.render import err_console, say
+    from trackway.cli.supervise_cmd import ensure_background_supervisor
+    from trackway.experiments.batch import DONE, members, resolve_batch
+
+    try:
+        with err_console.status(f"batch {batch_id}", spinner="dots"):
+            while True:
+                supervisor.tick()
+                with app.ledger.read() as conn:
+                    record = resolve_batch(conn, batch_id)
+                    mine = {m["experiment_id"] for m in members(conn, batch_id)}
+                for who, message in supervisor.findings:
+                    if who in mine or who == batch_id:
+                        say(err_console, f"{who}: {message}")
+                if record["status"] == DONE:
+                    break
+                time.sleep(FOLLOW_INTERVAL_S)
+    except KeyboardInterrupt:
+        err_console.print(app.hint(f"stopped following; batch {batch_id} goes on "
+                                   f"(`trackway experiments --batch {batch_id}`)"), highlight=False)
+        ensure_background_supervisor(app)
+        return INTERRUPTED
+    with app.ledger.read() as conn:
+        rows = members(conn, batch_id)
+    _print_batch(app, batch_id)
+    return 0 if all(m["status"] == "concluded" for m in rows) else 1
+
+
+def _print_batch(app: AppContext, ref: str, as_json: bool = False) -> None:
+    from trackway.experiments.batch import batch_of
+    from trackway.experiments.batch import table as batch_table
+
+    with app.ledger.read() as conn:
+        shown = batch_table(conn, batch_of(conn, ref))
+    if as_json:
+        print_json(_jsonable(shown))
+        return
+    from trackway.cli.render import KEY, Column, console, err_console, say, table
+
+    spent = f"{shown['spent_gpu_hours']:.3g} GPU-h spent" + (
+        f" of {shown['budget_gpu_hours']:g}" if shown["budget_gpu_hours"] is not None else "")
+    say(err_console, f"batch {shown['batch_id']} {shown['status']} against {shown['baseline_run_id']}: {spent}"
+        + (f"; {shown['note']}" if shown["note"] else ""))
+    columns = [Column("experiment", KEY), Column("change", 50, shorten_to=12), Column("status", KEY),
+               Column("verdict", KEY), Column("criteria (left vs right)", 40, shorten_to=16)]
+    console.print(table(None, columns, (
+        (e["experiment_id"], "; ".join(f"{c['key']}={c['after']}" for c in e["changes"]), e["status"],
+         e["verdict"] or (e["stop_reason"] or ""),
+         # The mark and the numbers first: on a narrow terminal the criterion's text is what gets cut.
+         "; ".join(f"{ {True: '✓', False: '✗', None: '?'}[c['holds']]} {_number(c['left'])} vs {_number(c['right'])}: "
+                   f"{c['criterion']}" for c in e["criteria"]))
+        for e in shown["experiments"]
+    )))
+
+
 def _follow(app: AppContext, supervisor, experiment_id: str) -> int:
     """Tick until the experiment concludes or stops, saying each move; 0 iff it concluded."""
     from rich.text import Text
@@ -360,6 +473,8 @@ def stop(
 def experiments(
     ctx: typer.Context,
     chain: str = typer.Option(None, "--chain", help="The iterations leading to and following this experiment, as a table."),
+    batch: str = typer.Option(None, "--batch", help="A batch (or one of its experiments): its members' verdicts with each "
+                                                   "criterion's numbers, as one table."),
     project: str = typer.Option(None, "--project", help="Only experiments of this project."),
     limit: int = typer.Option(50, "--limit", help="At most this many, newest first (0: all)."),
     metric: str = typer.Option("loss", "--metric", help="The key metric shown per experiment (its full run's final value)."),
@@ -373,6 +488,9 @@ def experiments(
     check_limit(limit)
     app = app_context(ctx)
     app.reconcile()
+    if batch:
+        _print_batch(app, batch, as_json)
+        return
     with app.ledger.read() as conn:
         if chain:
             listed = chain_rows(conn, chain_of(conn, chain), metric)

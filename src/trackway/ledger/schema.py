@@ -384,6 +384,26 @@ experiments = Table(
     Column("started_at", UTCDateTime),
     Column("concluded_at", UTCDateTime),
     Column("updated_at", UTCDateTime, nullable=False),
+    # The batch it belongs to (experiment batch, 0027); NULL: an experiment of its own.
+    Column("batch_id", String(32), index=True),
+)
+
+
+# -- experiment batches: hypotheses against one baseline, a shared budget (experiments/batch.py, 0027) ----------
+
+experiment_batches = Table(
+    "experiment_batches",
+    metadata,
+    Column("batch_id", String(32), primary_key=True),
+    Column("name", String(200), unique=True),
+    Column("baseline_run_id", String(32), ForeignKey("runs.run_id"), nullable=False),
+    Column("budget_gpu_hours", Float),  # shared by its experiments; NULL: none
+    Column("max_running", Integer, nullable=False),  # its experiments in flight at once
+    Column("plan", Text, nullable=False),  # JSON: the test plan each member is started with
+    Column("status", String(16), nullable=False, index=True),  # running (starting members), done
+    Column("note", Text),  # why it stopped starting members, when it did before all ran
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("concluded_at", UTCDateTime),
 )
 
 

@@ -119,12 +119,13 @@ def attempt_environment(
 
 
 def run_environment(run, state_dir: Path) -> dict[str, str]:
-    """What a run adds to every attempt's environment: its own `env`, and for an evaluation, where to write."""
+    """What a run adds to every attempt's environment: its own `env`, and for an evaluation (or a phase of one),
+    where to write."""
     env = json.loads(run["env"]) if run["env"] else {}
     if run["kind"] == RunKind.EVAL.value:
-        from trackway.evals.outputs import OUTPUT_FILE
+        from trackway.evals.phases import phase_environment, run_phase
 
-        env["TRACKWAY_EVAL_OUTPUT"] = str(state_dir / OUTPUT_FILE)
+        env.update(phase_environment(run_phase(run), state_dir))
     return env
 
 

@@ -1,0 +1,116 @@
+"""Evaluations in two phases (issue 36): inference once on its resource, scoring apart with its own retries, judges pinned.
+
+The inference phase starts a small HTTP server around the test model (a `neutral.py` checkpoint),
+waits for its health URL, asks it for every sample and stops it; its outputs are committed like a
+checkpoint. The scorer crashes once, and its retry reads the same outputs: inference ran once per
+seed. A local judge, whose code is hashed, grades by a rubric file; changing the rubric is a new
+evaluation, scored from the same outputs without generating again.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import sys
+from pathlib import Path
+
+PY = sys.executable
+NEUTRAL = str(Path(__file__).parent.parent / "cli" / "scripts" / "neutral.py")
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+def two_phase_spec(eval_dir: Path, name: str = "judged", scorer_args: tuple[str, ...] = (), seeds: str = "[0, 1]") -> Path:
+    for script in ("model_server.py", "generate.py", "score.py", "judge.py"):
+        shutil.copy(SCRIPTS / script, eval_dir / script)
+    rubric = eval_dir / "rubric.md"
+    if not rubric.exists():
+        rubric.write_text("exact: the output must be the answer\n")
+    path = eval_dir / f"{name}.toml"
+    path.write_text(
+        f'name = "{name}"\ntask_set = "tasks.jsonl"\nseeds = {seeds}\nmetrics = ["pass@1"]\n'
+        f'[decoding]\nsamples = 2\n'
+        f'[inference]\ncommand = {json.dumps(["{python}", "generate.py", "--log", str(eval_dir / "generations.log")])}\n'
+        f'code = ["generate.py", "model_server.py"]\n'
+        f'server = ["{{python}}", "model_server.py", "--port", "{{port}}"]\n'
+        f'health_url = "http://127.0.0.1:{{port}}/health"\nserver_start_timeout_s = 60\n'
+        f'[scoring]\ncommand = {json.dumps(["{python}", "score.py", *scorer_args])}\n'
+        f'[judge]\ncommand = ["{{python}}", "judge.py"]\nrubric = "rubric.md"\n[judge.decoding]\ntemperature = 0.0\n'
+    )
+    return path
+
+
+def generations(eval_dir: Path) -> list[str]:
+    log = eval_dir / "generations.log"
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def test_a_scorer_that_crashes_once_is_retried_against_the_same_outputs_and_inference_runs_once_per_seed(
+        cli, eval_dir):
+    assert cli("submit", "--name", "train", "--", PY, NEUTRAL, "30").code == 0
+    spec = two_phase_spec(eval_dir, scorer_args=("--crash-attempts", "1"))
+    done = cli("eval", "train@20", "--spec", str(spec))
+    assert done.code == 0, done.err
+    shown = cli("eval", "show", done.out.split()[0], "--json").json()
+    assert shown["state"] == "completed"
+    assert 0 < shown["metrics"]["pass@1"]["mean"] < 1
+    # Inference ran exactly once per seed, through the scorer's crash and retry.
+    assert sorted(line.split(" attempt ")[0] for line in generations(eval_dir)) == ["seed 0", "seed 1"]
+    for seed in shown["seeds"]:
+        inference, scoring = seed["phases"]["inference"], seed["phases"]["scoring"]
+        assert [a["termination_reason"] for a in inference["attempts"]] == ["completed"]
+        assert [a["termination_reason"] for a in scoring["attempts"]] == ["evaluator_crash", "completed"]
+        # The outputs were committed like a checkpoint: a manifest whose hash the seed keeps, the files it lists.
+        outputs = Path(seed["inference_outputs"])
+        manifest = json.loads((outputs / "MANIFEST.json").read_text())
+        assert list(manifest["files"]) == ["outputs.jsonl"] and (outputs / "COMMITTED").exists()
+        assert seed["judge_answers"] == 20 * 2  # one kept answer per sample
+        # The server was started, answered its health URL, and was stopped.
+        server = json.loads((Path(inference["attempts"][0]["state_dir"]) / "eval-server.json").read_text())
+        assert server["ready"] is True and server["stopped"].startswith("stopped (SIGTERM")
+
+
+def test_changing_the_rubric_is_a_new_evaluation_scored_from_the_same_outputs(cli, eval_dir):
+    assert cli("submit", "--name", "train", "--", PY, NEUTRAL, "30").code == 0
+    spec = two_phase_spec(eval_dir, seeds="[0]")
+    first = cli("eval", "train@20", "--spec", str(spec))
+    assert first.code == 0, first.err
+    again = cli("eval", "train@20", "--spec", str(spec))
+    assert again.out.split()[0] == first.out.split()[0] and "repeat" in again.err
+    (eval_dir / "rubric.md").write_text("lenient: an attempt counts\n")
+    second = cli("eval", "train@20", "--spec", str(spec))
+    assert second.code == 0, second.err
+    old, new = (cli("eval", "show", r.out.split()[0], "--json").json() for r in (first, second))
+    assert new["eval_id"] != old["eval_id"]
+    assert new["judge"]["rubric_sha256"] != old["judge"]["rubric_sha256"]
+    assert new["metrics"]["pass@1"]["mean"] == 1.0 > old["metrics"]["pass@1"]["mean"]
+    # No generation for the new rubric: its seed was scored from the outputs the first one committed.
+    assert len(generations(eval_dir)) == 1
+    assert new["seeds"][0]["inference_outputs"] == old["seeds"][0]["inference_outputs"]
+
+
+@pytest.mark.parametrize("edit,said", [
+    (lambda text: text.split("[inference]")[0] + "[scoring]" + text.split("[scoring]")[1],
+     "scoring: expected an [inference] table too: the scoring phase reads the outputs the inference phase commits "
+     "($TRACKWAY_EVAL_INFERENCE_OUTPUTS)"),
+    (lambda text: text.replace("[scoring]\n", "[scorin]\n"),
+     "scorin: expected one of "),
+    (lambda text: text.replace("server_start_timeout_s = 60", "gpu = 1"),
+     "inference.gpu: expected one of command, code, resource, gpus, time_limit_hours, server, health_url, "
+     "server_start_timeout_s"),
+    (lambda text: 'gpus = 1\n' + text, "gpus: expected no top-level gpus in a spec with [inference] and [scoring] "
+                                      "(each phase says its own gpus)"),
+    (lambda text: text.replace('rubric = "rubric.md"', 'rubric = "missing.md"'), "judge.rubric: expected a file that "
+                                                                                "exists (no such file: "),
+])
+def test_a_two_phase_spec_that_cannot_work_is_refused_in_one_line_naming_the_file_and_the_field(
+        cli_sqlite, eval_dir, edit, said):
+    assert cli_sqlite("submit", "--name", "train", "--", PY, NEUTRAL, "20").code == 0
+    spec = two_phase_spec(eval_dir)
+    spec.write_text(edit(spec.read_text()))
+    refused = cli_sqlite("eval", "train@10", "--spec", str(spec))
+    assert refused.code == 2
+    assert refused.err.strip().startswith(f"error: {spec}: {said}") or f"{spec}: {said}" in refused.err
+    assert len(refused.err.strip().splitlines()) == 1 and "Traceback" not in refused.err
+    assert cli_sqlite("evals", "train", "--json").json()["evaluations"] == []

@@ -90,6 +90,44 @@ def test_changing_the_rubric_is_a_new_evaluation_scored_from_the_same_outputs(cl
     assert new["seeds"][0]["inference_outputs"] == old["seeds"][0]["inference_outputs"]
 
 
+def test_rescore_scores_stored_outputs_with_a_new_scorer_version_and_refuses_another_generation(cli_sqlite, eval_dir):
+    cli = cli_sqlite
+    assert cli("submit", "--name", "train", "--", PY, NEUTRAL, "30").code == 0
+    spec = two_phase_spec(eval_dir, seeds="[0, 1]")
+    first = cli("eval", "train@20", "--spec", str(spec))
+    assert first.code == 0, first.err
+    old_id = first.out.split()[0]
+    score = eval_dir / "score.py"
+    score.write_text(score.read_text() + "\n# scorer v2\n")  # a new scorer version
+    rescored = cli("eval", "rescore", old_id, "--spec", str(spec))
+    assert rescored.code == 0, rescored.err
+    new = cli("eval", "show", rescored.out.split()[0], "--json").json()
+    assert new["eval_id"] != old_id and new["state"] == "completed" and new["trigger"] == "rescore"
+    assert len(generations(eval_dir)) == 2  # the two seeds' first and only generation
+    assert all("inference" in s["phases"] and s["phases"]["inference"]["attempts"][0]["termination_reason"] == "completed"
+               for s in new["seeds"])
+    assert new["phase_totals"]["scoring"]["attempts"] == 2
+    again = cli("eval", "rescore", old_id, "--spec", str(spec))
+    assert again.code == 0 and again.out.split()[0] == new["eval_id"] and "repeat" in again.err
+    generate = eval_dir / "generate.py"
+    generate.write_text(generate.read_text() + "\n# generator v2\n")
+    refused = cli("eval", "rescore", old_id, "--spec", str(spec))
+    assert refused.code == 2 and "is not the one that generated evaluation" in refused.err
+
+
+def test_a_judge_that_cannot_be_reached_is_infra_transient_for_the_scoring_phase_only(cli_sqlite, eval_dir):
+    assert cli_sqlite("submit", "--name", "train", "--", PY, NEUTRAL, "30").code == 0
+    spec = two_phase_spec(eval_dir, scorer_args=("--unreachable-attempts", "1"), seeds="[0]")
+    done = cli_sqlite("eval", "train@20", "--spec", str(spec))
+    assert done.code == 0, done.err
+    (seed,) = cli_sqlite("eval", "show", done.out.split()[0], "--json").json()["seeds"]
+    first, second = seed["phases"]["scoring"]["attempts"]
+    assert (first["termination_reason"], first["rule"]) == ("infra_transient", "scoring:judge-unreachable")
+    assert second["termination_reason"] == "completed"
+    assert [a["termination_reason"] for a in seed["phases"]["inference"]["attempts"]] == ["completed"]
+    assert len(generations(eval_dir)) == 1
+
+
 @pytest.mark.parametrize("edit,said", [
     (lambda text: text.split("[inference]")[0] + "[scoring]" + text.split("[scoring]")[1],
      "scoring: expected an [inference] table too: the scoring phase reads the outputs the inference phase commits "

@@ -94,9 +94,11 @@ def _follow(app: AppContext, supervisor, eval_id: str) -> int:
             while True:
                 for end in supervisor.tick():
                     with app.ledger.read() as conn:
-                        mine = {s["eval_run_id"]: int(s["seed"]) for s in seeds_of(conn, eval_id)}
+                        mine = {s["eval_run_id"]: f"seed {s['seed']}" for s in seeds_of(conn, eval_id)}
+                        mine.update({s["inference_run_id"]: f"seed {s['seed']} inference"
+                                     for s in seeds_of(conn, eval_id) if s["inference_run_id"]})
                     if end.run_id in mine:
-                        say(err_console, f"seed {mine[end.run_id]}: " + end_line(
+                        say(err_console, f"{mine[end.run_id]}: " + end_line(
                             end.attempt_id, end.reason.value, decision_of(end), process=False))
                 with app.ledger.read() as conn:
                     evaluation = resolve_evaluation(conn, eval_id)
@@ -114,6 +116,40 @@ def _follow(app: AppContext, supervisor, eval_id: str) -> int:
         return 130
     _print_detail(app, eval_id)
     return 0 if evaluation["state"] == COMPLETED else 1
+
+
+@eval_app.command("rescore")
+def eval_rescore(
+    ctx: typer.Context,
+    evaluation: str = typer.Argument(..., help="An evaluation id (ev…) in two phases, or one of its seed runs."),
+    spec: str = typer.Option(..., "--spec", help="The eval spec (TOML) whose scoring phase (and judge) scores again."),
+    detach: bool = typer.Option(False, "--detach", help="Print the evaluation id and return; the supervisor runs it."),
+) -> None:
+    """Score an evaluation's committed inference outputs again with a spec's scorer and judge: no generation, no GPU."""
+    from trackway.cli.runs_cmd import reconcile
+    from trackway.evals.launch import rescore_evaluation
+    from trackway.evals.spec import load_spec
+    from trackway.supervisor.submit import check_eval_resource
+
+    app = app_context(ctx)
+    loaded = load_spec(spec)
+    check_eval_resource(loaded, app.settings)
+    reconcile(app)
+    supervisor = app.supervisor()
+    request = rescore_evaluation(app.ledger, app.settings, evaluation, loaded)
+    console.print(request.eval_id, highlight=False)
+    if request.repeat:
+        say(err_console, app.hint(
+            f"{request.eval_id} is a repeat: these outputs were scored with the same scorer, judge and rubric; "
+            f"nothing new to run (`trackway eval show {request.eval_id}`)"))
+        return
+    say(err_console, f"scoring the stored outputs of seeds {request.queued_seeds} with {loaded.name}")
+    if detach:
+        from trackway.cli.supervise_cmd import ensure_background_supervisor
+
+        ensure_background_supervisor(app)
+        return
+    raise typer.Exit(_follow(app, supervisor, request.eval_id))
 
 
 @eval_app.command("show")

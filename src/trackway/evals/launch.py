@@ -635,3 +635,39 @@ def evaluate_new_checkpoints(ledger: Ledger, settings: Settings) -> tuple[list[E
                 .values(considered_step=max(steps))
             )
     return requests, problems
+
+
+def rescore_evaluation(ledger: Ledger, settings: Settings, eval_ref: str, spec: EvalSpec) -> EvalRequest:
+    """Score the inference outputs an evaluation committed with `spec`'s scorer (and judge): no generation, no GPU.
+
+    The spec's generation must be the one that made the outputs (same inference version, command,
+    server, task set and decoding): scoring outputs a spec did not generate would file a result
+    under versions that never produced it. The result is the evaluation of `spec`'s identity (a
+    repeat when it exists already), of the seeds whose outputs were committed.
+    """
+    from trackway.evals.records import resolve_evaluation
+
+    if not spec.two_phase:
+        raise InputError(f"--spec {spec.path}: expected a spec with [inference] and [scoring]; a rescore runs its "
+                         f"scoring phase on stored inference outputs")
+    with ledger.read() as conn:
+        old = resolve_evaluation(conn, eval_ref)
+        stored = [int(s) for s in conn.execute(
+            select(evaluation_seeds.c.seed).where(evaluation_seeds.c.eval_id == old["eval_id"],
+                                                  evaluation_seeds.c.inference_outputs.is_not(None))
+            .order_by(evaluation_seeds.c.seed)).scalars()]
+    if old["inference_key"] is None:
+        raise InputError(f"evaluation {old['eval_id']}: ran in one command; it kept no inference outputs to score "
+                         f"again (evaluate the checkpoint with `trackway eval RUN@STEP --spec FILE`)")
+    if not stored:
+        raise InputError(f"evaluation {old['eval_id']}: no seed's inference outputs were committed; nothing to score")
+    pinned = PinnedCheckpoint(old["run_id"], int(old["checkpoint_step"]), old["checkpoint_name"],
+                              old["checkpoint_path"], old["checkpoint_manifest_sha256"])
+    generation = inference_key(pinned, spec, spec.inference_version(), spec.task_set_version())
+    if generation != old["inference_key"]:
+        raise InputError(
+            f"--spec {spec.path}: its inference (version, command, server, task set or decoding) is not the one that "
+            f"generated evaluation {old['eval_id']}'s outputs; a rescore scores only outputs the spec would have "
+            f"generated (evaluate anew with `trackway eval RUN@STEP --spec FILE`)")
+    return request_evaluation(ledger, settings, old["run_id"], int(old["checkpoint_step"]), spec,
+                              trigger="rescore", pinned=pinned, seeds=stored)

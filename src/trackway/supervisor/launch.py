@@ -584,6 +584,8 @@ def _evaluation_queued_by(conn, run) -> str:
         .where(evaluation_seeds.c.eval_run_id == run["run_id"])).scalar()
     if trigger == "on_demand":
         return "supervisor: an evaluation a person asked for (`trackway eval`)"
+    if trigger == "rescore":
+        return "supervisor: a rescore a person asked for (`trackway eval rescore`)"
     if trigger is None:
         return "supervisor: a run of kind eval"
     return f"supervisor: evaluation of a committed checkpoint (trigger {trigger})"

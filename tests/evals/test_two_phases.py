@@ -69,6 +69,9 @@ def test_a_scorer_that_crashes_once_is_retried_against_the_same_outputs_and_infe
         # The server was started, answered its health URL, and was stopped.
         server = json.loads((Path(inference["attempts"][0]["state_dir"]) / "eval-server.json").read_text())
         assert server["ready"] is True and server["stopped"].startswith("stopped (SIGTERM")
+    # The waste report separates generation from scoring (and both from training).
+    by_phase = {r["phase"]: r["attempts"] for r in cli("report", "waste", "--by", "phase", "--json").json()}
+    assert by_phase == {"training": 1, "inference": 2, "scoring": 4}
 
 
 def test_changing_the_rubric_is_a_new_evaluation_scored_from_the_same_outputs(cli, eval_dir):

@@ -13,6 +13,8 @@ import json
 import shutil
 
 import pytest
+from api_server import Api, serving
+from waiting import wait_for
 import sys
 from pathlib import Path
 
@@ -69,6 +71,19 @@ def test_a_scorer_that_crashes_once_is_retried_against_the_same_outputs_and_infe
         # The server was started, answered its health URL, and was stopped.
         server = json.loads((Path(inference["attempts"][0]["state_dir"]) / "eval-server.json").read_text())
         assert server["ready"] is True and server["stopped"].startswith("stopped (SIGTERM")
+    text = " ".join(cli("eval", "show", shown["eval_id"]).out.split())
+    assert "inference: completed; scoring: evaluator_crash → completed" in text
+    assert "inference " in text and "2 attempt(s)" in text and "scoring " in text and "4 attempt(s)" in text
+    assert f"rubric {eval_dir / 'rubric.md'} (sha256:" in text and "judge local " in text
+    # explain says which phase a run is, what it made or read, and the judge it asked.
+    seed = shown["seeds"][0]
+    scoring_story = " ".join(cli("explain", seed["phases"]["scoring"]["run_id"]).out.split())
+    assert f"the scoring phase of seed {seed['seed']} of evaluation {shown['eval_id']}" in scoring_story
+    assert f"scores the inference outputs committed at {seed['inference_outputs']}" in scoring_story
+    assert "in 1 attempt(s)" in scoring_story and "a retry of this phase reads the same outputs" in scoring_story
+    assert f"judge: a local judge, code {shown['judge']['code_sha256'][7:19]}" in scoring_story
+    inference_story = " ".join(cli("explain", seed["phases"]["inference"]["run_id"]).out.split())
+    assert f"its outputs: committed at {seed['inference_outputs']}" in inference_story
     # The waste report separates generation from scoring (and both from training).
     by_phase = {r["phase"]: r["attempts"] for r in cli("report", "waste", "--by", "phase", "--json").json()}
     assert by_phase == {"training": 1, "inference": 2, "scoring": 4}
@@ -93,7 +108,8 @@ def test_changing_the_rubric_is_a_new_evaluation_scored_from_the_same_outputs(cl
     assert new["seeds"][0]["inference_outputs"] == old["seeds"][0]["inference_outputs"]
 
 
-def test_rescore_scores_stored_outputs_with_a_new_scorer_version_and_refuses_another_generation(cli_sqlite, eval_dir):
+def test_rescore_scores_stored_outputs_with_a_new_scorer_version_and_refuses_another_generation(
+        cli_sqlite, eval_dir, home, sqlite_url):
     cli = cli_sqlite
     assert cli("submit", "--name", "train", "--", PY, NEUTRAL, "30").code == 0
     spec = two_phase_spec(eval_dir, seeds="[0, 1]")
@@ -110,6 +126,17 @@ def test_rescore_scores_stored_outputs_with_a_new_scorer_version_and_refuses_ano
     assert all("inference" in s["phases"] and s["phases"]["inference"]["attempts"][0]["termination_reason"] == "completed"
                for s in new["seeds"])
     assert new["phase_totals"]["scoring"]["attempts"] == 2
+    # The API answers the same, phases apart: the rescore's inference is the first evaluation's, its scoring its own.
+    with serving(home, sqlite_url) as (base, _):
+        status, body, _ = Api(base).get(f"/api/evaluations/{new['eval_id']}")
+        assert status == 200 and body["phase_totals"]["scoring"]["attempts"] == 2
+        old_seeds = {s["seed"]: s for s in cli("eval", "show", old_id, "--json").json()["seeds"]}
+        for seed in body["seeds"]:
+            phases = seed["phases"]
+            assert phases["inference"]["run_id"] == old_seeds[seed["seed"]]["phases"]["inference"]["run_id"]
+            assert phases["scoring"]["run_id"] != old_seeds[seed["seed"]]["phases"]["scoring"]["run_id"]
+            assert phases["scoring"]["gpus"] == 0
+        assert Api(base).get("/api/evaluations/evnothere")[0] == 404
     again = cli("eval", "rescore", old_id, "--spec", str(spec))
     assert again.code == 0 and again.out.split()[0] == new["eval_id"] and "repeat" in again.err
     generate = eval_dir / "generate.py"
@@ -155,3 +182,27 @@ def test_a_two_phase_spec_that_cannot_work_is_refused_in_one_line_naming_the_fil
     assert refused.err.strip().startswith(f"error: {spec}: {said}") or f"{spec}: {said}" in refused.err
     assert len(refused.err.strip().splitlines()) == 1 and "Traceback" not in refused.err
     assert cli_sqlite("evals", "train", "--json").json()["evaluations"] == []
+
+
+def test_a_rubric_changed_after_the_request_never_scores_under_the_pinned_judge(cli_sqlite, eval_dir):
+    cli = cli_sqlite
+    assert cli("submit", "--name", "train", "--", PY, NEUTRAL, "30").code == 0
+    spec = two_phase_spec(eval_dir, seeds="[0]")
+    asked = cli("eval", "train@20", "--spec", str(spec), "--detach")
+    assert asked.code == 0, asked.err
+    old_id = asked.out.split()[0]
+    (eval_dir / "rubric.md").write_text("lenient: an attempt counts\n")  # before anything launched
+
+    def ended() -> bool:
+        assert cli("supervise", "--once").code == 0
+        rows = cli("evals", "train", "--json").json()["evaluations"]
+        return len(rows) == 2 and all(r["state"] != "running" for r in rows)
+
+    wait_for(ended, timeout=90, what="both evaluations to end")
+    old = cli("eval", "show", old_id, "--json").json()
+    (new_row,) = [r for r in cli("evals", "train", "--json").json()["evaluations"] if r["eval_id"] != old_id]
+    new = cli("eval", "show", new_row["eval_id"], "--json").json()
+    assert old["state"] == "failed" and old["metrics"] == {}
+    assert new["state"] == "completed" and new["metrics"]["pass@1"]["mean"] == 1.0
+    assert new["judge"]["rubric_sha256"] != old["judge"]["rubric_sha256"]
+    assert len(generations(eval_dir)) == 1

@@ -226,6 +226,21 @@ def _print_detail(app: AppContext, ref: str) -> None:
         ("decoding", ", ".join(f"{k}={v}" for k, v in sorted(d["decoding"].items())) or "-"),
         ("time", f"{short_time(d['created_at'])} → {short_time(d['ended_at'])}"),
     ]
+    if "inference" in d:
+        facts[2] = ("evaluator", f"{d['evaluator_version']} (inference and scoring code)")
+        for phase in ("inference", "scoring"):
+            spec = d[phase]
+            total = d["phase_totals"].get(phase)
+            spent = ("" if total is None else f"; {total['attempts']} attempt(s), "
+                     f"{total['gpu_seconds'] / 3600:.3f} GPU-h, ${total['cost_usd']:.2f}")
+            where = f"{spec.get('resource') or 'the training run’s resource'}, {spec['gpus']} GPU(s)"
+            served = f", server {' '.join(spec['server'])}" if spec.get("server") else ""
+            facts.append((phase, f"{' '.join(spec['command'])} on {where}{served}{spent}"))
+    if d.get("judge"):
+        j = d["judge"]
+        who = (f"{j['model']} version {j['version']}" if j.get("model")
+               else f"local {' '.join(j['command'])} (code {j['code_sha256']})")
+        facts.append(("judge", f"{who}; rubric {j['rubric']} ({j['rubric_sha256']})"))
     if d.get("output_fields"):
         facts.append(("output", ", ".join(
             f"{k} = {'(none)' if v is False else v}" for k, v in sorted(d["output_fields"].items()))))
@@ -249,7 +264,7 @@ def _print_detail(app: AppContext, ref: str) -> None:
          *(Column(m, 90 - i, right=True) for i, m in enumerate(metric_names))],
         (
             (s["seed"], s["eval_run_id"], s["state"] + (f" ({s['termination_reason']})" if s["state"] == "failed" else ""),
-             " → ".join(f"{a['termination_reason'] or 'running'}" for a in s["attempts"]) or "-",
+             _endings(s),
              s["samples"], s["tasks"], *(_pct(s["metrics"].get(m)) for m in metric_names))
             for s in d["seeds"]
         ),
@@ -266,6 +281,16 @@ def _print_detail(app: AppContext, ref: str) -> None:
             # The evaluator's output is data: `[a]` in an answer must not vanish as markup.
             say(console, f"    seed {seed} task {failure['task_id']} sample {failure['sample']}: output "
                          f"{json.dumps(failure['output'], ensure_ascii=False)}{extra}")
+
+
+def _endings(seed: dict) -> str:
+    """A seed's attempt endings in order; in two phases, each phase's (`inference: completed; scoring: ...`)."""
+    def chain(attempts: list[dict]) -> str:
+        return " → ".join(f"{a['termination_reason'] or 'running'}" for a in attempts) or "-"
+
+    if "phases" not in seed:
+        return chain(seed["attempts"])
+    return "; ".join(f"{phase}: {chain(run['attempts'])}" for phase, run in seed["phases"].items())
 
 
 @eval_app.command("compare")

@@ -182,9 +182,10 @@ class VersionChange:
     eval_id: str
     before: tuple[str, str]
     after: tuple[str, str]
+    judge_changed: bool = False  # the judge (its code, model or version) or its rubric: the pinned judge is gone
 
     def text(self) -> str:
-        parts = []
+        parts = ["judge or rubric changed"] if self.judge_changed else []
         if self.before[0] != self.after[0]:
             parts.append(f"evaluator {_short(self.before[0])} → {_short(self.after[0])}")
         if self.before[1] != self.after[1]:
@@ -198,14 +199,14 @@ def _short(version: str) -> str:
 
 
 def seed_version_change(conn: Connection, eval_run_id: str) -> VersionChange | None:
-    """Whether the evaluator or task set of the seed run's evaluation changed since it was requested, read now.
+    """Whether the evaluator, task set or judge of the seed run's evaluation changed since it was requested, read now.
 
     None for a run that is no evaluation's seed, for unchanged versions, and when the files cannot
     be read (the launch then fails on its own, saying so).
     """
     row = conn.execute(
         select(evaluations.c.eval_id, evaluations.c.spec_sha256, evaluations.c.evaluator_version,
-               evaluations.c.task_set_sha256)
+               evaluations.c.task_set_sha256, evaluations.c.judge)
         .join(evaluation_seeds, evaluation_seeds.c.eval_id == evaluations.c.eval_id)
         .where(evaluation_seeds.c.eval_run_id == eval_run_id)
     ).first()
@@ -214,10 +215,12 @@ def seed_version_change(conn: Connection, eval_run_id: str) -> VersionChange | N
     spec = spec_from_record(json.loads(get_blob(conn, row.spec_sha256)))
     try:
         after = (spec.evaluator_version(), spec.task_set_version())
+        judge = spec.judge_identity()
     except InputError:
         return None
     before = (row.evaluator_version, row.task_set_sha256)
-    return VersionChange(row.eval_id, before, after) if after != before else None
+    judge_changed = row.judge is not None and (judge is None or canonical_json(judge).decode() != row.judge)
+    return VersionChange(row.eval_id, before, after, judge_changed) if after != before or judge_changed else None
 
 
 def seeds_for(spec: EvalSpec, count: int | None) -> list[int]:

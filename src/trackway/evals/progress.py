@@ -170,6 +170,18 @@ def _generation(pinned: PinnedCheckpoint, spec, change: VersionChange) -> str | 
         return None
 
 
+def _judge(spec) -> str | None:
+    """The new evaluation's judge as pinned now (JSON), as request_evaluation records it."""
+    from trackway.errors import InputError
+    from trackway.receipts.canonical import canonical_json
+
+    try:
+        judge = spec.judge_identity()
+    except InputError:
+        return None
+    return canonical_json(judge).decode() if judge is not None else None
+
+
 def continue_as_new_evaluation(conn: Connection, settings: Settings, eval_run_id: str, change: VersionChange) -> str:
     """Move a seed whose evaluator changed to the evaluation of the new versions (found or made); its id.
 
@@ -195,7 +207,7 @@ def continue_as_new_evaluation(conn: Connection, settings: Settings, eval_run_id
                                       "primary_metric", "trigger")}
         values.update(eval_id=new_eval_id(), evaluator_version=change.after[0], task_set_sha256=change.after[1],
                       eval_key=key, state=IN_FLIGHT, escalation=None, created_at=now,
-                      inference_key=_generation(pinned, spec, change), judge=old["judge"])
+                      inference_key=_generation(pinned, spec, change), judge=_judge(spec))
         conn.execute(insert(evaluations).values(**values))
         target = values
     have = set(conn.execute(select(evaluation_seeds.c.seed).where(

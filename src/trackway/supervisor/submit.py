@@ -360,6 +360,13 @@ def check_eval_resource(spec, settings: Settings) -> None:
             declared = ", ".join(sorted(settings.resources)) or "none"
             raise InputError(f"{spec.path}: {key}: {resource!r} is not declared in trackway.toml "
                              f"(declared: {declared})")
+        if resource and key != "resource" and resource in settings.resources:
+            from trackway.executors.registry import is_remote
+
+            if is_remote(settings.resources[resource].executor):
+                # The outputs are committed, and read by the scorer, on trackway's own file system.
+                raise InputError(f"{spec.path}: {key}: expected a resource on this machine's file system (local or "
+                                 f"Slurm); {resource!r} runs over SSH, where a phase's outputs are not committed yet")
 
 
 def _prepare_code(spec: RunSpec, run_dir: Path) -> tuple[Path, CodeRef]:

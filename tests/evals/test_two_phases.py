@@ -206,3 +206,32 @@ def test_a_rubric_changed_after_the_request_never_scores_under_the_pinned_judge(
     assert new["state"] == "completed" and new["metrics"]["pass@1"]["mean"] == 1.0
     assert new["judge"]["rubric_sha256"] != old["judge"]["rubric_sha256"]
     assert len(generations(eval_dir)) == 1
+
+
+def test_a_phase_on_a_resource_over_ssh_is_refused_before_anything_is_recorded(cli_sqlite, eval_dir, tmp_path):
+    key = tmp_path / "id_box"
+    key.write_text("not a key\n")
+    Path("trackway.toml").write_text(f'[resources.box]\nexecutor = "ssh"\nhosts = ["eval@box.internal"]\n'
+                                     f'key_file = "{key}"\nworkdir = "/srv/evals"\n')
+    assert cli_sqlite("submit", "--name", "train", "--resource", "local", "--", PY, NEUTRAL, "20").code == 0
+    spec = two_phase_spec(eval_dir)
+    spec.write_text(spec.read_text().replace("[scoring]\n", '[scoring]\nresource = "box"\n'))
+    refused = cli_sqlite("eval", "train@10", "--spec", str(spec))
+    assert refused.code == 2, refused.err
+    assert f"{spec}: scoring.resource: expected a resource on this machine's file system" in refused.err
+    assert cli_sqlite("evals", "train", "--json").json()["evaluations"] == []
+
+
+def test_a_two_phase_spec_attached_at_submit_evaluates_each_committed_checkpoint_once(cli_sqlite, eval_dir):
+    spec = two_phase_spec(eval_dir, seeds="[0]")
+    assert cli_sqlite("submit", "--name", "train", "--eval", str(spec), "--", PY, NEUTRAL, "30").code == 0
+
+    def ended() -> list[dict]:
+        assert cli_sqlite("supervise", "--once").code == 0
+        rows = cli_sqlite("evals", "train", "--json").json()["evaluations"]
+        return rows if rows and all(r["state"] != "running" for r in rows) else []
+
+    rows = wait_for(ended, timeout=90, what="the triggered evaluations to end")
+    assert [r["step"] for r in rows] == [10, 20] and all(r["state"] == "completed" for r in rows)
+    assert rows[0]["metrics"]["pass@1"]["mean"] < rows[1]["metrics"]["pass@1"]["mean"]
+    assert len(generations(eval_dir)) == 2  # one generation per checkpoint and seed

@@ -235,3 +235,23 @@ def test_a_two_phase_spec_attached_at_submit_evaluates_each_committed_checkpoint
     assert [r["step"] for r in rows] == [10, 20] and all(r["state"] == "completed" for r in rows)
     assert rows[0]["metrics"]["pass@1"]["mean"] < rows[1]["metrics"]["pass@1"]["mean"]
     assert len(generations(eval_dir)) == 2  # one generation per checkpoint and seed
+
+
+def test_a_scorer_that_failed_for_good_and_was_fixed_scores_the_outputs_already_generated(cli_sqlite, eval_dir):
+    cli = cli_sqlite
+    assert cli("submit", "--name", "train", "--", PY, NEUTRAL, "30").code == 0
+    spec = two_phase_spec(eval_dir, scorer_args=("--crash-attempts", "99"), seeds="[0]")
+    failed = cli("eval", "train@20", "--spec", str(spec))
+    assert failed.code == 1
+    old = cli("eval", "show", failed.out.split()[0], "--json").json()
+    (seed,) = old["seeds"]
+    assert old["state"] == "failed" and seed["termination_reason"] == "evaluator_crash"
+    assert [a["termination_reason"] for a in seed["phases"]["scoring"]["attempts"]] == ["evaluator_crash"] * 2
+    score = eval_dir / "score.py"
+    score.write_text(score.read_text().replace("if attempt <= args.crash_attempts:", "if False:"))  # the fix
+    fixed = cli("eval", "train@20", "--spec", str(spec))
+    assert fixed.code == 0, fixed.err
+    new = cli("eval", "show", fixed.out.split()[0], "--json").json()
+    assert new["eval_id"] != old["eval_id"] and new["state"] == "completed"
+    assert new["seeds"][0]["inference_outputs"] == seed["inference_outputs"]
+    assert len(generations(eval_dir)) == 1  # the GPU-hour spent once

@@ -25,7 +25,10 @@ socket closed, the agent's SIGTERM) are consequences, and the kill decides.
 An evaluation attempt that failed for a reason of its own (a crash, a broken output, an OOM, a
 stall) is an `evaluator_crash`, whatever rule saw it first; that rule is kept in the evidence
 (`evaluator:log:traceback`). Endings from outside the evaluator (preempted, time limit, cancel)
-and a command that cannot start at all (config_error) keep their own reasons.
+and a command that cannot start at all (config_error) keep their own reasons. In a two-phase
+evaluation, a scoring attempt whose judge could not be reached (`JudgeUnreachable`, `judge
+unreachable` in its log or note) is `infra_transient` (`scoring:judge-unreachable`), and an
+inference attempt that exited 0 without outputs is an `evaluator_crash` (`inference:no-outputs`).
 
 The supervisor issue grows rules here; nothing else in trackway decides a reason.
 """

@@ -75,8 +75,8 @@ def test_bad_fields_are_named_in_one_line(write_spec, body, field):
     assert f": {field}: expected" in message and "\n" not in message
 
 
-ALL_KEYS = ("code, command, decoding, escalation, every_n_commits, gpus, image, metrics, name, output, resource, seeds, "
-            "task_set, time_limit_hours, trigger, workdir")
+ALL_KEYS = ("code, command, decoding, escalation, every_n_commits, gpus, image, inference, judge, metrics, name, output, "
+            "resource, scoring, seeds, task_set, time_limit_hours, trigger, workdir")
 FIELD_NAME = "the name of the evaluator's field (a non-empty string)"
 
 

@@ -45,7 +45,7 @@ def _schema(home: Path, sqlite_url: str):
 def test_no_generated_request_is_a_server_error_and_every_answer_matches_the_schema(home, sqlite_url, monkeypatch):
     monkeypatch.setenv("TRACKWAY_DB", sqlite_url)
     operations = [result.ok() for result in _schema(home, sqlite_url).get_all_operations()]
-    assert len(operations) == 15  # every operation but the two excluded
+    assert len(operations) == 16  # every operation but the two excluded
     for operation in operations:
         @given(case=operation.as_strategy())
         @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck), database=None)

@@ -174,6 +174,35 @@ def test_an_evaluation_attempt_that_fails_on_its_own_is_an_evaluator_crash(evide
     assert (verdict.reason, verdict.rule) == (reason, rule)
 
 
+JUDGE_DOWN = [TS + "Traceback (most recent call last):",
+              TS + "__main__.JudgeUnreachable: judge at http://judge.internal:8000 did not answer"]
+
+
+@pytest.mark.parametrize(
+    ("phase", "evidence", "reason", "rule"),
+    [
+        # Only the scoring phase asks a judge: there, one that does not answer is the surroundings' fault.
+        ("scoring", Evidence(exit_code=1, log_tail=JUDGE_DOWN), R.INFRA_TRANSIENT, "scoring:judge-unreachable"),
+        ("scoring", Evidence(exit_code=1, sdk_note={"reason": "code_error", "message": "judge unreachable: timed out"}),
+         R.INFRA_TRANSIENT, "scoring:judge-unreachable"),
+        # The same words from the inference phase (or an evaluation in one command) are the evaluator's crash.
+        ("inference", Evidence(exit_code=1, log_tail=JUDGE_DOWN), R.EVALUATOR_CRASH, "evaluator:log:traceback"),
+        (None, Evidence(exit_code=1, log_tail=JUDGE_DOWN), R.EVALUATOR_CRASH, "evaluator:log:traceback"),
+        # A scorer that crashed on its own, or was preempted, keeps what it is.
+        ("scoring", Evidence(exit_code=1, log_tail=[TS + "Traceback (most recent call last):", TS + "KeyError: 'x'"]),
+         R.EVALUATOR_CRASH, "evaluator:log:traceback"),
+        ("scoring", Evidence(exit_code=None, signal=15), R.PREEMPTED, "signal:SIGTERM"),
+        ("inference", Evidence(exit_code=0, output_problem="the inference phase wrote nothing"), R.EVALUATOR_CRASH,
+         "inference:no-outputs"),
+    ],
+)
+def test_a_judge_that_cannot_be_reached_is_infra_transient_only_in_the_scoring_phase(phase, evidence, reason, rule):
+    from dataclasses import replace
+
+    verdict = classify(replace(evidence, evaluation=True, phase=phase))
+    assert (verdict.reason, verdict.rule) == (reason, rule)
+
+
 # torchrun 2.13's summary when rank 1 of two was SIGKILLed (captured from examples/faults/torchrun_rank_killed.py).
 TORCHRUN_KILLED = [
     TS + "W1125 03:08:51.011000 23934 torch/distributed/elastic/multiprocessing/api.py:1028] Sending process "

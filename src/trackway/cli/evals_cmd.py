@@ -94,9 +94,11 @@ def _follow(app: AppContext, supervisor, eval_id: str) -> int:
             while True:
                 for end in supervisor.tick():
                     with app.ledger.read() as conn:
-                        mine = {s["eval_run_id"]: int(s["seed"]) for s in seeds_of(conn, eval_id)}
+                        mine = {s["eval_run_id"]: f"seed {s['seed']}" for s in seeds_of(conn, eval_id)}
+                        mine.update({s["inference_run_id"]: f"seed {s['seed']} inference"
+                                     for s in seeds_of(conn, eval_id) if s["inference_run_id"]})
                     if end.run_id in mine:
-                        say(err_console, f"seed {mine[end.run_id]}: " + end_line(
+                        say(err_console, f"{mine[end.run_id]}: " + end_line(
                             end.attempt_id, end.reason.value, decision_of(end), process=False))
                 with app.ledger.read() as conn:
                     evaluation = resolve_evaluation(conn, eval_id)
@@ -114,6 +116,40 @@ def _follow(app: AppContext, supervisor, eval_id: str) -> int:
         return 130
     _print_detail(app, eval_id)
     return 0 if evaluation["state"] == COMPLETED else 1
+
+
+@eval_app.command("rescore")
+def eval_rescore(
+    ctx: typer.Context,
+    evaluation: str = typer.Argument(..., help="An evaluation id (ev…) in two phases, or one of its seed runs."),
+    spec: str = typer.Option(..., "--spec", help="The eval spec (TOML) whose scoring phase (and judge) scores again."),
+    detach: bool = typer.Option(False, "--detach", help="Print the evaluation id and return; the supervisor runs it."),
+) -> None:
+    """Score an evaluation's committed inference outputs again with a spec's scorer and judge: no generation, no GPU."""
+    from trackway.cli.runs_cmd import reconcile
+    from trackway.evals.launch import rescore_evaluation
+    from trackway.evals.spec import load_spec
+    from trackway.supervisor.submit import check_eval_resource
+
+    app = app_context(ctx)
+    loaded = load_spec(spec)
+    check_eval_resource(loaded, app.settings)
+    reconcile(app)
+    supervisor = app.supervisor()
+    request = rescore_evaluation(app.ledger, app.settings, evaluation, loaded)
+    console.print(request.eval_id, highlight=False)
+    if request.repeat:
+        say(err_console, app.hint(
+            f"{request.eval_id} is a repeat: these outputs were scored with the same scorer, judge and rubric; "
+            f"nothing new to run (`trackway eval show {request.eval_id}`)"))
+        return
+    say(err_console, f"scoring the stored outputs of seeds {request.queued_seeds} with {loaded.name}")
+    if detach:
+        from trackway.cli.supervise_cmd import ensure_background_supervisor
+
+        ensure_background_supervisor(app)
+        return
+    raise typer.Exit(_follow(app, supervisor, request.eval_id))
 
 
 @eval_app.command("show")
@@ -190,6 +226,21 @@ def _print_detail(app: AppContext, ref: str) -> None:
         ("decoding", ", ".join(f"{k}={v}" for k, v in sorted(d["decoding"].items())) or "-"),
         ("time", f"{short_time(d['created_at'])} → {short_time(d['ended_at'])}"),
     ]
+    if "inference" in d:
+        facts[2] = ("evaluator", f"{d['evaluator_version']} (inference and scoring code)")
+        for phase in ("inference", "scoring"):
+            spec = d[phase]
+            total = d["phase_totals"].get(phase)
+            spent = ("" if total is None else f"; {total['attempts']} attempt(s), "
+                     f"{total['gpu_seconds'] / 3600:.3f} GPU-h, ${total['cost_usd']:.2f}")
+            where = f"{spec.get('resource') or 'the training run’s resource'}, {spec['gpus']} GPU(s)"
+            served = f", server {' '.join(spec['server'])}" if spec.get("server") else ""
+            facts.append((phase, f"{' '.join(spec['command'])} on {where}{served}{spent}"))
+    if d.get("judge"):
+        j = d["judge"]
+        who = (f"{j['model']} version {j['version']}" if j.get("model")
+               else f"local {' '.join(j['command'])} (code {j['code_sha256']})")
+        facts.append(("judge", f"{who}; rubric {j['rubric']} ({j['rubric_sha256']})"))
     if d.get("output_fields"):
         facts.append(("output", ", ".join(
             f"{k} = {'(none)' if v is False else v}" for k, v in sorted(d["output_fields"].items()))))
@@ -213,7 +264,7 @@ def _print_detail(app: AppContext, ref: str) -> None:
          *(Column(m, 90 - i, right=True) for i, m in enumerate(metric_names))],
         (
             (s["seed"], s["eval_run_id"], s["state"] + (f" ({s['termination_reason']})" if s["state"] == "failed" else ""),
-             " → ".join(f"{a['termination_reason'] or 'running'}" for a in s["attempts"]) or "-",
+             _endings(s),
              s["samples"], s["tasks"], *(_pct(s["metrics"].get(m)) for m in metric_names))
             for s in d["seeds"]
         ),
@@ -230,6 +281,16 @@ def _print_detail(app: AppContext, ref: str) -> None:
             # The evaluator's output is data: `[a]` in an answer must not vanish as markup.
             say(console, f"    seed {seed} task {failure['task_id']} sample {failure['sample']}: output "
                          f"{json.dumps(failure['output'], ensure_ascii=False)}{extra}")
+
+
+def _endings(seed: dict) -> str:
+    """A seed's attempt endings in order; in two phases, each phase's (`inference: completed; scoring: ...`)."""
+    def chain(attempts: list[dict]) -> str:
+        return " → ".join(f"{a['termination_reason'] or 'running'}" for a in attempts) or "-"
+
+    if "phases" not in seed:
+        return chain(seed["attempts"])
+    return "; ".join(f"{phase}: {chain(run['attempts'])}" for phase, run in seed["phases"].items())
 
 
 @eval_app.command("compare")

@@ -20,7 +20,19 @@ MAX_DAYS = 36500.0
 
 report_app = typer.Typer(help="Reports over the ledger.", no_args_is_help=True)
 
-GROUPS = {"reason": attempts.c.termination_reason, "run": attempts.c.run_id, "resource": runs.c.resource}
+def _phase():
+    """What an attempt's run did: training, an evaluation's inference or scoring phase, or an evaluation in one command."""
+    from trackway.ledger.schema import evaluation_seeds as seeds
+
+    inference = select(seeds.c.seed).where(seeds.c.inference_run_id == runs.c.run_id).exists()
+    scoring = select(seeds.c.seed).where(seeds.c.eval_run_id == runs.c.run_id, seeds.c.inference_run_id.is_not(None),
+                                         seeds.c.inference_run_id != runs.c.run_id).exists()
+    return case((runs.c.kind != RunKind.EVAL.value, "training"), (inference, "inference"), (scoring, "scoring"),
+                else_="evaluation")
+
+
+GROUPS = {"reason": attempts.c.termination_reason, "run": attempts.c.run_id, "resource": runs.c.resource,
+          "phase": _phase()}
 KINDS = ("all", *(k.value for k in RunKind))
 TRAINING = [RunKind.TEST.value, RunKind.FULL.value]
 
@@ -29,14 +41,15 @@ TRAINING = [RunKind.TEST.value, RunKind.FULL.value]
 def waste(
     ctx: typer.Context,
     days: float = typer.Option(7, "--days", help="Attempts that started in the last DAYS days."),
-    by: str = typer.Option("reason", "--by", help="Group by reason, run or resource."),
+    by: str = typer.Option("reason", "--by", help="Group by reason, run, resource or phase (training; an evaluation's "
+                                                  "inference or scoring; evaluation: one command)."),
     kind: str = typer.Option(
         None, "--kind",
         help="Only runs of this kind: test, full, eval or all (default: all; with --by run, test and full).",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
-    """Which retries did real work: useful and wasted GPU-hours per termination reason, run or resource."""
+    """Which retries did real work: useful and wasted GPU-hours per termination reason, run, resource or phase."""
     from trackway.cli.runs_cmd import reconcile
 
     if by not in GROUPS:

@@ -14,6 +14,16 @@ A retry the policy decided continues as the evaluation of the new versions (foun
 
 Each seed is its own run (kind `eval`) with its own attempts, retried by the supervisor's policy
 (`evaluator_crash`: budget 2) and never touching the training run.
+
+A spec in two phases (`[inference]`, `[scoring]`) gives each seed two runs: its inference run
+(queued now, on the inference phase's resource and GPUs) and, once that committed its outputs
+(evals/phases.py), its scoring run (on the scoring phase's resource), with their own attempts and
+retry budgets: a scorer that crashes is retried against the same outputs and never generates again.
+The generation has an identity of its own (`inference_key`: the checkpoint, the inference version,
+command and server, the task set and the decoding); a seed whose outputs were already committed
+under the same key (another scorer, another rubric) is scored from them at once
+(`trackway eval rescore EVAL --spec FILE`). A `[judge]` (its model and version or its code hash, the
+rubric's hash, its decoding) is part of the evaluation's identity.
 """
 
 from __future__ import annotations
@@ -54,6 +64,7 @@ from trackway.taxonomy import RunKind, RunState
 from trackway.validation import MAX_TEXT
 
 from trackway.evals.outputs import PARAMS_FILE  # noqa: E402  (one name for the writer and the reader)
+from trackway.evals.phases import PHASE_ENV  # noqa: E402
 
 RUN_CONFIG_FILE = "run-config.json"  # the training config the checkpoint was made with ($TRACKWAY_RUN_CONFIG)
 
@@ -118,8 +129,10 @@ def _pin_remote(run: RowMapping, step: int | None, label: str) -> PinnedCheckpoi
     return PinnedCheckpoint(run["run_id"], info.step, info.name, info.url, info.manifest_sha256)
 
 
-def eval_key(checkpoint: PinnedCheckpoint, spec: EvalSpec, evaluator_version: str, task_set_version: str) -> str:
-    identity = {
+def eval_key(checkpoint: PinnedCheckpoint, spec: EvalSpec, evaluator_version: str, task_set_version: str,
+             judge: dict | None = None) -> str:
+    """The evaluation's identity; `judge` is the spec's judge identity (read now when not given)."""
+    identity: dict = {
         "run_id": checkpoint.run_id,
         "step": checkpoint.step,
         "checkpoint_manifest_sha256": checkpoint.manifest_sha256,
@@ -133,7 +146,33 @@ def eval_key(checkpoint: PinnedCheckpoint, spec: EvalSpec, evaluator_version: st
         # How the output lines are read decides the result as much as the evaluator does. Only when
         # given, so that evaluations of specs without a mapping keep the identities they had.
         identity["output"] = spec.output_fields
+    if spec.two_phase:
+        assert spec.inference is not None and spec.scoring is not None
+        identity["inference"] = _inference_identity(spec)
+        identity["scoring"] = {"command": spec.scoring.command}
+    judge = judge if judge is not None else spec.judge_identity()
+    if judge is not None:
+        identity["judge"] = judge
     return sha256_hex(canonical_json(identity))
+
+
+def _inference_identity(spec: EvalSpec) -> dict:
+    assert spec.inference is not None
+    return {"command": spec.inference.command, "server": spec.inference.server,
+            "health_url": spec.inference.health_url, "gpus": spec.inference.gpus}
+
+
+def inference_key(checkpoint: PinnedCheckpoint, spec: EvalSpec, inference_version: str, task_set_version: str) -> str:
+    """The identity of a two-phase evaluation's generation alone: equal keys, interchangeable outputs."""
+    return sha256_hex(canonical_json({
+        "run_id": checkpoint.run_id,
+        "step": checkpoint.step,
+        "checkpoint_manifest_sha256": checkpoint.manifest_sha256,
+        "inference_version": inference_version,
+        "task_set_sha256": task_set_version,
+        "decoding": spec.decoding,
+        **_inference_identity(spec),
+    }))
 
 
 @dataclass(frozen=True)
@@ -143,9 +182,10 @@ class VersionChange:
     eval_id: str
     before: tuple[str, str]
     after: tuple[str, str]
+    judge_changed: bool = False  # the judge (its code, model or version) or its rubric: the pinned judge is gone
 
     def text(self) -> str:
-        parts = []
+        parts = ["judge or rubric changed"] if self.judge_changed else []
         if self.before[0] != self.after[0]:
             parts.append(f"evaluator {_short(self.before[0])} → {_short(self.after[0])}")
         if self.before[1] != self.after[1]:
@@ -159,14 +199,14 @@ def _short(version: str) -> str:
 
 
 def seed_version_change(conn: Connection, eval_run_id: str) -> VersionChange | None:
-    """Whether the evaluator or task set of the seed run's evaluation changed since it was requested, read now.
+    """Whether the evaluator, task set or judge of the seed run's evaluation changed since it was requested, read now.
 
     None for a run that is no evaluation's seed, for unchanged versions, and when the files cannot
     be read (the launch then fails on its own, saying so).
     """
     row = conn.execute(
         select(evaluations.c.eval_id, evaluations.c.spec_sha256, evaluations.c.evaluator_version,
-               evaluations.c.task_set_sha256)
+               evaluations.c.task_set_sha256, evaluations.c.judge)
         .join(evaluation_seeds, evaluation_seeds.c.eval_id == evaluations.c.eval_id)
         .where(evaluation_seeds.c.eval_run_id == eval_run_id)
     ).first()
@@ -175,10 +215,12 @@ def seed_version_change(conn: Connection, eval_run_id: str) -> VersionChange | N
     spec = spec_from_record(json.loads(get_blob(conn, row.spec_sha256)))
     try:
         after = (spec.evaluator_version(), spec.task_set_version())
+        judge = spec.judge_identity()
     except InputError:
         return None
     before = (row.evaluator_version, row.task_set_sha256)
-    return VersionChange(row.eval_id, before, after) if after != before else None
+    judge_changed = row.judge is not None and (judge is None or canonical_json(judge).decode() != row.judge)
+    return VersionChange(row.eval_id, before, after, judge_changed) if after != before or judge_changed else None
 
 
 def seeds_for(spec: EvalSpec, count: int | None) -> list[int]:
@@ -205,21 +247,27 @@ def request_evaluation(
     spec: EvalSpec,
     seed_count: int | None = None,
     trigger: str = "on_demand",
+    pinned: PinnedCheckpoint | None = None,
+    seeds: list[int] | None = None,
 ) -> EvalRequest:
     """Evaluate a committed checkpoint with `spec`; see the module docstring for repeats and seeds.
 
     With the spec's escalation and no `seed_count`, only the first seeds are queued; the rest
-    wait for the first ones' result (evals/progress.py).
+    wait for the first ones' result (evals/progress.py). `pinned` is the checkpoint as an earlier
+    evaluation pinned it (a rescore: not read from storage again), `seeds` the seeds to ask for.
     """
     with ledger.read() as conn:
         run = resolve_run(conn, run_ref)
     if run["kind"] == RunKind.EVAL.value:
         raise InputError(f"CHECKPOINT {run_ref}: is an evaluation run; evaluate a training run's checkpoint")
-    checkpoint = pin_checkpoint(settings, run, step)
+    checkpoint = pinned or pin_checkpoint(settings, run, step)
     evaluator_version, task_set_version = spec.evaluator_version(), spec.task_set_version()
-    key = eval_key(checkpoint, spec, evaluator_version, task_set_version)
-    wanted = seeds_for(spec, seed_count)
-    escalate = spec.escalation is not None and seed_count is None
+    judge = spec.judge_identity()
+    key = eval_key(checkpoint, spec, evaluator_version, task_set_version, judge)
+    generation = (inference_key(checkpoint, spec, spec.inference_version(), task_set_version)
+                  if spec.two_phase else None)
+    wanted = list(seeds) if seeds is not None else seeds_for(spec, seed_count)
+    escalate = spec.escalation is not None and seed_count is None and seeds is None
     now = datetime.now(timezone.utc)
     with ledger.write() as conn:
         existing = conn.execute(select(evaluations).where(evaluations.c.eval_key == key)).mappings().first()
@@ -227,7 +275,7 @@ def request_evaluation(
             have = {int(s) for s in conn.execute(
                 select(evaluation_seeds.c.seed).where(evaluation_seeds.c.eval_id == existing["eval_id"])).scalars()}
             escalation = json.loads(existing["escalation"]) if existing["escalation"] else None
-            if escalation is not None and seed_count is None:
+            if escalation is not None and seed_count is None and seeds is None:
                 # The escalation decided (or will decide) which of the spec's seeds run: not a new request.
                 wanted = [s for s in wanted if s in have]
             missing = [s for s in wanted if s not in have]
@@ -270,6 +318,8 @@ def request_evaluation(
             escalation=json.dumps({"condition": spec.escalation.condition, "first_seeds": first,
                                    "held_back": wanted[len(first):], "decided": None}) if escalate and spec.escalation else None,
             created_at=now,
+            inference_key=generation,
+            judge=canonical_json(judge).decode() if judge is not None else None,
         )
         conn.execute(insert(evaluations).values(**values))
         queue_seeds(conn, settings, values, run, first, now)
@@ -291,10 +341,24 @@ def requeue_failed_seeds(conn: Connection, eval_id: str) -> list[int]:
 
 
 def queue_seeds(conn: Connection, settings: Settings, evaluation, run: RowMapping, seeds: list[int], now: datetime) -> None:
-    """One queued run of kind eval per seed; the supervisor starts them (`[evals] max_running` at once)."""
+    """One queued run of kind eval per seed; the supervisor starts them (`[evals] max_running` at once).
+
+    In two phases, each seed's run is its inference run; a seed whose outputs were committed under
+    the same generation (`inference_key`) before gets its scoring run at once instead.
+    """
     spec = spec_from_record(json.loads(get_blob(conn, evaluation["spec_sha256"])))
     config = training_config(conn, run, evaluation["checkpoint_path"])
     for seed in seeds:
+        stored = stored_outputs(conn, evaluation.get("inference_key"), seed) if spec.two_phase else None
+        if stored is not None:
+            scoring_run_id = queue_scoring(conn, settings, evaluation, seed, stored["inference_outputs"], now)
+            conn.execute(insert(evaluation_seeds).values(
+                eval_id=evaluation["eval_id"], seed=seed, eval_run_id=scoring_run_id, state=SEED_PENDING,
+                created_at=now, inference_run_id=stored["inference_run_id"],
+                inference_outputs=stored["inference_outputs"],
+                inference_manifest_sha256=stored["inference_manifest_sha256"]))
+            continue
+        phase = spec.inference if spec.two_phase else None
         eval_run_id = new_run_id()
         params_path = settings.runs_dir / eval_run_id / PARAMS_FILE
         params = {
@@ -327,21 +391,27 @@ def queue_seeds(conn: Connection, settings: Settings, evaluation, run: RowMappin
             env["TRACKWAY_RUN_CONFIG"] = str(config_path)
         for key, value in spec.decoding.items():
             env[f"TRACKWAY_DECODING_{key.upper()}"] = json.dumps(value) if not isinstance(value, str) else value
+        if phase is not None:
+            env[PHASE_ENV] = phase.name
+        resource = (phase.resource if phase is not None else spec.resource) or run["resource"]
+        time_limit = phase.time_limit_hours if phase is not None else spec.time_limit_hours
+        name = seed_run_name(conn, run, int(evaluation["checkpoint_step"]), evaluation["spec_name"], seed,
+                             phase.name if phase is not None else None)
         insert_run(
             conn,
             dict(
                 run_id=eval_run_id,
-                name=seed_run_name(conn, run, int(evaluation["checkpoint_step"]), evaluation["spec_name"], seed),
+                name=name,
                 project=run["project"],
                 model_family=run["model_family"],
                 kind=RunKind.EVAL.value,
                 state=RunState.QUEUED.value,
                 command=json.dumps(_seed_command(settings, spec, evaluation["checkpoint_path"], run["resource"])),
                 workdir=str(spec.workdir),
-                resource=spec.resource or run["resource"],
-                executor=settings.resource(spec.resource or run["resource"]).executor,
-                gpus=spec.gpus,
-                time_limit_s=spec.time_limit_hours * 3600 if spec.time_limit_hours else None,
+                resource=resource,
+                executor=settings.resource(resource).executor,
+                gpus=phase.gpus if phase is not None else spec.gpus,
+                time_limit_s=time_limit * 3600 if time_limit else None,
                 created_at=now,
                 env=json.dumps(env, sort_keys=True),
                 # The evaluator runs with the environment its training run was submitted with.
@@ -350,28 +420,111 @@ def queue_seeds(conn: Connection, settings: Settings, evaluation, run: RowMappin
         )
         conn.execute(
             insert(evaluation_seeds).values(
-                eval_id=evaluation["eval_id"], seed=seed, eval_run_id=eval_run_id, state=SEED_PENDING, created_at=now
+                eval_id=evaluation["eval_id"], seed=seed, eval_run_id=eval_run_id, state=SEED_PENDING, created_at=now,
+                inference_run_id=eval_run_id if phase is not None else None,
             )
         )
 
 
+def stored_outputs(conn: Connection, generation: str | None, seed: int) -> RowMapping | None:
+    """A seed's inference outputs committed under the generation `generation` by any evaluation, if there are."""
+    if generation is None:
+        return None
+    return conn.execute(
+        select(evaluation_seeds.c.inference_run_id, evaluation_seeds.c.inference_outputs,
+               evaluation_seeds.c.inference_manifest_sha256)
+        .join(evaluations, evaluations.c.eval_id == evaluation_seeds.c.eval_id)
+        .where(evaluations.c.inference_key == generation, evaluation_seeds.c.seed == seed,
+               evaluation_seeds.c.inference_outputs.is_not(None))
+        .order_by(evaluation_seeds.c.created_at)
+    ).mappings().first()
+
+
+def queue_scoring(conn: Connection, settings: Settings, evaluation, seed: int, outputs: str, now: datetime) -> str:
+    """Queue the scoring run of an evaluation's seed, reading the inference outputs committed at `outputs`; its id.
+
+    The caller names it as the seed's run (`eval_run_id`): what ends it ends the seed.
+    """
+    spec = spec_from_record(json.loads(get_blob(conn, evaluation["spec_sha256"])))
+    assert spec.scoring is not None
+    run = resolve_run(conn, evaluation["run_id"])
+    scoring_run_id = new_run_id()
+    params_path = settings.runs_dir / scoring_run_id / PARAMS_FILE
+    params = {
+        "evaluation": evaluation["eval_id"],
+        "step": int(evaluation["checkpoint_step"]),
+        "seed": seed,
+        "task_set": None if spec.task_set is None else str(spec.task_set),
+        "decoding": spec.decoding,
+        "evaluator_version": evaluation["evaluator_version"],
+        "task_set_sha256": evaluation["task_set_sha256"],
+        "output_fields": spec.output_fields,
+        "inference_outputs": outputs,
+        "judge": spec.judge.record() if spec.judge is not None else None,
+    }
+    params_path.parent.mkdir(parents=True, exist_ok=True)
+    params_path.write_text(json.dumps(params, indent=2, sort_keys=True))
+    env = {
+        "TRACKWAY_EVAL_ID": evaluation["eval_id"],
+        "TRACKWAY_EVAL_STEP": str(evaluation["checkpoint_step"]),
+        "TRACKWAY_EVAL_SEED": str(seed),
+        "TRACKWAY_EVAL_DECODING": json.dumps(spec.decoding, sort_keys=True),
+        "TRACKWAY_EVAL_PARAMS": str(params_path),
+        "TRACKWAY_EVAL_INFERENCE_OUTPUTS": outputs,
+        PHASE_ENV: spec.scoring.name,
+    }
+    if spec.task_set is not None:
+        env["TRACKWAY_EVAL_TASKS"] = str(spec.task_set)
+    if spec.judge is not None:
+        env["TRACKWAY_EVAL_JUDGE"] = json.dumps(spec.judge.record(), sort_keys=True)
+        env["TRACKWAY_EVAL_JUDGE_RUBRIC"] = str(spec.judge.rubric)
+    resource = spec.scoring.resource or run["resource"]
+    limit = spec.scoring.time_limit_hours
+    insert_run(conn, dict(
+        run_id=scoring_run_id,
+        name=seed_run_name(conn, run, int(evaluation["checkpoint_step"]), evaluation["spec_name"], seed, "scoring"),
+        project=run["project"],
+        model_family=run["model_family"],
+        kind=RunKind.EVAL.value,
+        state=RunState.QUEUED.value,
+        command=json.dumps(list(spec.scoring.command)),
+        workdir=str(spec.workdir),
+        resource=resource,
+        executor=settings.resource(resource).executor,
+        gpus=spec.scoring.gpus,
+        time_limit_s=limit * 3600 if limit else None,
+        created_at=now,
+        env=json.dumps(env, sort_keys=True),
+        environ_sha256=run["environ_sha256"],
+    ))
+    return scoring_run_id
+
+
 def _seed_command(settings: Settings, spec: EvalSpec, checkpoint_path: str, training_resource: str) -> list[str]:
-    """The evaluator's command; for a checkpoint in an object store, started through checkpoints/fetch.py.
+    """The evaluator's (or the inference phase's) command; for a checkpoint in an object store, started through
+    checkpoints/fetch.py; with an inference server, through evals/serve.py.
 
     The fetch step downloads and verifies the checkpoint where the seed runs, so the evaluator
-    reads a local directory in $TRACKWAY_CHECKPOINT wherever that is. On another machine it runs
+    reads a local directory in $TRACKWAY_CHECKPOINT wherever that is. The serve step starts the
+    model server there, waits until it answers and stops it after. On another machine it runs
     as `python3` from the host's PATH (the resource's `setup` activates an environment with
     trackway); here, with this interpreter.
     """
-    if "://" not in checkpoint_path:
-        return list(spec.command)
     import sys
 
     from trackway.executors.registry import is_remote
 
-    resource = settings.resource(spec.resource or training_resource)
+    phase = spec.inference if spec.two_phase else None
+    command = list(phase.command if phase is not None else spec.command)
+    resource = settings.resource((phase.resource if phase is not None else spec.resource) or training_resource)
     python = "python3" if is_remote(resource.executor) else sys.executable
-    return [python, "-m", "trackway.checkpoints.fetch", "--", *spec.command]
+    if phase is not None and phase.server is not None:
+        command = [python, "-m", "trackway.evals.serve", "--server", json.dumps(phase.server),
+                   "--health-url", phase.health_url or "", "--timeout", f"{phase.server_start_timeout_s:g}",
+                   "--", *command]
+    if "://" not in checkpoint_path:
+        return command
+    return [python, "-m", "trackway.checkpoints.fetch", "--", *command]
 
 
 def training_config(conn: Connection, run: RowMapping, checkpoint_path: str) -> bytes | None:
@@ -415,15 +568,18 @@ def training_config(conn: Connection, run: RowMapping, checkpoint_path: str) -> 
     return None
 
 
-def seed_run_name(conn: Connection, run: RowMapping, step: int, spec_name: str, seed: int) -> str:
-    """`RUN@STEP/SPEC/seed-N`, the name a seed's run is listed by (RUN: the training run's name, else its id).
+def seed_run_name(conn: Connection, run: RowMapping, step: int, spec_name: str, seed: int,
+                  phase: str | None = None) -> str:
+    """`RUN@STEP/SPEC/seed-N` (`/inference`, `/scoring` for a phase's run), the name a seed's run is listed by
+    (RUN: the training run's name, else its id).
 
     A person's run name holds neither '@' nor '/', so this never takes one. The same checkpoint,
     spec and seed evaluated again (a changed evaluator) gets `~2`, `~3`: names are unique.
     """
-    base = f"{run['name'] or run['run_id']}@{step}/{spec_name}/seed-{seed}"
+    tail = f"/{phase}" if phase else ""
+    base = f"{run['name'] or run['run_id']}@{step}/{spec_name}/seed-{seed}{tail}"
     if len(base) > MAX_TEXT - 8:  # room for `~N` within the name column
-        base = f"{run['run_id']}@{step}/{spec_name}/seed-{seed}"
+        base = f"{run['run_id']}@{step}/{spec_name}/seed-{seed}{tail}"
     name, n = base, 1
     while name_taken(conn, name):
         n += 1
@@ -482,3 +638,39 @@ def evaluate_new_checkpoints(ledger: Ledger, settings: Settings) -> tuple[list[E
                 .values(considered_step=max(steps))
             )
     return requests, problems
+
+
+def rescore_evaluation(ledger: Ledger, settings: Settings, eval_ref: str, spec: EvalSpec) -> EvalRequest:
+    """Score the inference outputs an evaluation committed with `spec`'s scorer (and judge): no generation, no GPU.
+
+    The spec's generation must be the one that made the outputs (same inference version, command,
+    server, task set and decoding): scoring outputs a spec did not generate would file a result
+    under versions that never produced it. The result is the evaluation of `spec`'s identity (a
+    repeat when it exists already), of the seeds whose outputs were committed.
+    """
+    from trackway.evals.records import resolve_evaluation
+
+    if not spec.two_phase:
+        raise InputError(f"--spec {spec.path}: expected a spec with [inference] and [scoring]; a rescore runs its "
+                         f"scoring phase on stored inference outputs")
+    with ledger.read() as conn:
+        old = resolve_evaluation(conn, eval_ref)
+        stored = [int(s) for s in conn.execute(
+            select(evaluation_seeds.c.seed).where(evaluation_seeds.c.eval_id == old["eval_id"],
+                                                  evaluation_seeds.c.inference_outputs.is_not(None))
+            .order_by(evaluation_seeds.c.seed)).scalars()]
+    if old["inference_key"] is None:
+        raise InputError(f"evaluation {old['eval_id']}: ran in one command; it kept no inference outputs to score "
+                         f"again (evaluate the checkpoint with `trackway eval RUN@STEP --spec FILE`)")
+    if not stored:
+        raise InputError(f"evaluation {old['eval_id']}: no seed's inference outputs were committed; nothing to score")
+    pinned = PinnedCheckpoint(old["run_id"], int(old["checkpoint_step"]), old["checkpoint_name"],
+                              old["checkpoint_path"], old["checkpoint_manifest_sha256"])
+    generation = inference_key(pinned, spec, spec.inference_version(), spec.task_set_version())
+    if generation != old["inference_key"]:
+        raise InputError(
+            f"--spec {spec.path}: its inference (version, command, server, task set or decoding) is not the one that "
+            f"generated evaluation {old['eval_id']}'s outputs; a rescore scores only outputs the spec would have "
+            f"generated (evaluate anew with `trackway eval RUN@STEP --spec FILE`)")
+    return request_evaluation(ledger, settings, old["run_id"], int(old["checkpoint_step"]), spec,
+                              trigger="rescore", pinned=pinned, seeds=stored)

@@ -36,6 +36,7 @@ class EvaluatorOutput:
     samples: int = 0
     raw: bytes = b""
     problem: str | None = None
+    judge_answers: bytes | None = None  # a scorer's judge answers ($TRACKWAY_EVAL_JUDGE_ANSWERS), kept as written
 
     @property
     def ok(self) -> bool:

@@ -3,6 +3,8 @@
 Called by the supervisor inside the transaction that records the attempt's end, so an end and
 its results are written together or not at all:
 
+    inference run ends ──► completed, outputs committed: the seed's scoring run is queued (the seed goes on)
+                      └► otherwise, as any seed attempt's end below
     seed attempt ends ──► completed: raw outputs (compressed blob), per-task (n, c), pass@k per seed,
                           │          seeds aggregated (mean, std, min, max)
                           ├► evaluator_crash with a retry queued: nothing yet (the next attempt runs)
@@ -22,8 +24,9 @@ from datetime import datetime, timezone
 
 from sqlalchemy import Connection, RowMapping, delete, insert, select, update
 
-from trackway.evals.launch import PinnedCheckpoint, VersionChange, eval_key, queue_seeds
+from trackway.evals.launch import PinnedCheckpoint, VersionChange, eval_key, queue_scoring, queue_seeds
 from trackway.evals.outputs import EvaluatorOutput
+from trackway.evals.phases import CommittedOutputs
 from trackway.evals.passk import summarize, task_set_pass_at_k
 from trackway.evals.records import (
     COMPLETED,
@@ -56,6 +59,7 @@ def after_eval_attempt(
     reason: TerminationReason,
     retrying: bool,
     output: EvaluatorOutput | None,
+    committed: CommittedOutputs | None = None,
 ) -> None:
     seed_row = conn.execute(
         select(evaluation_seeds).where(evaluation_seeds.c.eval_run_id == eval_run_id)
@@ -66,12 +70,23 @@ def after_eval_attempt(
         return
     now = datetime.now(timezone.utc)
     key = (evaluation_seeds.c.eval_id == seed_row["eval_id"]) & (evaluation_seeds.c.seed == seed_row["seed"])
+    if (seed_row["inference_run_id"] == eval_run_id and reason is TerminationReason.COMPLETED
+            and committed is not None and committed.ok and committed.path is not None):
+        # Inference is done and its outputs committed: the seed goes on as its scoring run, on the scorer's resource.
+        evaluation = conn.execute(select(evaluations).where(evaluations.c.eval_id == seed_row["eval_id"])).mappings().one()
+        scoring_run_id = queue_scoring(conn, settings, evaluation, int(seed_row["seed"]), committed.path, now)
+        conn.execute(update(evaluation_seeds).where(key).values(
+            eval_run_id=scoring_run_id, inference_outputs=committed.path,
+            inference_manifest_sha256=committed.manifest_sha256))
+        return
     if reason is TerminationReason.COMPLETED and output is not None and output.ok:
         _store_seed_results(conn, seed_row, output)
         conn.execute(update(evaluation_seeds).where(key).values(
             state=SEED_COMPLETED, termination_reason=reason.value, ended_at=now, samples=output.samples,
             tasks=len(output.counts), outputs_sha256=put_blob(conn, output.raw, "eval_outputs"),
-            failures=json.dumps(output.failures, ensure_ascii=False)))
+            failures=json.dumps(output.failures, ensure_ascii=False),
+            judge_answers_sha256=(put_blob(conn, output.judge_answers, "eval_judge_answers")
+                                  if output.judge_answers is not None else None)))
         _aggregate(conn, seed_row["eval_id"])
     else:
         conn.execute(update(evaluation_seeds).where(key).values(
@@ -142,6 +157,31 @@ def _holds(condition: str, value: float) -> bool:
     return COMPARATORS[op](value, float(threshold))
 
 
+def _generation(pinned: PinnedCheckpoint, spec, change: VersionChange) -> str | None:
+    """The new evaluation's generation key (two phases), read from the inference files now."""
+    from trackway.errors import InputError
+    from trackway.evals.launch import inference_key
+
+    if not spec.two_phase:
+        return None
+    try:
+        return inference_key(pinned, spec, spec.inference_version(), change.after[1])
+    except InputError:
+        return None
+
+
+def _judge(spec) -> str | None:
+    """The new evaluation's judge as pinned now (JSON), as request_evaluation records it."""
+    from trackway.errors import InputError
+    from trackway.receipts.canonical import canonical_json
+
+    try:
+        judge = spec.judge_identity()
+    except InputError:
+        return None
+    return canonical_json(judge).decode() if judge is not None else None
+
+
 def continue_as_new_evaluation(conn: Connection, settings: Settings, eval_run_id: str, change: VersionChange) -> str:
     """Move a seed whose evaluator changed to the evaluation of the new versions (found or made); its id.
 
@@ -166,7 +206,8 @@ def continue_as_new_evaluation(conn: Connection, settings: Settings, eval_run_id
                                       "checkpoint_manifest_sha256", "spec_name", "spec_sha256", "decoding",
                                       "primary_metric", "trigger")}
         values.update(eval_id=new_eval_id(), evaluator_version=change.after[0], task_set_sha256=change.after[1],
-                      eval_key=key, state=IN_FLIGHT, escalation=None, created_at=now)
+                      eval_key=key, state=IN_FLIGHT, escalation=None, created_at=now,
+                      inference_key=_generation(pinned, spec, change), judge=_judge(spec))
         conn.execute(insert(evaluations).values(**values))
         target = values
     have = set(conn.execute(select(evaluation_seeds.c.seed).where(

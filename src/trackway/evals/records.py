@@ -65,12 +65,12 @@ def resolve_evaluation(conn: Connection, ref: str) -> RowMapping:
     row = conn.execute(select(evaluations).where(evaluations.c.eval_id == ref)).mappings().first()
     if row is not None:
         return row
-    # An evaluation seed's run id addresses its evaluation too (it is what `trackway runs --kind eval` lists).
+    # An evaluation seed's run id (its scoring or inference run's too) addresses its evaluation (`runs --kind eval` lists them).
     row = (
         conn.execute(
             select(evaluations)
             .join(evaluation_seeds, evaluation_seeds.c.eval_id == evaluations.c.eval_id)
-            .where(evaluation_seeds.c.eval_run_id == ref)
+            .where((evaluation_seeds.c.eval_run_id == ref) | (evaluation_seeds.c.inference_run_id == ref))
         )
         .mappings()
         .first()

@@ -99,6 +99,16 @@ class SpecPlace:
         return [resolve(workdir, c) for c in code]
 
     @staticmethod
+    def phase_code(code: list[str] | None, workdir: Path, commands: list[list[str]]) -> list[Path]:
+        """A phase's (or a local judge's) files: its `code`, else the files its commands name, each once."""
+        if code is not None:
+            return [resolve(workdir, c) for c in code]
+        found: list[Path] = []
+        for command in commands:
+            found += [p for p in SpecPlace.code(None, workdir, command) if p not in found]
+        return found
+
+    @staticmethod
     def task_set(task_set: str | None, workdir: Path) -> Path | None:
         return None if task_set is None else resolve(workdir, task_set)
 
@@ -173,12 +183,113 @@ class Output(SpecTable):
         return self
 
 
+class Phase(SpecTable):
+    """`[inference]` or `[scoring]`: one phase of a two-phase evaluation, run as its own run with its own attempts."""
+
+    command: Command = Field(description="the phase's command as a list of strings, e.g. [\"{python}\", \"generate.py\"]")
+    code: Annotated[list[NonEmpty], Field(min_length=1)] | None = Field(
+        None, description="a list of the phase's files or directories, hashed into its version")
+    resource: Name | None = Field(None, description="the name of a resource declared in trackway.toml")
+    gpus: int = Field(0, ge=0, le=MAX_GPUS, description=f"a whole number from 0 to {MAX_GPUS}")
+    time_limit_hours: float | None = Field(
+        None, gt=0, le=TEN_YEARS_HOURS, description=f"a number of hours above 0 and at most {TEN_YEARS_HOURS} (10 years)")
+
+    table: ClassVar[str] = "phase"  # the table's name in the file, said in refusals
+
+
+class Inference(Phase):
+    """`[inference]`: generate the model's outputs from the checkpoint (into $TRACKWAY_EVAL_OUTPUTS_DIR), on a GPU.
+
+    With `server`, trackway starts that command first (`{port}` in it and in `health_url` is a free
+    port), waits until `health_url` answers, gives its URL as $TRACKWAY_EVAL_SERVER_URL, and stops it after.
+    """
+
+    table: ClassVar[str] = "inference"
+    unknown: ClassVar[tuple[str, str]] = ("inference.{name}", "one of {known}")
+
+    server: Command | None = Field(None, description="the model server's command as a list of strings, "
+                                                     "e.g. [\"{python}\", \"serve.py\", \"--port\", \"{port}\"]")
+    health_url: Annotated[str, StringConstraints(pattern=r"^https?://.*\{port\}")] | None = Field(
+        None, validate_default=True,
+        description="the URL that answers once the server is ready, with {port}, e.g. \"http://127.0.0.1:{port}/health\"")
+    server_start_timeout_s: float = Field(600, gt=0, le=86400, description="a number of seconds above 0, at most 86400")
+
+    @field_validator("health_url")
+    @classmethod
+    def _with_its_server(cls, url: str | None, info: ValidationInfo) -> str | None:
+        if "server" not in info.data:
+            return url  # the server was refused, and said there
+        if info.data["server"] is not None and url is None:
+            raise refuse("inference.health_url", "the URL that answers once the server is ready, with {port}, "
+                                                 "e.g. \"http://127.0.0.1:{port}/health\" (server is given)")
+        if info.data["server"] is None and url is not None:
+            raise refuse("inference.health_url", "no value without inference.server (the command that serves it)")
+        return url
+
+
+class Scoring(Phase):
+    """`[scoring]`: score the committed inference outputs ($TRACKWAY_EVAL_INFERENCE_OUTPUTS), usually without a GPU."""
+
+    table: ClassVar[str] = "scoring"
+    unknown: ClassVar[tuple[str, str]] = ("scoring.{name}", "one of {known}")
+
+
+class Judge(SpecTable):
+    """`[judge]`: the model that grades outputs, pinned: a model with its version, or a local command whose code is hashed."""
+
+    unknown: ClassVar[tuple[str, str]] = ("judge.{name}", "one of {known}")
+
+    model: NonEmpty | None = Field(None, description="the judge model's name, e.g. \"gpt-judge\"")
+    version: NonEmpty | None = Field(
+        None, validate_default=True,
+        description="the judge model's version or digest, e.g. \"2026-01-15\" or \"sha256:...\" (a name alone may change)")
+    command: Command | None = Field(
+        None, validate_default=True, description="a local judge's command as a list of strings, e.g. [\"{python}\", \"judge.py\"]")
+    code: Annotated[list[NonEmpty], Field(min_length=1)] | None = Field(
+        None, description="a list of the local judge's files or directories, hashed into the evaluation's identity")
+    rubric: NonEmpty = Field(description="the path of the rubric file the judge grades by (hashed)")
+    decoding: Decoding = Field(default_factory=Decoding, description=DECODING)
+
+    @field_validator("version")
+    @classmethod
+    def _with_its_model(cls, version: str | None, info: ValidationInfo) -> str | None:
+        if info.data.get("model") is not None and version is None:
+            raise refuse("judge.version", "the judge model's version or digest, e.g. \"2026-01-15\" or \"sha256:...\" "
+                                          "(a model name alone may change under you)")
+        if info.data.get("model") is None and version is not None:
+            raise refuse("judge.version", "no value without judge.model")
+        return version
+
+    @field_validator("command")
+    @classmethod
+    def _a_model_or_a_command(cls, command: list[str] | None, info: ValidationInfo) -> list[str] | None:
+        if "model" not in info.data:
+            return command
+        if (info.data["model"] is None) == (command is None):
+            raise refuse("judge", "either model (with version) or command (a local judge), not "
+                                  + ("both" if command is not None else "neither"))
+        return command
+
+
+# Top-level keys that a two-phase spec says per phase instead.
+PER_PHASE = ("code", "gpus", "resource", "time_limit_hours")
+
+
 class EvalSpecFile(SpecTable):
     """An eval spec (TOML): what to run against a checkpoint, on which tasks, how to decode, when, how many seeds."""
 
     name: Name = Field(description="a short name of letters, digits, '.', '_' or '-' (e.g. \"arith\")")
     workdir: NonEmpty = Field(".", description="a path")
-    command: Command = Field(description="the evaluator's command as a list of strings, e.g. [\"{python}\", \"eval.py\"]")
+    command: Command | None = Field(
+        None, description="the evaluator's command as a list of strings, e.g. [\"{python}\", \"eval.py\"]")
+    inference: Inference | None = Field(None, description="a table with the inference phase's command, resource, "
+                                                          "gpus and time_limit_hours (and optionally server, health_url)")
+    scoring: Scoring | None = Field(
+        None, validate_default=True,
+        description="a table with the scoring phase's command (it reads $TRACKWAY_EVAL_INFERENCE_OUTPUTS), resource, "
+                    "gpus and time_limit_hours")
+    judge: Judge | None = Field(None, description="a table with the judge's model and version (or a local command), "
+                                                  "rubric and decoding")
     image: Annotated[str, StringConstraints(pattern=IMAGE_DIGEST.pattern)] | None = Field(
         None, description="a container image pinned by digest, e.g. \"ghcr.io/org/eval@sha256:<64 hex>\"")
     code: Annotated[list[NonEmpty], Field(min_length=1)] | None = Field(
@@ -206,6 +317,36 @@ class EvalSpecFile(SpecTable):
         """The trigger, every_n_commits when only every_n_commits is given."""
         return self.trigger or ("every_n_commits" if self.every_n_commits is not None else "every_commit")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _phases_say_their_own(cls, doc: Any) -> Any:
+        if isinstance(doc, dict) and ("inference" in doc or "scoring" in doc):
+            for key in PER_PHASE:
+                if key in doc:
+                    raise refuse(key, f"no top-level {key} in a spec with [inference] and [scoring] "
+                                      f"(each phase says its own {key})")
+        return doc
+
+    @field_validator("scoring", mode="wrap")
+    @classmethod
+    def _one_command_or_two_phases(cls, value: Any, handler: Any, info: ValidationInfo) -> Scoring | None:
+        data = info.data
+        if "command" not in data or "inference" not in data:
+            return handler(value)  # refused there, and said there
+        command, inference = data["command"], data["inference"]
+        if command is not None and (inference is not None or value is not None):
+            raise refuse("command", "no top-level command in a spec with [inference] and [scoring] "
+                                    "(each phase has its own command)")
+        if command is None and inference is None and value is None:
+            raise refuse("command", "the evaluator's command as a list of strings, e.g. [\"{python}\", \"eval.py\"], "
+                                    "or an [inference] and a [scoring] table")
+        if inference is None and value is not None:
+            raise refuse("scoring", "an [inference] table too: the scoring phase reads the outputs the inference "
+                                    "phase commits ($TRACKWAY_EVAL_INFERENCE_OUTPUTS)")
+        if inference is not None and value is None:
+            raise refuse("scoring", "a [scoring] table with the command that scores the inference outputs")
+        return handler(value)
+
     @field_validator("workdir")
     @classmethod
     def _a_directory(cls, workdir: str, info: ValidationInfo) -> str:
@@ -218,8 +359,8 @@ class EvalSpecFile(SpecTable):
     @classmethod
     def _files_that_exist(cls, code: list[str] | None, info: ValidationInfo) -> list[str] | None:
         place, data = info.context, info.data
-        if not isinstance(place, SpecPlace) or "workdir" not in data or "command" not in data:
-            return code  # no place to look, or said of the workdir or command
+        if not isinstance(place, SpecPlace) or "workdir" not in data or data.get("command") is None:
+            return code  # no place to look, said of the workdir or command, or a two-phase spec (checked per phase)
         paths = place.code(code, place.workdir(data["workdir"]), place.command(data["command"]))
         missing = [p for p in paths if not p.exists()]
         if missing:
@@ -228,6 +369,45 @@ class EvalSpecFile(SpecTable):
             raise refuse("code", "the evaluator's files (hashed into its version) or `image` with a digest; "
                                  "none found in command")
         return code
+
+    @field_validator("inference", "scoring")
+    @classmethod
+    def _phase_files_that_exist(cls, phase: Phase | None, info: ValidationInfo) -> Phase | None:
+        place = info.context
+        if not isinstance(place, SpecPlace) or phase is None or "workdir" not in info.data:
+            return phase
+        workdir = place.workdir(info.data["workdir"])
+        commands = [place.command(phase.command)]
+        if isinstance(phase, Inference) and phase.server is not None:
+            commands.append(place.command(phase.server))
+        paths = place.phase_code(phase.code, workdir, commands)
+        missing = [p for p in paths if not p.exists()]
+        if missing:
+            raise refuse(f"{phase.table}.code", f"files or directories that exist (no such path: {missing[0]})")
+        if not paths and info.data.get("image") is None:
+            raise refuse(f"{phase.table}.code", "the phase's files (hashed into its version) or `image` with a digest; "
+                                                "none found in its command")
+        return phase
+
+    @field_validator("judge")
+    @classmethod
+    def _judge_files_that_exist(cls, judge: Judge | None, info: ValidationInfo) -> Judge | None:
+        place = info.context
+        if not isinstance(place, SpecPlace) or judge is None or "workdir" not in info.data:
+            return judge
+        workdir = place.workdir(info.data["workdir"])
+        rubric = resolve(workdir, judge.rubric)
+        if not rubric.is_file():
+            raise refuse("judge.rubric", f"a file that exists (no such file: {rubric})")
+        if judge.command is not None:
+            paths = place.phase_code(judge.code, workdir, [place.command(judge.command)])
+            missing = [p for p in paths if not p.exists()]
+            if missing:
+                raise refuse("judge.code", f"files or directories that exist (no such path: {missing[0]})")
+            if not paths:
+                raise refuse("judge.code", "the local judge's files (hashed into the evaluation's identity); "
+                                           "none found in its command")
+        return judge
 
     @field_validator("task_set")
     @classmethod
@@ -280,7 +460,8 @@ class EvalSpecFile(SpecTable):
         return escalation
 
 
-TABLES: dict[str, type[SpecTable]] = {"decoding": Decoding, "escalation": Escalation, "output": Output}
+TABLES: dict[str, type[SpecTable]] = {"decoding": Decoding, "escalation": Escalation, "output": Output,
+                                       "inference": Inference, "scoring": Scoring, "judge": Judge}
 
 
 def read_spec_file(doc: dict[str, Any], path: Path, place: SpecPlace) -> EvalSpecFile:
@@ -298,6 +479,8 @@ def _reading_order(index: int, error: Any, doc: dict[str, Any]) -> tuple:
     of the model's fields; in a table, its unknown keys first, then its keys as the file writes them."""
     loc = [str(part) for part in error["loc"]]
     fields = list(EvalSpecFile.model_fields)
+    if not loc:  # said of the whole file (a relation between tables)
+        return (0, "")
     if loc[0] not in fields:
         return (0, loc[0])
     position, table = fields.index(loc[0]), TABLES.get(loc[0])

@@ -92,23 +92,24 @@ def evaluation_detail(conn: Connection, ref: str) -> dict:
     spec = spec_record(conn, evaluation)
     per_seed = seed_metrics_of(conn, evaluation["eval_id"])
     seeds = []
+    totals: dict[str, dict[str, float]] = {}
     for row in seeds_of(conn, evaluation["eval_id"]):
-        attempts = list_attempts(conn, row["eval_run_id"], limit=None)
-        seeds.append({
+        attempts = [_attempt(a) for a in list_attempts(conn, row["eval_run_id"], limit=None)]
+        seed = {
             "seed": int(row["seed"]),
             "eval_run_id": row["eval_run_id"],
             "state": row["state"] if row["state"] != SEED_PENDING else row["run_state"],
             "termination_reason": row["termination_reason"],
-            "attempts": [{"attempt_id": a["attempt_id"], "termination_reason": a["termination_reason"],
-                          "rule": json.loads(a["termination_evidence"])["rule"] if a["termination_evidence"] else None,
-                          "retry_decision": json.loads(a["retry_decision"]) if a["retry_decision"] else None}
-                         for a in attempts],
+            "attempts": attempts,
             "samples": row["samples"],
             "tasks": row["tasks"],
             "metrics": per_seed.get(int(row["seed"]), {}),
             "outputs_sha256": row["outputs_sha256"],
             "failures": json.loads(row["failures"]) if row["failures"] else [],
-        })
+        }
+        if row["inference_run_id"] is not None:
+            seed.update(_phases(conn, row, attempts, totals))
+        seeds.append(seed)
     run = resolve_run(conn, evaluation["run_id"])
     return {
         "eval_id": evaluation["eval_id"],
@@ -133,7 +134,47 @@ def evaluation_detail(conn: Connection, ref: str) -> dict:
         "ended_at": evaluation["ended_at"],
         "metrics": metrics_of(conn, evaluation["eval_id"]),
         "seeds": seeds,
+        # Two phases: each phase's spec, the judge as pinned, and what each phase's attempts cost over the seeds.
+        **({"inference": spec["inference"], "scoring": spec["scoring"], "inference_key": evaluation["inference_key"],
+            "phase_totals": totals} if "inference" in spec else {}),
+        **({"judge": {**spec["judge"], **json.loads(evaluation["judge"])}} if evaluation["judge"] else {}),
     }
+
+
+def _attempt(a: Mapping[str, Any]) -> dict:
+    """An evaluation attempt as `eval show` tells it: its ending, where it ran, and what it held and cost."""
+    return {"attempt_id": a["attempt_id"], "termination_reason": a["termination_reason"],
+            "rule": json.loads(a["termination_evidence"])["rule"] if a["termination_evidence"] else None,
+            "retry_decision": json.loads(a["retry_decision"]) if a["retry_decision"] else None,
+            "resource": a.get("resource"), "gpus": a.get("gpus"), "state_dir": a.get("state_dir"),
+            "started_at": a.get("started_at"), "ended_at": a.get("ended_at"),
+            "gpu_seconds": a.get("gpu_seconds"), "cost_usd": a.get("cost_usd")}
+
+
+def _phases(conn: Connection, row: Mapping[str, Any], scoring_attempts: list[dict],
+            totals: dict[str, dict[str, float]]) -> dict:
+    """A two-phase seed's runs, each with its attempts; the outputs it scored and the judge answers kept."""
+    from trackway.ledger.blobs import get_blob
+
+    phases: dict[str, dict] = {}
+    runs_of = {"inference": row["inference_run_id"]}
+    if row["eval_run_id"] != row["inference_run_id"]:
+        runs_of["scoring"] = row["eval_run_id"]
+    for phase, run_id in runs_of.items():
+        run = resolve_run(conn, run_id)
+        attempts = scoring_attempts if phase == "scoring" else [_attempt(a) for a in list_attempts(conn, run_id, limit=None)]
+        phases[phase] = {"run_id": run_id, "run_name": run["name"], "state": run["state"], "resource": run["resource"],
+                         "gpus": run["gpus"], "attempts": attempts}
+        total = totals.setdefault(phase, {"attempts": 0, "gpu_seconds": 0.0, "cost_usd": 0.0})
+        total["attempts"] += len(attempts)
+        total["gpu_seconds"] += sum(a["gpu_seconds"] or 0.0 for a in attempts)
+        total["cost_usd"] += sum(a["cost_usd"] or 0.0 for a in attempts)
+    answers = None
+    if row["judge_answers_sha256"]:
+        answers = len([line for line in get_blob(conn, row["judge_answers_sha256"]).splitlines() if line.strip()])
+    return {"phases": phases, "inference_outputs": row["inference_outputs"],
+            "inference_manifest_sha256": row["inference_manifest_sha256"],
+            "judge_answers_sha256": row["judge_answers_sha256"], "judge_answers": answers}
 
 
 def find_evaluation(conn: Connection, ref: str, spec_name: str | None) -> RowMapping:

@@ -3,4 +3,4 @@
 `tests/ledger/test_schema.py` keeps it equal to the newest file in `ledger/migrations/versions/`.
 """
 
-HEAD_REVISION = "0027"
+HEAD_REVISION = "0028"

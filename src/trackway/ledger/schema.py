@@ -295,6 +295,9 @@ evaluations = Table(
     Column("escalation", Text),  # JSON: the condition, the value it was judged on, and what followed
     Column("created_at", UTCDateTime, nullable=False),
     Column("ended_at", UTCDateTime),
+    # Two phases: the generation's own identity (a rescore reuses outputs of the same key); the judge pinned (JSON).
+    Column("inference_key", String(64), index=True),
+    Column("judge", Text),
 )
 
 evaluation_seeds = Table(
@@ -311,6 +314,13 @@ evaluation_seeds = Table(
     Column("termination_reason", String(32)),
     Column("created_at", UTCDateTime, nullable=False),
     Column("ended_at", UTCDateTime),
+    # Two phases: eval_run_id is the run scoring the seed once its inference run committed its outputs here.
+    Column("inference_run_id", String(32), ForeignKey("runs.run_id", name="fk_evaluation_seeds_inference_run_id_runs"),
+           index=True),
+    Column("inference_outputs", Text),  # the committed outputs' directory (a checkpoint, with its manifest)
+    Column("inference_manifest_sha256", String(64)),
+    Column("judge_answers_sha256", String(64),
+           ForeignKey("blobs.sha256", name="fk_evaluation_seeds_judge_answers_sha256_blobs")),  # every judge answer
 )
 
 eval_task_results = Table(

@@ -426,6 +426,43 @@ def _environment_summary(description: dict[str, Any] | None) -> str:
     return ", ".join(parts)
 
 
+def _phase_facts(conn: Connection, run: RowMapping, evaluation: RowMapping) -> dict[str, Any] | None:
+    """For a phase of a two-phase evaluation's seed: the outputs it made or read, the other phase's cost, the judge."""
+    from trackway.evals.phases import INFERENCE, run_phase
+    from trackway.ledger.schema import evaluation_seeds
+
+    phase = run_phase(run)
+    if phase is None:
+        return None
+    seed = conn.execute(select(evaluation_seeds).where(
+        evaluation_seeds.c.eval_id == evaluation["eval_id"],
+        (evaluation_seeds.c.eval_run_id == run["run_id"]) | (evaluation_seeds.c.inference_run_id == run["run_id"]),
+    )).mappings().first()
+    facts: dict[str, Any] = {"phase": phase, "inference_run_id": seed["inference_run_id"] if seed else None,
+                             "inference_outputs": seed["inference_outputs"] if seed else None,
+                             "inference_manifest_sha256": seed["inference_manifest_sha256"] if seed else None}
+    lines = []
+    outputs = facts["inference_outputs"]
+    manifest = d.short_hash(facts["inference_manifest_sha256"], "not known")
+    if phase == INFERENCE:
+        lines.append(f"its outputs: committed at {outputs} (manifest {manifest})" if outputs
+                     else "its outputs: none committed (the scoring phase starts once they are)")
+    else:
+        other = list_attempts(conn, facts["inference_run_id"], limit=None) if facts["inference_run_id"] else []
+        gpu_h = sum(a["gpu_seconds"] or 0.0 for a in other) / 3600
+        lines.append(f"scores the inference outputs committed at {d.text_or(outputs)} (manifest {manifest}), made by "
+                     f"run {d.text_or(facts['inference_run_id'])} in {len(other)} attempt(s), {gpu_h:.3f} GPU-h; "
+                     f"a retry of this phase reads the same outputs")
+    if evaluation["judge"]:
+        judge = json.loads(evaluation["judge"])
+        who = (f"{judge['model']} version {judge['version']}" if judge.get("model")
+               else f"a local judge, code {d.short_hash((judge.get('code_sha256') or '').removeprefix('sha256:'))}")
+        lines.append(f"judge: {who}, rubric {d.short_hash((judge.get('rubric_sha256') or '').removeprefix('sha256:'))}")
+        facts["judge"] = judge
+    facts["lines"] = lines
+    return facts
+
+
 def _evaluations(conn: Connection, run: RowMapping, run_checkpoints: list[dict[str, Any]]) -> dict[str, Any]:
     """For a training run: the specs attached, each evaluation's state and headline metric, checkpoints not
     evaluated; for an evaluation seed: what it evaluates. `lines` says it for people."""
@@ -442,7 +479,10 @@ def _evaluations(conn: Connection, run: RowMapping, run_checkpoints: list[dict[s
                 f"({evaluation['spec_name']}, {evaluation['state']}): checkpoint {evaluation['checkpoint_name']} of run "
                 f"{evaluation['run_id']}, evaluator {evaluation['evaluator_version']}, "
                 f"task set {d.short_hash(evaluation['task_set_sha256'])}")
-        return {"of": dict(evaluation), "lines": [line]}
+        phase = _phase_facts(conn, run, evaluation)
+        if phase is None:
+            return {"of": dict(evaluation), "lines": [line]}
+        return {"of": dict(evaluation), "phase": phase, "lines": [f"the {phase['phase']} phase of {line}", *phase["lines"]]}
     specs = [dict(row) for row in conn.execute(
         select(run_eval_specs.c.name, run_eval_specs.c.trigger).where(run_eval_specs.c.run_id == run["run_id"])
         .order_by(run_eval_specs.c.name)

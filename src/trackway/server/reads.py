@@ -66,6 +66,16 @@ def run_evals(run_id: str, request: Request) -> dict[str, Any]:
         return run_table(conn, run["run_id"], run_config(state.settings, run["run_id"]))
 
 
+@router.get("/evaluations/{eval_id}")
+def evaluation(eval_id: str, request: Request) -> dict[str, Any]:
+    """One evaluation (`trackway eval show EV --json`): pinned versions and judge, each seed with its attempts; in two
+    phases, each seed's inference and scoring runs apart, with their attempts, placement, reasons and cost."""
+    from trackway.evals.tables import evaluation_detail
+
+    with request.app.state.ledger.read() as conn:
+        return evaluation_detail(conn, eval_id)
+
+
 @router.get("/attempts/{run_id}/{number}/explain")
 def explain_attempt(run_id: str, request: Request,
                     number: int = PathParam(ge=1, le=1_000_000_000, description="The attempt's number, from 1.")

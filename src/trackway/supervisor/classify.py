@@ -25,7 +25,10 @@ socket closed, the agent's SIGTERM) are consequences, and the kill decides.
 An evaluation attempt that failed for a reason of its own (a crash, a broken output, an OOM, a
 stall) is an `evaluator_crash`, whatever rule saw it first; that rule is kept in the evidence
 (`evaluator:log:traceback`). Endings from outside the evaluator (preempted, time limit, cancel)
-and a command that cannot start at all (config_error) keep their own reasons.
+and a command that cannot start at all (config_error) keep their own reasons. In a two-phase
+evaluation, a scoring attempt whose judge could not be reached (`JudgeUnreachable`, `judge
+unreachable` in its log or note) is `infra_transient` (`scoring:judge-unreachable`), and an
+inference attempt that exited 0 without outputs is an `evaluator_crash` (`inference:no-outputs`).
 
 The supervisor issue grows rules here; nothing else in trackway decides a reason.
 """
@@ -212,6 +215,7 @@ class Evidence:
     sdk_note: Mapping[str, Any] | None = None
     stopped_by: tuple[str, str] | None = None  # (watcher kind, why) when the supervisor ended it
     evaluation: bool = False  # the attempt ran an evaluator (a run of kind eval)
+    phase: str | None = None  # a two-phase evaluation's phase the attempt ran (`inference`, `scoring`)
     output_problem: str | None = None  # how an evaluator's output broke the contract, if it did
     unfinished_notice: bool = False  # the SDK recorded a preemption notice and no run.finish() after it
     last_step: int | None = None  # the last step the attempt logged: where a failure happened
@@ -306,9 +310,22 @@ def classify(evidence: Evidence) -> Classification:
     return replace(verdict, signature=failure_signature(evidence))
 
 
+# A judge model (its API, or a local judge's server) that did not answer: the scorer's surroundings, not its code.
+# The scorer says so in its log or its SDK note (`JudgeUnreachable: ...`, or `judge unreachable: ...`).
+JUDGE_UNREACHABLE_PATTERN = r"\bJudgeUnreachable\b|\bjudge (?:is )?unreachable\b"
+_JUDGE_UNREACHABLE = re.compile(JUDGE_UNREACHABLE_PATTERN, re.IGNORECASE)
+
+
 def _for_evaluation(evidence: Evidence, verdict: Classification) -> Classification:
     if verdict.reason is R.COMPLETED and evidence.output_problem:
-        return Classification(R.EVALUATOR_CRASH, "evaluator:bad-output", (evidence.output_problem,))
+        rule = "inference:no-outputs" if evidence.phase == "inference" else "evaluator:bad-output"
+        return Classification(R.EVALUATOR_CRASH, rule, (evidence.output_problem,))
+    if evidence.phase == "scoring" and verdict.reason not in EVALUATION_KEEPS:
+        said = [str((evidence.sdk_note or {}).get("message") or ""), *evidence.log_tail]
+        hits = [line for line in said if _JUDGE_UNREACHABLE.search(line)]
+        if hits:
+            # Only the scoring phase asks a judge: its retry reads the same committed outputs, never generates again.
+            return Classification(R.INFRA_TRANSIENT, "scoring:judge-unreachable", tuple(hits[-MAX_EVIDENCE_LINES:]))
     if verdict.reason in EVALUATION_KEEPS or verdict.reason is R.EVALUATOR_CRASH:
         return verdict
     return Classification(R.EVALUATOR_CRASH, f"evaluator:{verdict.rule}", verdict.lines, verdict.disk_full)

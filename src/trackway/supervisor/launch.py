@@ -119,12 +119,13 @@ def attempt_environment(
 
 
 def run_environment(run, state_dir: Path) -> dict[str, str]:
-    """What a run adds to every attempt's environment: its own `env`, and for an evaluation, where to write."""
+    """What a run adds to every attempt's environment: its own `env`, and for an evaluation (or a phase of one),
+    where to write."""
     env = json.loads(run["env"]) if run["env"] else {}
     if run["kind"] == RunKind.EVAL.value:
-        from trackway.evals.outputs import OUTPUT_FILE
+        from trackway.evals.phases import phase_environment, run_phase
 
-        env["TRACKWAY_EVAL_OUTPUT"] = str(state_dir / OUTPUT_FILE)
+        env.update(phase_environment(run_phase(run), state_dir))
     return env
 
 
@@ -583,6 +584,8 @@ def _evaluation_queued_by(conn, run) -> str:
         .where(evaluation_seeds.c.eval_run_id == run["run_id"])).scalar()
     if trigger == "on_demand":
         return "supervisor: an evaluation a person asked for (`trackway eval`)"
+    if trigger == "rescore":
+        return "supervisor: a rescore a person asked for (`trackway eval rescore`)"
     if trigger is None:
         return "supervisor: a run of kind eval"
     return f"supervisor: evaluation of a committed checkpoint (trigger {trigger})"

@@ -723,11 +723,24 @@ class Supervisor:
             is_eval = ran["kind"] == RunKind.EVAL.value
             # Before the write lock: the values are read from the run's files.
             secrets = run_secret_values(conn, self.settings, ran)
-        output = None
+        output = committed = None
+        phase = None
+        if is_eval:
+            from trackway.evals.phases import run_phase
+
+            phase = run_phase(ran)
         if is_eval and status.exit_code == 0:
             from trackway.evals.outputs import OUTPUT_FILE, read_output
+            from trackway.evals.phases import INFERENCE, commit_inference_outputs, judge_answers
 
-            output = read_output(Path(attempt["state_dir"]) / OUTPUT_FILE)
+            state_dir = Path(attempt["state_dir"])
+            if phase == INFERENCE:
+                # Committed before scoring starts, and before the write lock: the outputs are files to move and hash.
+                committed = commit_inference_outputs(self.settings.runs_dir / ran["run_id"], state_dir, ran["run_id"],
+                                                     attempt["attempt_id"], int(attempt["attempt_number"]))
+            else:
+                output = read_output(state_dir / OUTPUT_FILE)
+                output.judge_answers = judge_answers(state_dir)
         evidence = Evidence(
             exit_code=status.exit_code,
             signal=status.signal,
@@ -742,7 +755,9 @@ class Supervisor:
             sdk_note=note,
             stopped_by=_stop_marker(Path(attempt["state_dir"])),
             evaluation=is_eval,
-            output_problem=output.problem if output is not None else None,
+            phase=phase,
+            output_problem=(output.problem if output is not None else committed.problem if committed is not None
+                            else None),
             unfinished_notice=status.exit_code == 0 and _notice_without_finish(self.ledger, attempt["attempt_id"]),
         )
         verdict: Classification = classify(evidence)
@@ -780,7 +795,8 @@ class Supervisor:
             if is_eval:
                 from trackway.evals.progress import after_eval_attempt
 
-                after_eval_attempt(conn, self.settings, run["run_id"], verdict.reason, decision.action == "resume", output)
+                after_eval_attempt(conn, self.settings, run["run_id"], verdict.reason, decision.action == "resume", output,
+                                   committed)
         return AttemptEnd(
             attempt_id=attempt["attempt_id"],
             run_id=attempt["run_id"],

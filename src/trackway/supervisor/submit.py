@@ -369,11 +369,21 @@ def load_eval_specs(paths: Sequence[str], settings: Settings):
 
 
 def check_eval_resource(spec, settings: Settings) -> None:
-    """An eval spec's `resource` must be declared: refused at submit, not when the first checkpoint commits."""
-    if spec.resource and spec.resource not in settings.resources and spec.resource != "local":
-        declared = ", ".join(sorted(settings.resources)) or "none"
-        raise InputError(f"{spec.path}: resource: {spec.resource!r} is not declared in trackway.toml "
-                         f"(declared: {declared})")
+    """An eval spec's `resource` (each phase's) must be declared: refused at submit, not when the first checkpoint commits."""
+    named = [("resource", spec.resource)]
+    named += [(f"{p.name}.resource", p.resource) for p in (spec.inference, spec.scoring) if p is not None]
+    for key, resource in named:
+        if resource and resource not in settings.resources and resource != "local":
+            declared = ", ".join(sorted(settings.resources)) or "none"
+            raise InputError(f"{spec.path}: {key}: {resource!r} is not declared in trackway.toml "
+                             f"(declared: {declared})")
+        if resource and key != "resource" and resource in settings.resources:
+            from trackway.executors.registry import is_remote
+
+            if is_remote(settings.resources[resource].executor):
+                # The outputs are committed, and read by the scorer, on trackway's own file system.
+                raise InputError(f"{spec.path}: {key}: expected a resource on this machine's file system (local or "
+                                 f"Slurm); {resource!r} runs over SSH, where a phase's outputs are not committed yet")
 
 
 def _prepare_code(spec: RunSpec, run_dir: Path) -> tuple[Path, CodeRef]:

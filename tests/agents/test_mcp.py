@@ -298,3 +298,15 @@ def test_receipts_and_explain_texts_are_resources_and_the_loop_is_a_prompt(proje
     assert "nope" in json.loads(missing.contents[0].text)["error"]["message"]
     text = prompt.messages[0].content.text
     assert "a lower lr helps" in text and "experiment_start" in text and "trackway approve" in text
+
+
+def test_an_agent_resumes_its_own_failed_run_and_reads_the_waste_report(project: Path):
+    session = session_for("day", project)
+    (_, failed), (_, ended) = call(session, ("submit", {"script": "train.py", "args": ["--fail"], "name": "f"}),
+                                   ("wait", {"run": "f", "timeout_s": 120}))
+    assert ended["attempt"]["termination_reason"] == "code_error", (failed, ended)
+    (e1, resumed), (e2, bad_by), (e3, waste) = call(
+        session, ("resume", {"run": "f"}), ("report_waste", {"by": "colour"}), ("report_waste", {"by": "reason"}))
+    assert not e1 and resumed["attempt_id"] == f"{failed['run_id']}/2"
+    assert e2 and bad_by["error"]["field"] == "by" and "expected one of reason, run, resource, phase" in bad_by["error"]["message"]
+    assert not e3 and {row["reason"] for row in waste["rows"]} >= {"code_error"}

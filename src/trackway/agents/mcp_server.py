@@ -43,7 +43,8 @@ def _refusal(exc: TrackwayError):
     """A trackway error as the structured error every tool answers: the field it names and what was expected."""
     if isinstance(exc, AgentRefused):
         return error_result(exc.field, exc.expected, str(exc))
-    message = str(exc)
+    # A check shared with the CLI names its flag (`--by 'x': ...`): here the agent sent an argument.
+    message = re.sub(r"^--([a-z][a-z-]*)", lambda flag: flag[1].replace("-", "_"), str(exc))
     field = _FIELD.match(message)
     expected = _EXPECTED.search(message)
     return error_result(field[1] if field else None, expected[1].split(";")[0] if expected else None, message)
@@ -146,6 +147,20 @@ def build_server(session: AgentSession):
     @tool
     def cancel(run: Annotated[str, Field(description="One of your runs, by id or name.")]) -> dict[str, Any]:
         """End one of your own runs; its end is recorded as user_cancelled."""
+
+    @tool
+    def resume(run: Annotated[str, Field(description="One of your runs that ended without completing.")],
+               set: Annotated[list[str] | None, Field(description="Config overrides KEY=VALUE from this attempt on.")] = None,
+               ) -> dict[str, Any]:
+        """A new attempt of one of your runs from its latest committed checkpoint, with the code it was submitted with."""
+
+    @tool
+    def report_waste(
+        by: Annotated[str, Field(description="reason, run, resource or phase.")] = "reason",
+        days: Annotated[float, Field(description="Attempts that started in the last DAYS days.")] = 7.0,
+        kind: Annotated[str | None, Field(description="test, full, eval or all.")] = None,
+    ) -> dict[str, Any]:
+        """Which retries did real work: useful and wasted GPU-hours per reason, run, resource or phase."""
 
     @tool
     def sql(query: Annotated[str, Field(description="One read-only statement (PostgreSQL dialect), e.g. "

@@ -301,6 +301,48 @@ def cancel(session: AgentSession, run: str) -> dict[str, Any]:
             "note": "the end is recorded as user_cancelled" if cancelled else "it had no running attempt; marked cancelled"}
 
 
+def resume(session: AgentSession, run: str, set: list[str] | None = None) -> dict[str, Any]:
+    """A new attempt of one of the agent's own runs that ended without completing, from its latest committed
+    checkpoint, with the code it was submitted with; inside the agent's cap and budget like a new run."""
+    from trackway.ledger.records import get_attempt, resolve_run
+    from trackway.supervisor.launch import command_by, start_attempt
+
+    session.tick()
+    with session.submitting:
+        with session.ledger.read() as conn:
+            row = resolve_run(conn, run)
+            mine = is_agents_run(conn, session.agent, row["run_id"])
+        if not mine:
+            raise AgentRefused("run", f"a run agent {session.agent.name!r} started",
+                               f"run {run!r}: expected a run agent {session.agent.name!r} started; an agent resumes "
+                               "only its own runs")
+        if row["state"] in (RunState.RUNNING.value, RunState.QUEUED.value, RunState.COMPLETED.value):
+            raise AgentRefused("run", "a run that ended without completing",
+                               f"run {run!r}: is {row['state']}; only a run that ended without completing can be resumed")
+        hours = row["time_limit_s"] / 3600 if row["time_limit_s"] else None
+        with session.ledger.read() as conn:
+            admit(conn, session.agent, row["gpus"] or 0, hours)
+        attempt_id = start_attempt(session.ledger, session.settings, row["run_id"], session.supervisor().executor,
+                                   overrides=list(set or []), started_by=command_by(f"{session.agent.credit}, resume"),
+                                   code_from="receipt")
+    _background(session)
+    with session.ledger.read() as conn:
+        resumed_from = get_attempt(conn, attempt_id)["resumed_from_checkpoint"] if attempt_id else None
+    return {"run_id": row["run_id"], "attempt_id": attempt_id,
+            "resumed_from": resumed_from or "the start (no committed checkpoint)"}
+
+
+def report_waste(session: AgentSession, by: str = "reason", days: float = 7.0,
+                 kind: str | None = None) -> dict[str, Any]:
+    """Useful and wasted GPU-hours of ended attempts per termination reason, run, resource or phase."""
+    from trackway.reports.waste import check, kinds_for, waste_rows
+
+    check(by, days, kind)
+    with session.ledger.read() as conn:
+        rows = waste_rows(conn, by, days, kinds_for(by, kind))
+    return {"by": by, "days": days, "rows": _finite(jsonable(rows))}
+
+
 # -- experiments ------------------------------------------------------------------------------------
 
 

@@ -34,12 +34,22 @@ def _ssh(home: Path) -> Executor:
     return SshExecutor(home)
 
 
-_REGISTRY: dict[str, Callable[[Path], Executor]] = {"local": _local, "inline": _inline, "slurm": _slurm, "ssh": _ssh}
+def _kubernetes(home: Path) -> Executor:
+    try:
+        from trackway.executors.kubernetes import KubernetesExecutor
+    except ImportError as exc:  # the client is an extra: pip install 'trackway[kubernetes]'
+        raise InputError(f"executor 'kubernetes': the kubernetes client is not installed ({exc.name}); "
+                         "expected pip install 'trackway[kubernetes]'") from None
+    return KubernetesExecutor(home)
+
+
+_REGISTRY: dict[str, Callable[[Path], Executor]] = {"local": _local, "inline": _inline, "slurm": _slurm, "ssh": _ssh,
+                                                     "kubernetes": _kubernetes}
 
 
 def is_remote(name: str) -> bool:
     """Whether the executor called `name` runs commands on another machine (without importing it)."""
-    return name == "ssh"
+    return name in ("ssh", "kubernetes")
 
 
 def known_executors() -> list[str]:

@@ -100,6 +100,8 @@ class Cluster:
         self.processes: dict[str, subprocess.Popen] = {}
         self.log_requests: list[dict] = []
         self.pumps: list[threading.Thread] = []
+        self._stopping = threading.Event()
+        self._started: set[str] = set()
         emulator.emulator[kmock.method.GET, kmock.path(re.compile(r"^/api/v1/namespaces/[^/]+/pods/[^/]+/log$"))] << self._log
 
     # -- what the API serves -----------------------------------------------------------------
@@ -211,7 +213,11 @@ class Cluster:
                 stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f") + "123Z"
                 self.logs[pod].append((stamp, raw.decode(errors="replace").rstrip("\n")))
             code = process.wait()
-            self.terminated(namespace, pod, code, "Completed" if code == 0 else "Error", image_digest)
+            try:
+                self.terminated(namespace, pod, code, "Completed" if code == 0 else "Error", image_digest)
+            except client.ApiException as exc:
+                if exc.status != 404:  # a pod already deleted keeps no status
+                    raise
 
         thread = threading.Thread(target=pump, daemon=True)
         thread.start()
@@ -241,11 +247,11 @@ class Cluster:
                 raise
 
     def stop(self, pod: str, grace_s: float = 5.0) -> None:
-        """The kubelet's stop of a deleted pod: SIGTERM, SIGKILL after the grace."""
+        """The kubelet's stop of a deleted pod: SIGTERM to PID 1, SIGKILL to every process after the grace."""
         process = self.processes.get(pod)
         if process is None or process.poll() is not None:
             return
-        os.killpg(process.pid, signal.SIGTERM)
+        process.send_signal(signal.SIGTERM)  # the runtime signals the container's PID 1 (the launch script) only
         try:
             process.wait(grace_s)
         except subprocess.TimeoutExpired:
@@ -257,7 +263,34 @@ class Cluster:
             "name": "attempt", "image": "", "imageID": "", "ready": False, "restartCount": 0,
             "state": {"waiting": {"reason": reason, "message": message}}}]})
 
+    def autorun(self, namespace: str) -> None:
+        """Play the controllers on their own from now on: each new Job's pod created and run, a deleted Job's pod
+        stopped (SIGTERM, SIGKILL after its grace) and removed."""
+        def loop():
+            while not self._stopping.is_set():
+                try:
+                    jobs = {job["metadata"]["name"] for job in self.jobs(namespace)}
+                    owned = {pod.metadata.labels.get("job-name") for pod in self.core.list_namespaced_pod(namespace).items}
+                    for job in sorted(jobs - owned - self._started):
+                        self._started.add(job)
+                        self.run_pod(namespace, self.create_pod(namespace, job))
+                    for pod in self.core.list_namespaced_pod(namespace).items:
+                        if pod.metadata.labels.get("job-name") not in jobs:
+                            grace = pod.spec.termination_grace_period_seconds or 30
+                            self.stop(pod.metadata.name, grace_s=grace)
+                            self.core.delete_namespaced_pod(pod.metadata.name, namespace)
+                except Exception:  # noqa: BLE001 - the emulator shutting down under the loop
+                    if self._stopping.is_set():
+                        return
+                    raise
+                self._stopping.wait(0.05)
+
+        thread = threading.Thread(target=loop, daemon=True, name="kube-controller")
+        thread.start()
+        self.pumps.append(thread)
+
     def close(self) -> None:
+        self._stopping.set()
         for pod in list(self.processes):
             self.stop(pod, grace_s=1.0)
         for thread in self.pumps:

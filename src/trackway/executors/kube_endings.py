@@ -164,6 +164,11 @@ def status_of(seen: Seen, now: datetime | None = None) -> JobStatus:
                                        f"{suspended.get('message')}): a queue such as Kueue preempted it", *said))
         return JobStatus(phase=JobPhase.QUEUED, placement=where, cancelled=seen.cancelled,
                          evidence=(f"Kubernetes: Job suspended, held by a queue ({suspended.get('reason')})",))
+    if job is None and pod is not None:
+        # Deleted (a cancel, or by hand) while its pod stops: the pod's last lines are still to be read.
+        return JobStatus(phase=JobPhase.RUNNING, started_at=started, cancelled=seen.cancelled, placement=where,
+                         evidence=("Kubernetes: the Job is deleted; its pod is stopping (SIGTERM, then SIGKILL after "
+                                   "the grace)",))
     if job is None or (pod is None and seen.pod_was_seen):
         if seen.cancelled:
             return JobStatus(phase=JobPhase.ENDED, started_at=started, ended_at=now, cancelled=True, signal=15,

@@ -86,13 +86,14 @@ def api_client(kubeconfig: str | None, context: str | None):
                             + f": {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
 
 
-class _Cluster:
+class KubeCluster:
     """The three APIs trackway calls, read as raw JSON (the API reference's field names)."""
 
     def __init__(self, kubeconfig: str | None, context: str | None):
         from kubernetes import client
 
         self.api = api_client(kubeconfig, context)
+        self.timeout_s: float = REQUEST_TIMEOUT_S
         self.core = client.CoreV1Api(self.api)
         self.batch = client.BatchV1Api(self.api)
 
@@ -101,7 +102,7 @@ class _Cluster:
         from kubernetes.client.exceptions import ApiException
 
         try:
-            response = method(*args, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_S, **kwargs)
+            response = method(*args, _preload_content=False, _request_timeout=self.timeout_s, **kwargs)
             data = response.data
         except ApiException as exc:
             if exc.status == 404:
@@ -115,7 +116,7 @@ class _Cluster:
         from kubernetes.client.exceptions import ApiException
 
         try:
-            return method(*args, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_S, **kwargs).data
+            return method(*args, _preload_content=False, _request_timeout=self.timeout_s, **kwargs).data
         except ApiException as exc:
             if exc.status in (400, 404):  # no such pod, or its container not started yet: no log to read
                 return None
@@ -147,12 +148,12 @@ class KubernetesExecutor(Executor):
 
     def __init__(self, home: Path):
         self.home = Path(home)
-        self._clusters: dict[tuple, _Cluster] = {}
+        self._clusters: dict[tuple, KubeCluster] = {}
 
-    def _cluster(self, kubeconfig: str | None, context: str | None) -> _Cluster:
+    def _cluster(self, kubeconfig: str | None, context: str | None) -> KubeCluster:
         key = (kubeconfig, context)
         if key not in self._clusters:
-            self._clusters[key] = _Cluster(kubeconfig, context)
+            self._clusters[key] = KubeCluster(kubeconfig, context)
         return self._clusters[key]
 
     # -- the manifest ----------------------------------------------------------------------
@@ -314,7 +315,7 @@ class KubernetesExecutor(Executor):
                                                      pods_by_job.get(record["job"], []), events_by_pod)
         return statuses
 
-    def _poll_one(self, cluster: _Cluster, handle: JobHandle, record: dict, job: dict | None, pods: list[dict],
+    def _poll_one(self, cluster: KubeCluster, handle: JobHandle, record: dict, job: dict | None, pods: list[dict],
                   events_by_pod: dict[str, list[dict]]) -> JobStatus:
         state_dir = Path(handle.state_dir)
         pod = max(pods, key=lambda p: (p.get("metadata") or {}).get("creationTimestamp") or "", default=None)
@@ -340,7 +341,7 @@ class KubernetesExecutor(Executor):
                 self._delete(cluster, record)
         return status
 
-    def _pull_log(self, cluster: _Cluster, record: dict, state_dir: Path, pod: str) -> None:
+    def _pull_log(self, cluster: KubeCluster, record: dict, state_dir: Path, pod: str) -> None:
         """Append the pod's log lines not yet read to output.log, and the spool files it printed to spool/."""
         cursor = read_json(state_dir / LOGS_FILE) or {"pod": pod, "stamp": None, "at_stamp": 0}
         kwargs = {"container": kube_manifest.CONTAINER, "timestamps": True}
@@ -404,7 +405,7 @@ class KubernetesExecutor(Executor):
         spool["chunks"].append(text.strip())
         return True
 
-    def _delete(self, cluster: _Cluster, record: dict) -> None:
+    def _delete(self, cluster: KubeCluster, record: dict) -> None:
         try:
             cluster.call(cluster.batch.delete_namespaced_job, record["job"], record["namespace"],
                          propagation_policy="Background")

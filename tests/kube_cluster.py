@@ -258,6 +258,16 @@ class Cluster:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
 
+    def disrupt(self, namespace: str, pod: str, reason: str, message: str) -> None:
+        """A disruption as the scheduler or the eviction API makes one: the DisruptionTarget condition, then the
+        pod's deletion: SIGTERM to its container, SIGKILL after the grace (in a thread, as the kubelet does)."""
+        self.pod_status(namespace, pod, {"conditions": [{"type": "DisruptionTarget", "status": "True", "reason": reason,
+                                                         "message": message, "lastTransitionTime": now_rfc3339()}]})
+        grace = self.core.read_namespaced_pod(pod, namespace).spec.termination_grace_period_seconds or 30
+        thread = threading.Thread(target=self.stop, args=(pod, grace), daemon=True)
+        thread.start()
+        self.pumps.append(thread)
+
     def waiting(self, namespace: str, pod: str, reason: str, message: str) -> None:
         self.pod_status(namespace, pod, {"phase": "Pending", "containerStatuses": [{
             "name": "attempt", "image": "", "imageID": "", "ready": False, "restartCount": 0,

@@ -164,6 +164,25 @@ def test_a_preemption_by_priority_is_preempted(tmp_path, cluster):
     assert "PreemptionByScheduler" in status.evidence[0]
 
 
+def test_a_preempted_pod_keeps_running_through_its_grace_and_then_ends_preempted(tmp_path, cluster):
+    script = ("import signal, sys, time\n"
+              "signal.signal(signal.SIGTERM, lambda *a: (print('saving a checkpoint', flush=True), time.sleep(1),"
+              " print('saved', flush=True), sys.exit(143)))\n"
+              "print('training', flush=True)\ntime.sleep(60)\n")
+    executor, request = launch(tmp_path, resource(cluster), script)
+    submission, job, pod = started(cluster, executor, request)
+    cluster.run_pod(NS, pod)
+    wait_for(lambda: executor.poll(submission.handle).phase is JobPhase.RUNNING and request.log_path.exists()
+             and "training" in request.log_path.read_text(), "the command to start", 30, 0.1)
+    cluster.disrupt(NS, pod, "PreemptionByScheduler", "Preempted in order to admit critical pod")
+
+    during = executor.poll(submission.handle)
+    assert during.phase is JobPhase.RUNNING and "stopping within its grace" in during.evidence[0]
+    status = settle(executor, submission.handle)
+    assert (status.phase, status.reason, status.signal) == (JobPhase.ENDED, "preempted", 15)
+    assert "saved" in request.log_path.read_text()  # the grace was the command's, not cut short by trackway
+
+
 def test_a_lost_node_is_infra_transient_or_preempted_on_a_preemptible_resource(tmp_path, cluster):
     for preemptible, expected in ((False, "infra_transient"), (True, "preempted")):
         executor, request = launch(tmp_path / expected, resource(cluster, preemptible=preemptible),

@@ -124,6 +124,10 @@ def status_of(seen: Seen, now: datetime | None = None) -> JobStatus:
     if pod_status.get("reason") == "Evicted" or disrupted:
         why = pod_status.get("message") or (disruption or {}).get("message") or ""
         label = "evicted" if pod_status.get("reason") == "Evicted" else f"DisruptionTarget {disruption.get('reason')}"
+        if terminated is None and pod_status.get("phase") not in ("Failed", "Succeeded"):
+            # Its notice: the command has SIGTERM and the grace to save a checkpoint; the end comes after.
+            return JobStatus(phase=JobPhase.RUNNING, started_at=started, cancelled=seen.cancelled, placement=where,
+                             evidence=(f"Kubernetes: pod {label}, stopping within its grace: {why}".rstrip(": "),))
         return JobStatus(phase=JobPhase.ENDED, started_at=started, ended_at=_ended(terminated, now),
                          exit_code=None if terminated is None else _exit(terminated)[0],
                          signal=None if terminated is None else _exit(terminated)[1],

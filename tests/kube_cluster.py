@@ -21,6 +21,7 @@ import re
 import signal
 import subprocess
 import threading
+import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -102,6 +103,8 @@ class Cluster:
         self.pumps: list[threading.Thread] = []
         self._stopping = threading.Event()
         self._started: set[str] = set()
+        self._started_at: dict[str, float] = {}
+        self._deadlined: set[str] = set()
         emulator.emulator[kmock.method.GET, kmock.path(re.compile(r"^/api/v1/namespaces/[^/]+/pods/[^/]+/log$"))] << self._log
 
     # -- what the API serves -----------------------------------------------------------------
@@ -183,6 +186,8 @@ class Cluster:
         for volume in spec["volumes"]:
             mount = next(m["mountPath"] for m in container["volumeMounts"] if m["name"] == volume["name"])
             local = root / mount.strip("/")
+            if "persistentVolumeClaim" in volume:  # one volume, whichever pod mounts it
+                local = self.scratch / "pvc" / volume["persistentVolumeClaim"]["claimName"]
             local.mkdir(parents=True, exist_ok=True)
             mounts[mount] = local
             if "configMap" in volume:
@@ -283,7 +288,19 @@ class Cluster:
                     owned = {pod.metadata.labels.get("job-name") for pod in self.core.list_namespaced_pod(namespace).items}
                     for job in sorted(jobs - owned - self._started):
                         self._started.add(job)
+                        self._started_at[job] = time.monotonic()
                         self.run_pod(namespace, self.create_pod(namespace, job))
+                    for job in self.jobs(namespace):
+                        name, deadline = job["metadata"]["name"], job["spec"].get("active_deadline_seconds")
+                        if deadline and name in self._started_at and name not in self._deadlined \
+                                and time.monotonic() - self._started_at[name] > deadline:
+                            # The Job controller at activeDeadlineSeconds: the Job fails, its pod is deleted.
+                            self._deadlined.add(name)
+                            self.job_condition(namespace, name, "Failed", "DeadlineExceeded",
+                                               "Job was active longer than specified deadline")
+                            pod = f"{name}-x7k2p"
+                            grace = self.core.read_namespaced_pod(pod, namespace).spec.termination_grace_period_seconds
+                            threading.Thread(target=self.stop, args=(pod, grace or 30), daemon=True).start()
                     for pod in self.core.list_namespaced_pod(namespace).items:
                         if pod.metadata.labels.get("job-name") not in jobs:
                             grace = pod.spec.termination_grace_period_seconds or 30

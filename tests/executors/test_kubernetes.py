@@ -125,6 +125,38 @@ def test_a_run_goes_as_a_job_and_its_output_spool_and_end_come_back_then_the_job
     assert executor.poll(submission.handle) == status  # later polls read the kept end
 
 
+LIVE = """
+import json, os, time
+spool = os.environ["TRACKWAY_SPOOL_DIR"]
+for step in range(40):
+    with open(os.path.join(spool, "metrics.jsonl"), "a") as f:
+        f.write(json.dumps({"step": step}) + "\\n")
+    with open(os.path.join(spool, ".hb"), "w") as f:
+        f.write(json.dumps({"step": step}))
+    os.replace(os.path.join(spool, ".hb"), os.path.join(spool, "heartbeat.json"))
+    time.sleep(0.1)
+"""
+
+
+def test_the_spool_arrives_while_the_pod_runs_each_byte_once(tmp_path, cluster):
+    executor, request = launch(tmp_path, resource(cluster), LIVE)
+    request.run_env["TRACKWAY_RELAY_SECONDS"] = "0.3"  # the pod relays its spool this often (default 5 s)
+    submission, job, pod = started(cluster, executor, request)
+    cluster.run_pod(NS, pod)
+    metrics = request.state_dir / "spool" / "metrics.jsonl"
+
+    def some_while_running():
+        status = executor.poll(submission.handle)
+        return status.phase is JobPhase.RUNNING and metrics.exists() and (request.state_dir / "spool" /
+                                                                           "heartbeat.json").exists()
+    wait_for(some_while_running, "spool lines while the pod runs", 30, 0.1)
+    status = settle(executor, submission.handle)
+    assert status.exit_code == 0
+    assert [json.loads(line)["step"] for line in metrics.read_text().splitlines()] == list(range(40))
+    assert json.loads((request.state_dir / "spool" / "heartbeat.json").read_text()) == {"step": 39}
+    assert "@@trackway" not in request.log_path.read_text()
+
+
 def test_keep_pods_leaves_the_job_for_debugging(tmp_path, cluster):
     executor, request = launch(tmp_path, resource(cluster, keep_pods=True), "raise SystemExit(3)")
     submission, job, pod = started(cluster, executor, request)

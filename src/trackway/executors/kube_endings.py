@@ -153,6 +153,10 @@ def status_of(seen: Seen, now: datetime | None = None) -> JobStatus:
     failed = job_conditions.get("Failed")
     if failed is not None and failed.get("status") == "True":
         timed_out = failed.get("reason") == "DeadlineExceeded"
+        if pod is not None and (state.get("running") or pod_status.get("phase") == "Running"):
+            # The Job controller deletes its pod: the command has its grace; the end comes with the pod's.
+            return JobStatus(phase=JobPhase.RUNNING, started_at=started, cancelled=seen.cancelled, placement=where,
+                             evidence=(f"Kubernetes: Job failed, reason {failed.get('reason')}; its pod is stopping",))
         return JobStatus(phase=JobPhase.ENDED, started_at=started, ended_at=parse_time(failed.get("lastTransitionTime")) or now,
                          timed_out=timed_out, cancelled=seen.cancelled,
                          reason=None if seen.cancelled else ("timeout" if timed_out else None),

@@ -43,29 +43,54 @@ ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 
 # The pod's entry point, as `sh -c SCRIPT trackway-launch COMMAND...`: unpack the code, run the command
 # as a child (its exit status is the container's), pass SIGTERM on (Kubernetes sends it
-# terminationGracePeriodSeconds before SIGKILL: the SDK's preemption notice), then print the spool's
-# files framed between markers, so that the executor reads them back through the log API.
+# terminationGracePeriodSeconds before SIGKILL: the SDK's preemption notice). Meanwhile, every
+# TRACKWAY_RELAY_SECONDS and once more at the end, print what the spool's files gained, framed
+# (`@@trackway-spool NAME OFFSET`, base64, `@@trackway-spool-end NAME`; files the SDK replaces whole,
+# heartbeat.json and termination.json, with OFFSET `whole`): the log API is the one way back from a pod
+# that the executor has, so the SDK's metrics, heartbeat and note come back through it while it runs.
 LAUNCH_SCRIPT = """\
 set -u
-mkdir -p "$TRACKWAY_SPOOL_DIR" "$TRACKWAY_CODE_DIR"
+mkdir -p "$TRACKWAY_SPOOL_DIR" "$TRACKWAY_CODE_DIR" "$TRACKWAY_CODE_DIR.relay"
 tar -xzf "$TRACKWAY_BUNDLE/code.tar.gz" -C "$TRACKWAY_CODE_DIR" || { echo "trackway: could not unpack the code" >&2; exit 126; }
 cd "$TRACKWAY_CODE_DIR/$TRACKWAY_CODE_CWD" || exit 126
+relay() {
+  for file in "$TRACKWAY_SPOOL_DIR"/*; do
+    [ -f "$file" ] || continue
+    name=${file##*/}
+    mark="$TRACKWAY_CODE_DIR.relay/$name"
+    case "$name" in
+      heartbeat.json|termination.json)
+        now=$(cksum < "$file")
+        [ "$now" != "$(cat "$mark" 2>/dev/null)" ] || continue
+        echo "@@trackway-spool $name whole"; base64 < "$file"; echo "@@trackway-spool-end $name"
+        echo "$now" > "$mark" ;;
+      *.jsonl)
+        sent=$(cat "$mark" 2>/dev/null || echo 0)
+        size=$(wc -c < "$file" | tr -d ' ')
+        [ "$size" -gt "$sent" ] || continue
+        echo "@@trackway-spool $name $sent"
+        tail -c +$((sent + 1)) "$file" | head -c $((size - sent)) | base64
+        echo "@@trackway-spool-end $name"
+        echo "$size" > "$mark" ;;
+    esac
+  done
+}
 child=
 trap 'test -n "$child" && kill -TERM "$child" 2>/dev/null' TERM INT
 "$@" &
 child=$!
+( nap=; trap 'kill $nap 2>/dev/null; exit 0' TERM
+  while :; do sleep "${TRACKWAY_RELAY_SECONDS:-5}" & nap=$!; wait $nap; relay; done ) &
+relayer=$!
 status=0
 wait "$child" || status=$?
 while kill -0 "$child" 2>/dev/null; do wait "$child"; status=$?; done
-for file in "$TRACKWAY_SPOOL_DIR"/*.json "$TRACKWAY_SPOOL_DIR"/*.jsonl; do
-  test -f "$file" || continue
-  echo "@@trackway-spool-begin ${file##*/}"
-  base64 "$file"
-  echo "@@trackway-spool-end ${file##*/}"
-done
+kill "$relayer" 2>/dev/null
+wait "$relayer" 2>/dev/null
+relay
 exit "$status"
 """
-SPOOL_BEGIN = "@@trackway-spool-begin "
+SPOOL_BEGIN = "@@trackway-spool "
 SPOOL_END = "@@trackway-spool-end "
 
 

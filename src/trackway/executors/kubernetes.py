@@ -125,6 +125,25 @@ class KubeCluster:
             raise ExecutorError(f"Kubernetes API unreachable: {type(exc).__name__}: {str(exc)[:200]}") from None
 
 
+def _apply_frame(target: Path, offset: str, data: bytes) -> None:
+    """A whole file replaced; bytes from `offset` appended unless this copy already holds them."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if offset == "whole":
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, target)
+        return
+    try:
+        at = int(offset)
+    except ValueError:
+        return
+    size = target.stat().st_size if target.exists() else 0
+    if size > at:
+        return  # read already (a log read twice where the pod's clock and ours overlap)
+    with open(target, "ab") as f:  # a gap (a frame lost with its lines) is left out, the rest appended
+        f.write(data)
+
+
 def _stamp(when: str, zone: str) -> str:
     """A log line's RFC 3339 time as `YYYY-MM-DDTHH:MM:SS.nnnnnnnnn` in UTC: ordered as text, nanoseconds kept."""
     whole, _, fraction = when.partition(".")
@@ -383,24 +402,21 @@ class KubernetesExecutor(Executor):
         write_json_atomic(state_dir / LOGS_FILE, {"pod": pod, "stamp": stamp, "at_stamp": at_stamp})
 
     def _spool_line(self, state_dir: Path, spool: dict, text: str) -> bool:
-        """True when the line belongs to a spool file the pod printed (kept until its end marker, then written)."""
+        """True when the line is part of a spool frame the pod printed; a frame complete is applied to spool/."""
         if text.startswith(kube_manifest.SPOOL_BEGIN):
-            spool["open"], spool["chunks"] = text[len(kube_manifest.SPOOL_BEGIN):].strip(), []
+            name, _, offset = text[len(kube_manifest.SPOOL_BEGIN):].strip().partition(" ")
+            spool.update(open=name, offset=offset, chunks=[])
             return True
         if "open" not in spool:
             return False
         if text.startswith(kube_manifest.SPOOL_END):
-            name = posixpath.basename(spool.pop("open"))
+            name, offset, chunks = posixpath.basename(spool.pop("open")), spool.pop("offset"), spool.pop("chunks")
             try:
-                data = base64.b64decode("".join(spool.pop("chunks", [])), validate=True)
+                data = base64.b64decode("".join(chunks), validate=True)
             except (binascii.Error, ValueError):
-                data = None
-            if data is not None and name and not name.startswith("."):
-                target = state_dir / "spool" / name
-                target.parent.mkdir(parents=True, exist_ok=True)
-                tmp = target.with_name(f".{name}.{os.getpid()}.tmp")
-                tmp.write_bytes(data)
-                os.replace(tmp, target)
+                return True  # a frame cut short (a line lost): the next one carries on from its own offset
+            if name and not name.startswith(".") and name != "quarantine.jsonl":
+                _apply_frame(state_dir / "spool" / name, offset, data)
             return True
         spool["chunks"].append(text.strip())
         return True

@@ -183,6 +183,9 @@ class KubernetesExecutor(Executor):
         if resource is None or resource.executor != "kubernetes" or not resource.image:
             raise ExecutorError(f"attempt {request.attempt_id}: the kubernetes executor needs a resource with "
                                 "namespace and image (trackway.toml: [resources.NAME] executor = \"kubernetes\")")
+        if request.nodes > 1:
+            raise ExecutorError(f"attempt {request.attempt_id}: {request.nodes} nodes asked; the kubernetes executor "
+                                "runs one pod an attempt")
         target = target_of(resource)
         name = kube_manifest.job_name(request.attempt_id)
         run_id = (request.run_env or request.env).get("TRACKWAY_RUN_ID") or request.attempt_id.split("/")[0]

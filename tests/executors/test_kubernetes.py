@@ -120,7 +120,8 @@ def test_a_run_goes_as_a_job_and_its_output_spool_and_end_come_back_then_the_job
         "lr 0.1 db None", "step 0", "step 1", "step 2", "to stderr"]  # each line once, spool frames left out
     metrics = (request.state_dir / "spool" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in metrics] == [0, 1, 2]
-    assert cluster.jobs(NS) == []  # deleted once ended (keep_pods is false)
+    assert cluster.jobs(NS) == []  # deleted once ended (keep_pods is false), with the code's ConfigMap
+    assert cluster.core.list_namespaced_config_map(NS).items == []
     assert json.loads((request.state_dir / FINAL_FILE).read_text())["exit_code"] == 0
     assert executor.poll(submission.handle) == status  # later polls read the kept end
 
@@ -295,6 +296,16 @@ def test_cancel_deletes_the_job_and_the_pod_gets_sigterm_with_the_grace(tmp_path
     status = settle(executor, submission.handle)
     assert status.cancelled and status.phase is JobPhase.ENDED
     assert status.reason is None  # a cancel is trackway's own: the classifier says user_cancelled
+
+
+def test_cancel_before_any_pod_ran_spent_nothing(tmp_path, cluster):
+    executor, request = launch(tmp_path, resource(cluster))
+    submission = executor.submit(request)
+    assert executor.poll(submission.handle).phase is JobPhase.QUEUED
+    executor.cancel(submission.handle)
+    status = executor.poll(submission.handle)
+    assert (status.phase, status.cancelled, status.never_started) == (JobPhase.ENDED, True, True)
+    assert cluster.jobs(NS) == []
 
 
 def test_a_cluster_that_does_not_answer_is_not_the_jobs_end(tmp_path, cluster):

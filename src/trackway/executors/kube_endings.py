@@ -179,6 +179,10 @@ def status_of(seen: Seen, now: datetime | None = None) -> JobStatus:
                                    "the grace)",))
     if job is None or (pod is None and seen.pod_was_seen):
         if seen.cancelled:
+            if not seen.pod_was_seen and started is None:
+                return JobStatus(phase=JobPhase.ENDED, ended_at=now, cancelled=True, never_started=True,
+                                 placement=where, evidence=("Kubernetes: the attempt's Job was deleted by trackway's "
+                                                            "cancel before any pod of it ran",))
             return JobStatus(phase=JobPhase.ENDED, started_at=started, ended_at=now, cancelled=True, signal=15,
                              placement=where, evidence=("Kubernetes: the attempt's Job and pod were deleted by "
                                                         "trackway's cancel (SIGTERM, then SIGKILL after the grace)",))

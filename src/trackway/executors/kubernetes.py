@@ -262,7 +262,7 @@ class KubernetesExecutor(Executor):
             # The ConfigMap goes with its Job (garbage collection), whoever deletes the Job.
             owner = {"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": uid}
             cluster.call(cluster.core.patch_namespaced_config_map, name, namespace,
-                         {"metadata": {"ownerReferences": [owner]}})
+                         {"metadata": {"ownerReferences": [owner]}}, _content_type="application/merge-patch+json")
         return self._submission(state_dir, record)
 
     def _submission(self, state_dir: Path, record: dict) -> Submission:

@@ -77,3 +77,21 @@ def test_a_cluster_that_cannot_be_reached_is_a_row_saying_so(tmp_path):
     row = availability(Resource(name="k8s", executor="kubernetes", namespace="ml", image="x",
                                 kubeconfig=str(kubeconfig), context="kmock"), timeout_s=2)
     assert not row.reachable and row.error.startswith("Kubernetes API unreachable")
+
+
+def test_a_namespace_that_is_not_dns_1123_is_one_line_and_exit_2(cli_process, tmp_path):
+    (tmp_path / "work" / "trackway.toml").write_text(
+        '[resources.k8s]\nexecutor = "kubernetes"\nnamespace = "ML_Team"\nimage = "python:3.12-slim"\n')
+    shown = cli_process("resources")
+    assert shown.code == 2
+    assert shown.err.strip().splitlines() == [
+        f"trackway: error: {tmp_path / 'work' / 'trackway.toml'}:3: [resources.k8s] namespace: expected a DNS-1123 "
+        "label (lower-case letters, digits and '-', at most 63 characters, alphanumeric at both ends), got 'ML_Team'"]
+
+
+def test_a_kubeconfig_context_that_does_not_exist_is_a_row_saying_so(tmp_path):
+    kubeconfig = Emulator.kubeconfig(type("Any", (), {"url": "http://127.0.0.1:9"})(), tmp_path / "kubeconfig")
+    row = availability(Resource(name="k8s", executor="kubernetes", namespace="ml", image="x",
+                                kubeconfig=str(kubeconfig), context="staging"), timeout_s=2)
+    assert not row.reachable
+    assert row.error.startswith(f"kubeconfig {kubeconfig} context 'staging': ") and "\n" not in row.error

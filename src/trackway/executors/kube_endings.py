@@ -128,7 +128,8 @@ def status_of(seen: Seen, now: datetime | None = None) -> JobStatus:
             # Its notice: the command has SIGTERM and the grace to save a checkpoint; the end comes after.
             return JobStatus(phase=JobPhase.RUNNING, started_at=started, cancelled=seen.cancelled, placement=where,
                              evidence=(f"Kubernetes: pod {label}, stopping within its grace: {why}".rstrip(": "),))
-        return JobStatus(phase=JobPhase.ENDED, started_at=started, ended_at=_ended(terminated, now),
+        return JobStatus(phase=JobPhase.ENDED, started_at=started,
+                         ended_at=_ended(terminated, now, started, seen.submitted_at),
                          exit_code=None if terminated is None else _exit(terminated)[0],
                          signal=None if terminated is None else _exit(terminated)[1],
                          cancelled=seen.cancelled, reason=None if seen.cancelled else "preempted",
@@ -148,7 +149,8 @@ def status_of(seen: Seen, now: datetime | None = None) -> JobStatus:
             reason = "timeout"
             lines.append("Kubernetes: Job DeadlineExceeded: activeDeadlineSeconds passed")
         return JobStatus(phase=JobPhase.ENDED, exit_code=code, signal=signal, started_at=started,
-                         ended_at=_ended(terminated, now), timed_out=deadline, cancelled=seen.cancelled,
+                         ended_at=_ended(terminated, now, started, seen.submitted_at), timed_out=deadline,
+                         cancelled=seen.cancelled,
                          reason=None if seen.cancelled else reason, evidence=(*lines, *said), placement=where)
     failed = job_conditions.get("Failed")
     if failed is not None and failed.get("status") == "True":
@@ -218,8 +220,10 @@ def _exit(terminated: dict) -> tuple[int | None, int | None]:
     return code, None
 
 
-def _ended(terminated: dict | None, now: datetime) -> datetime:
-    return parse_time((terminated or {}).get("finishedAt")) or now
+def _ended(terminated: dict | None, now: datetime, *starts: datetime | None) -> datetime:
+    """When the container ended: the API says it in whole seconds, so never before the attempt's start."""
+    ended = parse_time((terminated or {}).get("finishedAt")) or now
+    return max([ended, *(start for start in starts if start is not None)])
 
 
 def _lost(seen: Seen, started: datetime | None, where: dict, lines: list[str]) -> JobStatus:

@@ -254,7 +254,10 @@ class KubernetesExecutor(Executor):
             cluster.call(cluster.core.create_namespaced_config_map, namespace, bundle)
             created = cluster.call(cluster.batch.create_namespaced_job, namespace, job)
         except ExecutorError as exc:
-            cluster.call(cluster.core.delete_namespaced_config_map, name, namespace)
+            try:
+                cluster.call(cluster.core.delete_namespaced_config_map, name, namespace)
+            except ExecutorError:
+                pass  # the first failure is the one to say; a ConfigMap left is named as the Job for kubectl
             (state_dir / JOB_FILE).unlink(missing_ok=True)
             raise ExecutorError(f"attempt {request.attempt_id}: {exc}") from None
         uid = ((created or {}).get("metadata") or {}).get("uid")

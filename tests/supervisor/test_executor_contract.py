@@ -199,6 +199,11 @@ def test_completion_and_a_failure_with_its_evidence(project):
         explained = " ".join(project.trackway("explain", ok).stdout.split())
         assert f"scheduler: job {good['executor_job_id']}, partition test, nodes " in explained
         assert "setup ran" in Path(good["state_dir"], "slurm.out").read_text()
+    if project.executor == "kubernetes":
+        assert good["host"] == "gpu-node-1"  # the node the pod ran on, once its container started
+        explained = " ".join(project.trackway("explain", ok).stdout.split())
+        assert "scheduler: namespace contract, pod tw-" in explained
+        assert "node gpu-node-1, image sha256:" + "ab" * 32 in explained  # the digest the kubelet pulled
     if project.executor == "ssh":
         assert good["host"].startswith("root@127.0.0.1:")
         assert "setup ran" in Path(good["log_path"]).read_text()  # the host's log, pulled back

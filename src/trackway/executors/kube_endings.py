@@ -93,6 +93,10 @@ def placement(seen: Seen) -> dict:
         image_id = _container(seen.pod).get("imageID")
         if image_id:
             found["image"] = image_id
+        state = _container(seen.pod).get("state") or {}
+        if node and (state.get("running") or state.get("terminated")):
+            # `host` once the container started: the supervisor records the placement then, image digest included.
+            found["host"] = node
     return found
 
 

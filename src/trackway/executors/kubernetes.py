@@ -271,7 +271,7 @@ class KubernetesExecutor(Executor):
     def _submission(self, state_dir: Path, record: dict) -> Submission:
         return Submission(
             handle=JobHandle(executor=self.name, job_id=f"{record['namespace']}/{record['job']}", state_dir=state_dir),
-            host=f"{record['namespace']}/{record['job']}", gpu_ids=[], gpu_model=None,
+            host="", gpu_ids=[], gpu_model=None,  # the node is known once the pod is scheduled: poll()'s placement
             started_at=datetime.fromisoformat(record["submitted_at"]), pid=None)
 
     def adopt(self, state_dir: Path) -> Submission | None:

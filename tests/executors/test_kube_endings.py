@@ -60,3 +60,11 @@ def test_a_cancelled_attempt_has_no_reason_of_the_executors():
         "exitCode": 137, "reason": "OOMKilled"}}}]), cancelled=True, submitted_at=NOW)
     status = status_of(seen, NOW)
     assert status.cancelled and status.reason is None and status.signal == 9
+
+
+def test_a_pod_gone_with_its_node_is_lost_even_when_the_job_counts_it_failed():
+    failed = {**JOB, "status": {"failed": 1, "conditions": [{"type": "Failed", "status": "True",
+                                                             "reason": "BackoffLimitExceeded"}]}}
+    status = status_of(Seen(job=failed, pod=None, pod_was_seen=True, submitted_at=NOW), NOW)
+    assert (status.phase, status.reason) == (JobPhase.VANISHED, "infra_transient")
+    assert "BackoffLimitExceeded" in status.evidence[0]

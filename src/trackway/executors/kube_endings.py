@@ -9,8 +9,9 @@ beside the Kubernetes API reference:
       TerminationByKubelet), the Job suspended by a queue
       (Kueue) after it started                              -> ended, reason preempted
     the node lost (pod reason NodeLost, phase Unknown,
-      DisruptionTarget DeletionByTaintManager, the pod gone
-      while the Job still counted it active)                -> vanished, infra_transient (preempted on a
+      DisruptionTarget DeletionByTaintManager or
+      DeletionByPodGC, the pod gone without an exit status
+      while its Job stands)                                 -> vanished, infra_transient (preempted on a
                                                                resource declared preemptible)
     ImagePullBackOff, ErrImagePull, CreateContainerConfigError,
       CreateContainerError, PodScheduled=False Unschedulable,
@@ -119,7 +120,7 @@ def status_of(seen: Seen, now: datetime | None = None) -> JobStatus:
     disruption = conditions.get("DisruptionTarget")
     disrupted = disruption is not None and disruption.get("status") == "True"
     node_lost = (pod_status.get("reason") == "NodeLost" or pod_status.get("phase") == "Unknown"
-                 or (disrupted and disruption.get("reason") == "DeletionByTaintManager"))
+                 or (disrupted and disruption.get("reason") in ("DeletionByTaintManager", "DeletionByPodGC")))
     if node_lost:
         why = "; ".join(filter(None, [pod_status.get("reason"), pod_status.get("message"),
                                       disruption.get("message") if disrupted else None]))
@@ -157,6 +158,13 @@ def status_of(seen: Seen, now: datetime | None = None) -> JobStatus:
                          cancelled=seen.cancelled,
                          reason=None if seen.cancelled else reason, evidence=(*lines, *said), placement=where)
     failed = job_conditions.get("Failed")
+    held = (job_conditions.get("Suspended") or {}).get("status") == "True"  # a queue took it back: below
+    if pod is None and seen.pod_was_seen and job is not None and not seen.cancelled and not held \
+            and (failed or {}).get("reason") != "DeadlineExceeded":
+        # Gone without a last status (the Job may count it failed): deleted with its node.
+        return _lost(seen, started, where, ["Kubernetes: the attempt's pod is gone without an exit status while "
+                                            "its Job stands (its node was removed with it)"
+                                            + (f"; Job {failed.get('reason')}" if failed else ""), *said])
     if failed is not None and failed.get("status") == "True":
         timed_out = failed.get("reason") == "DeadlineExceeded"
         if pod is not None and (state.get("running") or pod_status.get("phase") == "Running"):
@@ -195,8 +203,8 @@ def status_of(seen: Seen, now: datetime | None = None) -> JobStatus:
         if job is None:
             return JobStatus(phase=JobPhase.VANISHED, placement=where, evidence=(
                 "Kubernetes: the attempt's Job is gone (deleted outside trackway) and left no exit status",))
-        return _lost(seen, started, where, ["Kubernetes: the attempt's pod is gone while its Job still stands "
-                                            "(its node was removed with it)", *said])
+        return _lost(seen, started, where, ["Kubernetes: the attempt's pod is gone without an exit status while "
+                                            "its Job stands (its node was removed with it)", *said])
     waiting = state.get("waiting") or {}
     waited = (now - seen.submitted_at).total_seconds() if seen.submitted_at else 0.0
     if waiting.get("reason") in WAITING_AT_ONCE or (waiting.get("reason") in WAITING_CONFIG and waited >= seen.pending_s):

@@ -1,4 +1,4 @@
-"""kube_endings.status_of on the objects as the API reference spells them: the cases the emulator tests do not drive."""
+"""kube_endings.status_of on the objects as the API spells them (the cases the emulator tests do not drive), and the client missing."""
 
 from __future__ import annotations
 
@@ -68,3 +68,16 @@ def test_a_pod_gone_with_its_node_is_lost_even_when_the_job_counts_it_failed():
     status = status_of(Seen(job=failed, pod=None, pod_was_seen=True, submitted_at=NOW), NOW)
     assert (status.phase, status.reason) == (JobPhase.VANISHED, "infra_transient")
     assert "BackoffLimitExceeded" in status.evidence[0]
+
+
+def test_without_the_client_the_error_says_how_to_install_it(tmp_path, monkeypatch):
+    import sys
+
+    import pytest
+
+    from trackway.errors import ExecutorError
+    from trackway.executors.kubernetes import KubernetesExecutor
+
+    monkeypatch.setitem(sys.modules, "kubernetes", None)  # as if it were not installed
+    with pytest.raises(ExecutorError, match=r"the kubernetes client is not installed .*pip install 'trackway\[kubernetes\]'"):
+        KubernetesExecutor(tmp_path)._cluster(None, None)

@@ -90,7 +90,11 @@ class KubeCluster:
     """The three APIs trackway calls, read as raw JSON (the API reference's field names)."""
 
     def __init__(self, kubeconfig: str | None, context: str | None):
-        from kubernetes import client
+        try:
+            from kubernetes import client
+        except ImportError as exc:
+            raise ExecutorError(f"executor 'kubernetes': the kubernetes client is not installed ({exc.name}); "
+                                "expected pip install 'trackway[kubernetes]'") from None
 
         self.api = api_client(kubeconfig, context)
         self.timeout_s: float = REQUEST_TIMEOUT_S

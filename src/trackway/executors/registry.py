@@ -35,11 +35,9 @@ def _ssh(home: Path) -> Executor:
 
 
 def _kubernetes(home: Path) -> Executor:
-    try:
-        from trackway.executors.kubernetes import KubernetesExecutor
-    except ImportError as exc:  # the client is an extra: pip install 'trackway[kubernetes]'
-        raise InputError(f"executor 'kubernetes': the kubernetes client is not installed ({exc.name}); "
-                         "expected pip install 'trackway[kubernetes]'") from None
+    # The client is an extra (pip install 'trackway[kubernetes]'), imported when a cluster is first asked.
+    from trackway.executors.kubernetes import KubernetesExecutor
+
     return KubernetesExecutor(home)
 
 

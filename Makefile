@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml src/trackway/checkpoints/_stream_copy.c
 	# torch first and pinned: the CPU build of 2.13.0 lies on this machine's disk; an unpinned
 	# torch would pull a multi-GB CUDA build.
 	$(PY) -m pip install --quiet --disable-pip-version-check "torch==2.13.0"
-	$(PY) -m pip install --quiet --disable-pip-version-check "torch==2.13.0" -e ".[torch,postgres,frameworks,remote,server,notify,agents,dev,docs]"
+	$(PY) -m pip install --quiet --disable-pip-version-check "torch==2.13.0" -e ".[torch,postgres,frameworks,remote,kubernetes,server,notify,agents,dev,docs]"
 	touch $(STAMP)
 
 demo: $(STAMP)

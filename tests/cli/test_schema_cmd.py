@@ -59,7 +59,7 @@ def test_what_trackway_reads_the_schema_accepts(schema, tmp_path):
     ("gpus_per_node = 8", "gpus_per_node = \"8\""),      # a string for a number
     ("gpus_per_node = 8", "gpus_per_node = 8\ngpus = 8"),  # a key no resource has
     ("max_hours = 1", "max_hours = 0"),                   # out of range
-    ('executor = "slurm"', 'executor = "kubernetes"'),    # not an executor
+    ('executor = "slurm"', 'executor = "nomad"'),         # not an executor
     ("budget = 20", "budget = -1"),                       # [retry] as the retry policy reads it
     ("[retry.reasons.preempted]", "[retry.reasons.preemted]"),
     ("[selection]", "[selections]"),                      # a table trackway.toml has not

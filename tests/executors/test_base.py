@@ -24,7 +24,7 @@ def test_unknown_executor_is_one_line_listing_the_known_ones(tmp_path):
     with pytest.raises(InputError) as raised:
         get_executor("kubernetes-ish", tmp_path)
 
-    assert str(raised.value) == "executor 'kubernetes-ish': expected one of inline, local, slurm, ssh"
+    assert str(raised.value) == "executor 'kubernetes-ish': expected one of inline, kubernetes, local, slurm, ssh"
 
 
 def test_phases():

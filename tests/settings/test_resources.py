@@ -64,8 +64,8 @@ def test_a_declared_cluster_is_read_whole(tmp_path):
 @pytest.mark.parametrize("edit, message", [
     (("gpu_memory_gb = 180", 'gpu_memory_gb = "180GB"'),
      r"trackway.toml:10: \[resources.ailab\] gpu_memory_gb: expected a number of GB above 0 and at most 10000, got '180GB'$"),
-    (('executor = "slurm"', 'executor = "kubernetes"'),
-     r"trackway.toml:8: \[resources.ailab\] executor: expected 'local' or 'slurm' or 'ssh', got 'kubernetes'$"),
+    (('executor = "slurm"', 'executor = "nomad"'),
+     r"trackway.toml:8: \[resources.ailab\] executor: expected 'local' or 'slurm' or 'ssh' or 'kubernetes', got 'nomad'$"),
     (("max_hours = 1\n", "max_hours = 0\n"),
      r"trackway.toml:26: \[\[resources.ailab.qos\]\] #2 max_hours: expected a number of hours above 0"),
     (('use_for = ["test", "full"]', 'use_for = ["training"]'),
@@ -99,3 +99,58 @@ def test_a_bad_trackway_toml_exits_2_with_one_line_and_no_traceback(tmp_path, cl
         f"trackway: error: {tmp_path / 'trackway.toml'}:14: [resources.ailab] grace_seconds: "
         "expected a number of seconds from 0 to 86400, got -1"
     ]
+
+
+KUBE = """\
+[resources.k8s]
+executor = "kubernetes"
+namespace = "ml-team"
+image = "registry.example.com/train@sha256:0123"
+gpus_per_node = 8
+node_selector = { "cloud.google.com/gke-nodepool" = "h100-pool" }
+priority_class = "training"
+service_account = "trainer"
+context = "prod"
+cpu = "32"
+memory = "256Gi"
+pvc = "team-checkpoints"
+keep_pods = true
+
+[[resources.k8s.tolerations]]
+key = "nvidia.com/gpu"
+operator = "Exists"
+effect = "NoSchedule"
+"""
+
+
+def test_a_kubernetes_resource_is_read_whole(tmp_path):
+    k8s = settings_with(tmp_path, KUBE).resources["k8s"]
+    assert (k8s.executor, k8s.namespace, k8s.gpu_resource, k8s.pvc, k8s.pvc_mount, k8s.keep_pods) == (
+        "kubernetes", "ml-team", "nvidia.com/gpu", "team-checkpoints", "/checkpoints", True)
+    assert k8s.node_selector == (("cloud.google.com/gke-nodepool", "h100-pool"),)
+    assert k8s.tolerations == ({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},)
+    assert (k8s.cpu, k8s.memory, k8s.context, k8s.pending_seconds) == ("32", "256Gi", "prod", 600.0)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (('namespace = "ml-team"', 'namespace = "ML_team"'),
+     r"trackway.toml:3: \[resources.k8s\] namespace: expected a DNS-1123 label .*, got 'ML_team'$"),
+    (('keep_pods = true', 'gpu_resource = "gpu"'),
+     r"trackway.toml:13: \[resources.k8s\] gpu_resource: expected an extended resource such as nvidia.com/gpu .*"
+     r"got 'gpu'$"),
+    (('memory = "256Gi"', 'memory = "lots"'),
+     r"\[resources.k8s\] memory: expected a Kubernetes quantity such as 16, 500m or 64Gi, got 'lots'$"),
+    (('image = "registry.example.com/train@sha256:0123"\n', ''),
+     r"\[resources.k8s\]: executor 'kubernetes' needs image = "),
+    (('operator = "Exists"', 'operator = "Maybe"'),
+     r"\[\[resources.k8s.tolerations\]\] #1 operator: expected 'Exists' or 'Equal'"),
+])
+def test_a_bad_kubernetes_entry_is_refused_in_one_line(tmp_path, edit, message):
+    with pytest.raises(InputError, match=message) as caught:
+        settings_with(tmp_path, KUBE.replace(*edit))
+    assert "\n" not in str(caught.value) and str(tmp_path / "trackway.toml") in str(caught.value)
+
+
+def test_a_kubernetes_setting_on_another_executor_is_refused(tmp_path):
+    with pytest.raises(InputError, match=r"\[resources.box\] namespace: a Kubernetes setting, but executor is 'local'"):
+        settings_with(tmp_path, '[resources.box]\nexecutor = "local"\nnamespace = "x"\n')

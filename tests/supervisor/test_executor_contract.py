@@ -1,4 +1,4 @@
-"""One contract, three executors: the same runs end the same way locally, on a real Slurm and over real SSH.
+"""One contract, four executors: the same runs end the same way locally, on a real Slurm, over real SSH and on Kubernetes.
 
 Each case runs real scripts through `submit_run`/`start_attempt` and the supervisor's tick,
 against a resource declared in trackway.toml as `executor = "local"` or `executor = "slurm"`
@@ -6,7 +6,9 @@ against a resource declared in trackway.toml as `executor = "local"` or `executo
 "ssh"` (OpenSSH's sshd on a loopback port, started by the test: tests/ssh_hosts.py). What
 differs is only how the outside world ends a job: locally and over SSH a SIGTERM to the shim (a
 host shutting down), on Slurm a job in the `high` partition that needs our GPUs (a real
-preemption, with the `--signal=B:USR1` notice first).
+preemption, with the `--signal=B:USR1` notice first). Kubernetes is kmock's emulator on loopback
+with tests/kube_cluster.py playing the Job controller and the kubelet (the pods' commands run here;
+a preemption is the scheduler's DisruptionTarget and the pod's deletion, SIGTERM then the grace).
 """
 
 from __future__ import annotations
@@ -125,15 +127,45 @@ def shim_pid(attempt) -> int:
     return int(attempt["executor_job_id"].split("@")[0])
 
 
-@pytest.fixture(params=["local", "slurm", "ssh"])
+def kube_resource(kubeconfig: Path) -> str:
+    return ('[resources.here]\nexecutor = "kubernetes"\nnamespace = "contract"\nimage = "python:3.12-slim"\n'
+            f'kubeconfig = "{kubeconfig}"\ncontext = "kmock"\ngrace_seconds = 20\npvc = "checkpoints"\n')
+
+
+@pytest.fixture
+def kube_cluster(tmp_path):
+    """kmock's emulator on loopback, with tests/kube_cluster.py playing the Job controller and the kubelet."""
+    pytest.importorskip("kubernetes", reason="the kubernetes client is not installed (pip install -e .[kubernetes])")
+    pytest.importorskip("kmock", reason="kmock is not installed (pip install -e .[dev])")
+    from kube_cluster import Cluster, Emulator
+
+    with Emulator() as emulator:
+        cluster = Cluster(emulator, tmp_path / "nodes")
+        cluster.kubeconfig = emulator.kubeconfig(tmp_path / "kubeconfig")
+        cluster.autorun("contract")
+        try:
+            yield cluster
+        finally:
+            cluster.close()
+
+
+@pytest.fixture(params=["local", "slurm", "ssh", "kubernetes"])
 def project(request, tmp_path, sqlite_url, monkeypatch):
     resource_toml = None
     if request.param == "slurm":
         request.getfixturevalue("slurm_node")
     if request.param == "ssh":
         resource_toml = ssh_resource(request.getfixturevalue("loopback_host"))
+    work = tmp_path
+    if request.param == "kubernetes":
+        cluster = request.getfixturevalue("kube_cluster")
+        resource_toml = kube_resource(cluster.kubeconfig)
+        work = tmp_path / "work"  # the code sent to the pod: not the fake nodes' scratch beside it
+        work.mkdir()
     monkeypatch.setenv("TRACKWAY_DB", sqlite_url)
-    made = Project(request.param, tmp_path, sqlite_url, resource_toml)
+    made = Project(request.param, work, sqlite_url, resource_toml)
+    if request.param == "kubernetes":
+        made.cluster = cluster
     yield made
     if request.param == "slurm":  # a failed case must not leave its jobs holding the node
         for attempt in list_attempts_all(made):
@@ -167,6 +199,11 @@ def test_completion_and_a_failure_with_its_evidence(project):
         explained = " ".join(project.trackway("explain", ok).stdout.split())
         assert f"scheduler: job {good['executor_job_id']}, partition test, nodes " in explained
         assert "setup ran" in Path(good["state_dir"], "slurm.out").read_text()
+    if project.executor == "kubernetes":
+        assert good["host"] == "gpu-node-1"  # the node the pod ran on, once its container started
+        explained = " ".join(project.trackway("explain", ok).stdout.split())
+        assert "scheduler: namespace contract, pod tw-" in explained
+        assert "node gpu-node-1, image sha256:" + "ab" * 32 in explained  # the digest the kubelet pulled
     if project.executor == "ssh":
         assert good["host"].startswith("root@127.0.0.1:")
         assert "setup ran" in Path(good["log_path"]).read_text()  # the host's log, pulled back
@@ -199,6 +236,10 @@ def test_a_preemption_resumes_from_the_last_committed_checkpoint_to_the_same_fin
         if project.executor == "slurm":
             subprocess.run(["sbatch", "--parsable", "--partition=high", "--gres=gpu:2", "--time=1",
                             "--output=/dev/null", "--wrap=sleep 2"], check=True, capture_output=True, timeout=30)
+        elif project.executor == "kubernetes":
+            job = attempt["executor_job_id"].split("/")[1]
+            project.cluster.disrupt("contract", f"{job}-x7k2p", "PreemptionByScheduler",
+                                    "Preempted in order to admit critical pod")
         else:
             os.kill(shim_pid(attempt), signal.SIGTERM)  # the shim passes it on, as a host shutting down would
         sent.append(time.monotonic())

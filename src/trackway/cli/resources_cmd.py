@@ -48,6 +48,14 @@ def resources(
         row = found[resource.name]
         if not row.reachable:
             err_console.print(f"{resource.name}: {row.error}", highlight=False, markup=False)
+            continue
+        for pool in row.pools or ():
+            asked = "requested not known" if pool["requested"] is None else f"{pool['requested']} requested"
+            console.print(f"{resource.name} ({resource.namespace}) pool {pool['name']}: {pool['allocatable']} GPUs "
+                          f"allocatable, {asked}, {pool['nodes']} node{'s' if pool['nodes'] != 1 else ''}",
+                          highlight=False, markup=False)
+        if row.note:
+            err_console.print(f"{resource.name}: {row.note}", highlight=False, markup=False)
     if not app.settings.resources:
         err_console.print(app.hint("no [resources.NAME] in trackway.toml: runs go to this machine "
                                    "(`trackway init` writes a commented example)"), highlight=False)

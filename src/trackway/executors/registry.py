@@ -34,12 +34,20 @@ def _ssh(home: Path) -> Executor:
     return SshExecutor(home)
 
 
-_REGISTRY: dict[str, Callable[[Path], Executor]] = {"local": _local, "inline": _inline, "slurm": _slurm, "ssh": _ssh}
+def _kubernetes(home: Path) -> Executor:
+    # The client is an extra (pip install 'trackway[kubernetes]'), imported when a cluster is first asked.
+    from trackway.executors.kubernetes import KubernetesExecutor
+
+    return KubernetesExecutor(home)
+
+
+_REGISTRY: dict[str, Callable[[Path], Executor]] = {"local": _local, "inline": _inline, "slurm": _slurm, "ssh": _ssh,
+                                                     "kubernetes": _kubernetes}
 
 
 def is_remote(name: str) -> bool:
     """Whether the executor called `name` runs commands on another machine (without importing it)."""
-    return name == "ssh"
+    return name in ("ssh", "kubernetes")
 
 
 def known_executors() -> list[str]:

@@ -296,6 +296,10 @@ def _placement_blocks(facts: dict[str, Any]) -> list[Block]:
         said = [f"job {scheduler['slurm_job_id']}"] if scheduler.get("slurm_job_id") else []
         said += [f"{label} {scheduler[key]}" for key, label in (("partition", "partition"), ("qos", "QoS"),
                                                                    ("node_list", "nodes")) if scheduler.get(key)]
+        # Kubernetes: the pod, its node, and the image it ran by the digest the kubelet pulled.
+        said += [f"{label} {scheduler[key]}" for key, label in (("namespace", "namespace"), ("pod", "pod"),
+                                                                   ("node", "node"), ("image", "image"))
+                 if scheduler.get(key)]
         blocks.append(("item", 0, "scheduler", ", ".join(said) or "placed"))
         # A run over several nodes: every node with its GPUs, as each node's task said where it ran.
         for node in scheduler.get("nodes") or ():

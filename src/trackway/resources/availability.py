@@ -5,7 +5,8 @@ allocated per node of the partition) and one `squeue` (jobs of the partition by 
 by side with a timeout, so that an unreachable controller makes a row that says so instead of a
 hang. SSH: each host asked once (its `nvidia-smi`, where it has one: a GPU with a compute process
 is taken), less the GPUs trackway's own leases hold there (executors/ssh.py), with the attempts
-holding them as the running count. Resources are looked up in parallel: a listing costs the slowest look-up, not their sum.
+holding them as the running count. Kubernetes: the GPUs allocatable and requested on each node pool
+its pods may use, and its namespace's pods running and pending (executors/kube_nodes.py). Resources are looked up in parallel: a listing costs the slowest look-up, not their sum.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ class Availability:
     pending_jobs: int | None = None
     lookup_ms: float = 0.0
     error: str | None = None
+    pools: tuple[dict, ...] | None = None  # Kubernetes: GPUs allocatable and requested per node pool
+    note: str | None = None  # what could not be read, beside a row that answered
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -70,6 +73,8 @@ def availability(resource: Resource, timeout_s: float = LOOKUP_TIMEOUT_S, home: 
         row = _slurm(resource, timeout_s)
     elif resource.executor == "ssh":
         row = _ssh(resource, timeout_s, home)
+    elif resource.executor == "kubernetes":
+        row = _kubernetes(resource, timeout_s)
     else:
         row = _local(resource)
     return Availability(**{**row.as_dict(), "lookup_ms": (time.perf_counter() - started) * 1000})
@@ -89,6 +94,26 @@ def _local(resource: Resource) -> Availability:
         gpu_model=gpus[0].name if gpus else resource.gpu,
         gpu_memory_gb=round(memory / 1e9, 1) if memory else resource.gpu_memory_gb,
     )
+
+
+def _kubernetes(resource: Resource, timeout_s: float) -> Availability:
+    """The node pools the resource's pods may use: GPUs allocatable less those requested; its namespace's pods."""
+    from trackway.errors import ExecutorError
+
+    try:
+        from trackway.executors.kube_nodes import gpus_of
+
+        found = gpus_of(resource, timeout_s)
+    except ImportError as exc:
+        return Availability(resource=resource.name, reachable=False, gpu_model=resource.gpu,
+                            error=f"the kubernetes client is not installed ({exc.name})")
+    except ExecutorError as exc:
+        return Availability(resource=resource.name, reachable=False, gpu_model=resource.gpu,
+                            gpu_memory_gb=resource.gpu_memory_gb, error=str(exc))
+    return Availability(
+        resource=resource.name, reachable=True, free_gpus=found.free, total_gpus=found.total, gpu_model=resource.gpu,
+        gpu_memory_gb=resource.gpu_memory_gb, running_jobs=found.running, pending_jobs=found.pending,
+        pools=tuple(pool.as_dict() for pool in found.pools), note=found.note)
 
 
 # One call a host: its GPUs and the bus ids of GPUs with a compute process, or that it has no nvidia-smi.
@@ -269,4 +294,6 @@ def resource_record(resource, row: Availability) -> dict:
         "reachable": row.reachable, "free_gpus": row.free_gpus, "total_gpus": row.total_gpus,
         "running_jobs": row.running_jobs, "pending_jobs": row.pending_jobs,
         "lookup_ms": round(row.lookup_ms, 1), "error": row.error,
+        **({"namespace": resource.namespace, "pools": list(row.pools or []), "note": row.note}
+           if resource.executor == "kubernetes" else {}),
     }

@@ -1,7 +1,8 @@
 """How many nodes a run may span on a resource, and the check of a run's `--nodes` against it.
 
 A run asks for its nodes (`submit --nodes N`, the API's `nodes`); a resource bounds them: a
-Slurm resource by its declared `nodes`, an SSH resource by its hosts, this machine by one.
+Slurm resource by its declared `nodes`, an SSH resource by its hosts, this machine and a Kubernetes
+resource (one pod an attempt) by one.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ def unfit_nodes(resource: Resource, nodes: int) -> str | None:
         return f"{nodes} nodes asked, it lists {limit} host{'s' if limit != 1 else ''}"
     if resource.executor == "slurm":
         return f"{nodes} nodes asked, it declares nodes = {limit}"
+    if resource.executor == "kubernetes":
+        return f"{nodes} nodes asked, it runs one pod an attempt"
     return f"{nodes} nodes asked, it is one machine"
 
 
@@ -42,6 +45,8 @@ def check_nodes(resource: Resource, nodes: int, field: str = "--nodes") -> int:
     if nodes > limit:
         if resource.executor == "local":
             where = f"resource {resource.name!r} is one machine (executor local)"
+        elif resource.executor == "kubernetes":
+            where = f"resource {resource.name!r} runs one pod an attempt (executor kubernetes)"
         elif resource.executor == "ssh":
             where = f"resource {resource.name!r} lists {limit} host{'s' if limit != 1 else ''}"
         else:

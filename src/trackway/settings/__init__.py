@@ -67,6 +67,15 @@ grace_seconds = 30
 # forward_env = ["AWS_*"]     # the submitter's variables the host gets
 # checkpoint_root = "s3://bucket/checkpoints"   # any resource: checkpoints that outlive the machine
 
+# A Kubernetes namespace: each attempt a batch/v1 Job (docs/guide/kubernetes.md):
+# [resources.k8s]
+# executor = "kubernetes"
+# namespace = "ml-team"
+# image = "registry.example.com/train@sha256:..."   # needs sh, tar, base64 and your Python stack
+# gpus_per_node = 8
+# context = "prod"            # kubeconfig context
+# pvc = "team-checkpoints"    # checkpoints on a PersistentVolumeClaim (or checkpoint_root = "s3://...")
+
 # [selection]
 # With resources declared, `submit` chooses (--resource auto): kind, GPUs, --gpu-memory-min and
 # --time-limit filter; then free GPUs now, this order per run kind, and cost rank. The choice and

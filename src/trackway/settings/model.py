@@ -18,11 +18,12 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, create_model, model_validator
 from pydantic_core import PydanticCustomError
 
+from trackway.settings import kube_names
 from trackway.settings.preflight import KEYS as PREFLIGHT_KEYS
 from trackway.settings.preflight import MODES as PREFLIGHT_MODES
 from trackway.settings.resources import RUN_KINDS
 
-EXECUTORS = ("local", "slurm", "ssh")
+EXECUTORS = ("local", "slurm", "ssh", "kubernetes")
 WATCHER_STOPS = ("loss_rising", "plateau", "throughput_falling", "memory_growing", "gpu_underused", "rank_stalled")
 NOTIFY_EVENTS = ("attempts", "watchers", "evaluations", "experiments", "expectations")
 MAX_GPUS_PER_NODE = 1024
@@ -79,13 +80,36 @@ class QosTier(Table):
     max_hours: float = Field(gt=0, le=10 * 365 * 24, description="a number of hours above 0 and at most 87600")
 
 
+class Toleration(Table):
+    """`[[resources.NAME.tolerations]]`: a taint the resource's pods tolerate, as a pod spec says it."""
+
+    unknown: ClassVar[str] = "not a toleration field (known: {sorted})"
+
+    key: Line | None = Field(None, description="a taint key, such as nvidia.com/gpu")
+    operator: Literal["Exists", "Equal"] = Field("Equal", description="'Exists' or 'Equal'")
+    value: Line | None = Field(None, description="the taint's value (with operator 'Equal')")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        None, description="'NoSchedule', 'PreferNoSchedule' or 'NoExecute' (absent: every effect)")
+    toleration_seconds: int | None = Field(None, ge=0, description="whole seconds (with effect 'NoExecute')")
+
+    def as_pod_spec(self) -> dict:
+        found = {"key": self.key, "operator": self.operator, "value": self.value, "effect": self.effect,
+                 "tolerationSeconds": self.toleration_seconds}
+        return {key: value for key, value in found.items() if value is not None}
+
+
+KUBERNETES_ONLY = ("namespace", "image", "gpu_resource", "node_selector", "tolerations", "priority_class",
+                   "service_account", "context", "kubeconfig", "keep_pods", "pvc", "pvc_mount", "cpu", "memory",
+                   "pending_seconds")
+
+
 class ResourceTable(Table):
     """`[resources.NAME]`: a named place to run."""
 
     unknown: ClassVar[str] = "not a resource field (known: {sorted})"
     items: ClassVar[dict[str, str]] = {"use_for": f"run kinds among {', '.join(RUN_KINDS)}"}
 
-    executor: Literal[EXECUTORS] = Field("local", description="'local' or 'slurm' or 'ssh'")
+    executor: Literal[EXECUTORS] = Field("local", description="'local' or 'slurm' or 'ssh' or 'kubernetes'")
     gpu: Line | None = Field(None, description="a non-empty string on one line")
     gpu_memory_gb: float | None = Field(None, gt=0, le=10_000, description="a number of GB above 0 and at most 10000")
     gpus_per_node: int | None = Field(None, ge=0, le=MAX_GPUS_PER_NODE,
@@ -109,6 +133,21 @@ class ResourceTable(Table):
     forward_env: list[NonEmpty] = Field([], description="a list of strings")
     unreachable_seconds: float = Field(600.0, ge=0, le=WEEK_S, description=f"a number of seconds from 0 to {WEEK_S}")
     checkpoint_root: Line | None = Field(None, description="a non-empty string on one line")
+    namespace: Line | None = Field(None, description="a Kubernetes namespace (a DNS-1123 label)")
+    image: Line | None = Field(None, description="a container image, best by digest (repo@sha256:...)")
+    gpu_resource: Line = Field("nvidia.com/gpu", description="an extended resource name such as nvidia.com/gpu")
+    node_selector: dict[str, NonEmpty] = Field({}, description="a table of node labels and values")
+    tolerations: list[Toleration] = Field([], description="[[resources.NAME.tolerations]] tables")
+    priority_class: Line | None = Field(None, description="a PriorityClass name")
+    service_account: Line | None = Field(None, description="a ServiceAccount name")
+    context: Line | None = Field(None, description="a kubeconfig context")
+    kubeconfig: Line | None = Field(None, description="a kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
+    keep_pods: bool = Field(False, description="true or false")
+    pvc: Line | None = Field(None, description="a PersistentVolumeClaim name")
+    pvc_mount: Line = Field("/checkpoints", description="an absolute path in the pod")
+    cpu: Line | None = Field(None, description="a CPU quantity such as 16 or 500m")
+    memory: Line | None = Field(None, description="a memory quantity such as 64Gi")
+    pending_seconds: float = Field(600.0, ge=0, le=WEEK_S, description=f"a number of seconds from 0 to {WEEK_S}")
 
     @model_validator(mode="after")
     def _fits_its_executor(self) -> ResourceTable:
@@ -141,7 +180,47 @@ class ResourceTable(Table):
         names = [tier.name for tier in self.qos]
         if len(set(names)) != len(names):
             raise refuse("qos", f"expected each QoS once, got {', '.join(names)}")
+        self._fits_kubernetes(given)
         return self
+
+    def _fits_kubernetes(self, given: set[str]) -> None:
+        """What the API server would refuse later, refused here with the field's name."""
+        kube_only = [key for key in KUBERNETES_ONLY if key in given]
+        if self.executor != "kubernetes":
+            if kube_only:
+                raise refuse(kube_only[0], f"a Kubernetes setting, but executor is {self.executor!r}")
+            return
+        if self.namespace is None:
+            raise refuse(None, "executor 'kubernetes' needs namespace = \"...\"")
+        if not kube_names.is_dns_label(self.namespace):
+            raise refuse("namespace", f"expected a DNS-1123 label (lower-case letters, digits and '-', at most 63 "
+                                      f"characters, alphanumeric at both ends), got {self.namespace!r}")
+        if self.image is None:
+            raise refuse(None, "executor 'kubernetes' needs image = \"registry/name@sha256:...\"")
+        if not kube_names.EXTENDED_RESOURCE.match(self.gpu_resource):
+            raise refuse("gpu_resource", f"expected an extended resource such as nvidia.com/gpu or amd.com/gpu "
+                                         f"(domain/name), got {self.gpu_resource!r}")
+        for key, value in self.node_selector.items():
+            if not kube_names.is_label_key(key) or not kube_names.is_label_value(value):
+                raise refuse("node_selector", f"expected label keys and values (at most 63 characters of letters, "
+                                              f"digits, '-', '_', '.'), got {key} = {value!r}")
+        for key in ("priority_class", "service_account", "pvc"):
+            value = getattr(self, key)
+            if value is not None and not kube_names.is_dns_subdomain(value):
+                raise refuse(key, f"expected a DNS-1123 name (lower-case letters, digits, '-', '.'), got {value!r}")
+        if not self.pvc_mount.startswith("/"):
+            raise refuse("pvc_mount", f"expected an absolute path in the pod, got {self.pvc_mount!r}")
+        if self.pvc is None and "pvc_mount" in given:
+            raise refuse("pvc_mount", "the mount path of a PVC, but no pvc = \"...\" is given")
+        for key in ("cpu", "memory"):
+            value = getattr(self, key)
+            if value is not None and not kube_names.QUANTITY.match(value):
+                raise refuse(key, f"expected a Kubernetes quantity such as 16, 500m or 64Gi, got {value!r}")
+        for item in self.tolerations:
+            if item.operator == "Exists" and item.value is not None:
+                raise refuse("tolerations", "a toleration with operator 'Exists' takes no value")
+            if item.key is None and item.operator != "Exists":
+                raise refuse("tolerations", "a toleration without a key needs operator = \"Exists\"")
 
 
 class SelectionTable(Table):

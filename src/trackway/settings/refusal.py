@@ -164,9 +164,13 @@ class Locator:
         return None
 
 
+# A resource's arrays of tables ([[resources.NAME.qos]], [[resources.NAME.tolerations]]): named by number.
+ARRAYS_OF_TABLES = ("qos", "tolerations")
+
+
 def _header(table: tuple[str, ...]) -> tuple[str, int]:
     """The header text of a table path (`[[resources.a.qos]]` for ('resources', 'a', 'qos', '1')) and its index."""
-    if len(table) == 4 and table[2] == "qos":
+    if len(table) == 4 and table[2] in ARRAYS_OF_TABLES:
         return f"[[{'.'.join(table[:3])}]]", int(table[3])
     return f"[{'.'.join(table)}]", 0
 
@@ -178,6 +182,6 @@ def _normalize(header: str) -> str:
 def table_name(table: tuple[str, ...]) -> str:
     if not table:
         return ""
-    if len(table) == 4 and table[2] == "qos":
+    if len(table) == 4 and table[2] in ARRAYS_OF_TABLES:
         return f"[[{'.'.join(table[:3])}]] #{int(table[3]) + 1}"
     return f"[{'.'.join(table)}]"

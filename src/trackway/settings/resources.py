@@ -1,7 +1,7 @@
 """The resources trackway.toml declares: `[resources.NAME]` tables, read and checked into `Resource`s.
 
     [resources.ailab]
-    executor = "slurm"            # local | slurm | ssh
+    executor = "slurm"            # local | slurm | ssh | kubernetes
     gpu = "B200"                  # the GPU model, as people name it
     gpu_memory_gb = 180           # per GPU
     gpus_per_node = 8
@@ -31,6 +31,27 @@
     unreachable_seconds = 600         # how long a silent host may come back before its attempt is lost
     preemptible = true                # a lost host then ends the attempt `preempted`, else `infra_transient`
     checkpoint_root = "s3://bucket/checkpoints"   # any executor: checkpoints that outlive the machine
+
+    [resources.k8s]
+    executor = "kubernetes"           # each attempt a batch/v1 Job (docs/guide/kubernetes.md)
+    namespace = "ml-team"
+    image = "registry.example.com/train@sha256:..."
+    gpu_resource = "nvidia.com/gpu"   # the extended resource the GPUs are asked as
+    gpus_per_node = 8
+    node_selector = { "cloud.google.com/gke-accelerator" = "nvidia-h100-80gb" }
+    priority_class = "training"
+    service_account = "trainer"
+    context = "prod"                  # kubeconfig context (kubeconfig = "..." for another file)
+    cpu = "32"
+    memory = "256Gi"
+    pvc = "team-checkpoints"          # checkpoints on a PersistentVolumeClaim, mounted at pvc_mount
+    pvc_mount = "/checkpoints"
+    pending_seconds = 600             # image pull failing or unschedulable this long: config_error
+    keep_pods = false                 # true: the Job and its pod stay after the attempt, for debugging
+    [[resources.k8s.tolerations]]
+    key = "nvidia.com/gpu"
+    operator = "Exists"
+    effect = "NoSchedule"
 
 What a table may hold is checked by settings/model.py (a bad entry is refused with one line naming
 the file, the line, the field and what was expected); this module turns a checked table into the
@@ -80,6 +101,22 @@ class Resource:
     forward_env: tuple[str, ...] = ()
     unreachable_seconds: float = 600.0
     checkpoint_root: str | None = None  # an fsspec URL or a path (a network volume); None: under trackway's home
+    # Kubernetes only (executors/kubernetes.py).
+    namespace: str | None = None
+    image: str | None = None
+    gpu_resource: str = "nvidia.com/gpu"
+    node_selector: tuple[tuple[str, str], ...] = ()
+    tolerations: tuple[dict, ...] = ()  # as a pod spec says them
+    priority_class: str | None = None
+    service_account: str | None = None
+    context: str | None = None
+    kubeconfig: str | None = None
+    keep_pods: bool = False
+    pvc: str | None = None
+    pvc_mount: str = "/checkpoints"
+    cpu: str | None = None
+    memory: str | None = None
+    pending_seconds: float = 600.0
     declared: bool = True  # False for the implicit `local` of a trackway.toml that names none
 
     @property
@@ -136,4 +173,26 @@ def resource_from(name: str, table: dict[str, Any]) -> Resource:
         forward_env=tuple(table["forward_env"]),
         unreachable_seconds=float(table["unreachable_seconds"]),
         checkpoint_root=table["checkpoint_root"],
+        namespace=table.get("namespace"),
+        image=table.get("image"),
+        gpu_resource=table.get("gpu_resource") or "nvidia.com/gpu",
+        node_selector=tuple(sorted((table.get("node_selector") or {}).items())),
+        tolerations=tuple(_toleration(item) for item in table.get("tolerations") or ()),
+        priority_class=table.get("priority_class"),
+        service_account=table.get("service_account"),
+        context=table.get("context"),
+        kubeconfig=table.get("kubeconfig"),
+        keep_pods=bool(table.get("keep_pods", False)),
+        pvc=table.get("pvc"),
+        pvc_mount=table.get("pvc_mount") or "/checkpoints",
+        cpu=table.get("cpu"),
+        memory=table.get("memory"),
+        pending_seconds=float(table.get("pending_seconds", 600.0)),
     )
+
+
+def _toleration(item: dict) -> dict:
+    """A toleration as a pod spec says it (camelCase, unset fields left out)."""
+    found = {"key": item.get("key"), "operator": item.get("operator"), "value": item.get("value"),
+             "effect": item.get("effect"), "tolerationSeconds": item.get("toleration_seconds")}
+    return {key: value for key, value in found.items() if value is not None}

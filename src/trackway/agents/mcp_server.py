@@ -184,8 +184,12 @@ def build_server(session: AgentSession):
         time_limit_hours: Annotated[float | None, Field(
             description="The full run's time limit in hours (default: the baseline's).")] = None,
         resource: Annotated[str | None, Field(description="A declared resource or 'auto'.")] = None,
+        branch: Annotated[str | None, Field(
+            description="The change is this branch's code against the commit the baseline ran (no `set` then).")] = None,
+        commit: Annotated[str | None, Field(description="As branch, for one commit.")] = None,
     ) -> dict[str, Any]:
-        """Record a hypothesis against a baseline run: its change (config overrides) and criteria. Nothing runs yet."""
+        """Record a hypothesis against a baseline run: its change (config overrides, or a branch's or commit's code) and
+        criteria. Nothing runs yet."""
 
     @tool
     def experiment_start(

@@ -349,17 +349,21 @@ def report_waste(session: AgentSession, by: str = "reason", days: float = 7.0,
 def experiment_new(session: AgentSession, title: str, hypothesis: str, baseline: str | None = None,
                    parent: str | None = None, set: list[str] | None = None, expect: list[str] | None = None,
                    name: str | None = None, gpus: int | None = None, time_limit_hours: float | None = None,
-                   resource: str | None = None) -> dict[str, Any]:
-    """Record a hypothesis against a baseline run: its one change (config overrides), its criteria. Nothing runs.
+                   resource: str | None = None, branch: str | None = None, commit: str | None = None) -> dict[str, Any]:
+    """Record a hypothesis against a baseline run: its one change (config overrides, or the code of a branch or
+    commit of the baseline's repository), its criteria. Nothing runs.
 
-    An agent changes the config only: the command is the baseline's (a person may give another on the CLI).
+    An agent never gives a command: the runs run the baseline's (a person may give another on the CLI).
     """
+    if branch is not None and commit is not None:
+        raise AgentRefused("commit", "branch or commit, not both", "branch/commit: expected one of them, not both")
     from trackway.experiments.define import ExperimentSpec, new_experiment
 
     recorded = new_experiment(session.ledger, session.settings, ExperimentSpec(
         title=title, hypothesis=hypothesis, cwd=session.workdir, baseline=baseline, parent=parent,
         overrides=list(set or []), criteria=list(expect or []), name=name, gpus=gpus,
-        time_limit_hours=time_limit_hours, resource=resource))
+        time_limit_hours=time_limit_hours, resource=resource, code_ref=branch if branch is not None else commit,
+        code_ref_kind="branch" if branch is not None else "commit"))
     return jsonable({"experiment_id": recorded.experiment_id, "baseline_run_id": recorded.baseline_run_id,
                      "changes": recorded.changes, "baseline_note": recorded.baseline_note or None,
                      "note": None if expect else "no criteria: the verdict will be inconclusive"})

@@ -55,6 +55,11 @@ def new(
                              help="GPUs of the full run, and of the test run unless `start --test-gpus` (default: the "
                                   "baseline's)."),
     time_limit: float = typer.Option(None, "--time-limit", help="The full run's time limit in hours (default: the baseline's)."),
+    branch: str = typer.Option(
+        None, "--branch",
+        help="The change is this branch's code (of the baseline's repository) against the commit the baseline ran: "
+             "each run clones exactly its commit as it is now; the config and command stay the baseline's."),
+    commit: str = typer.Option(None, "--commit", help="As --branch, for one commit (a hash, a prefix or a tag)."),
     resource: str = typer.Option(None, "--resource", "--full-resource",
                                  help="A declared resource or auto for the full run, and the test run unless `start "
                                       "--test-resource` (default: the baseline's request)."),
@@ -64,13 +69,18 @@ def new(
     from trackway.receipts.config_diff import change_text
     from trackway.experiments.define import ExperimentSpec, new_experiment
 
+    from trackway.errors import InputError
+
+    if branch is not None and commit is not None:
+        raise InputError("--branch/--commit: expected one of them, not both")
     app = app_context(ctx)
     recorded = new_experiment(app.ledger, app.settings, ExperimentSpec(
         title=title, hypothesis=hypothesis, cwd=Path.cwd(), baseline=baseline, parent=parent,
         command=list(command or []), config_path=config, overrides=list(overrides), criteria=list(criteria),
         allow_multiple_changes=allow_multiple_changes, name=name, project=project,
         data_paths=list(data) or None, eval_spec_paths=list(eval_specs), no_evals=no_evals, gpus=gpus, time_limit_hours=time_limit,
-        resource=resource,
+        resource=resource, code_ref=branch if branch is not None else commit,
+        code_ref_kind="branch" if branch is not None else "commit",
     ))
     console.print(recorded.experiment_id, highlight=False)
     if recorded.baseline_note:

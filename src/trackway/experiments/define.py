@@ -65,6 +65,10 @@ class ExperimentSpec:
     gpus: int | None = None
     time_limit_hours: float | None = None
     resource: str | None = None
+    # The code change, as `--branch B` or `--commit C` (kind "branch" or "commit"): the experiment's runs run
+    # exactly that commit, cloned from the baseline's repository; None: the work tree as it is.
+    code_ref: str | None = None
+    code_ref_kind: str = "branch"
 
 
 @dataclass
@@ -92,7 +96,9 @@ def new_experiment(ledger: Ledger, settings: Settings, spec: ExperimentSpec) -> 
         raise InputError(f"--resource {spec.resource!r}: not declared in trackway.toml "
                          f"(declared: {', '.join(sorted(settings.resources)) or 'none'}, or auto)")
     config, command, changes = _against_baseline(settings, spec, baseline, submitted_blob, effective)
-    if not changes:
+    if spec.code_ref is not None:
+        changes.append(_code_ref_change(settings, spec, baseline, command.argv))
+    elif not changes:
         changes = _code_change(settings, spec, baseline, effective)
     if len(changes) > 1 and not spec.allow_multiple_changes:
         listed = "; ".join(change_text(c) for c in changes[:6]) + ("; ..." if len(changes) > 6 else "")
@@ -183,6 +189,46 @@ def _code_change(settings: Settings, spec: ExperimentSpec, baseline, effective: 
         return f"commit {commit[:12]}" + (" with an uncommitted diff" if dirty else "")
 
     return [{"key": "code", "before": said(*before), "after": said(now.commit, now.dirty_sha256)}]
+
+
+def _code_ref_change(settings: Settings, spec: ExperimentSpec, baseline, argv: list[str]) -> dict[str, Any]:
+    """The change `--branch B` / `--commit C` makes against the code the baseline ran: its commit, the files and
+    lines it changes, and where its runs clone it from."""
+    from trackway.receipts.code import capture_code, changed_files, resolve_commit
+
+    flag = f"--{spec.code_ref_kind}"
+    if spec.command:
+        raise InputError(f"{flag}: cannot go with a command after `--`: a code-change experiment runs the baseline's "
+                         "command on the other code, so that the code is the one change")
+    if not baseline["code_commit"]:
+        raise InputError(f"{flag} {spec.code_ref!r}: baseline {baseline['name'] or baseline['run_id']} has no "
+                         "recorded commit to compare the code with (it was not run from a git work tree)")
+    workdir = Path(baseline["workdir"])
+    here = capture_code(workdir, home=settings.home)
+    if here.root is None:
+        raise InputError(f"{flag} {spec.code_ref!r}: the baseline's working directory {workdir} is no longer in a "
+                         "git work tree to find it in")
+    commit = resolve_commit(here.root, spec.code_ref)
+    if commit is None:
+        raise InputError(f"{flag} {spec.code_ref!r}: expected a {spec.code_ref_kind} of the repository at {here.root}")
+    if commit == baseline["code_commit"] and not baseline["code_dirty_sha256"]:
+        raise InputError(f"{flag} {spec.code_ref!r}: is commit {commit[:12]}, the code the baseline ran: no change")
+    root = here.root.resolve()
+    for word in argv:
+        if word.startswith("/") and Path(word).resolve().is_relative_to(root):
+            raise InputError(f"{flag}: the baseline's command names {word}, inside the work tree, by its absolute "
+                             "path: the experiment's runs clone the other code elsewhere and would run this file. "
+                             "Name it relative to the working directory (start a baseline that does)")
+    files = changed_files(root, baseline["code_commit"], commit)
+    added = sum(f["added"] or 0 for f in files)
+    deleted = sum(f["deleted"] or 0 for f in files)
+    before = f"commit {baseline['code_commit'][:12]}" + (" with an uncommitted diff" if baseline["code_dirty_sha256"] else "")
+    return {"key": "code", "before": before,
+            "after": f"commit {commit[:12]} ({spec.code_ref_kind} {spec.code_ref}; {len(files)} file(s), +{added} "
+                     f"-{deleted} lines)",
+            "commit": commit, "ref": spec.code_ref, "repo": str(root),
+            "subdir": workdir.resolve().relative_to(root).as_posix() if workdir.resolve() != root else "",
+            "files": files}
 
 
 def _keep_experiment_files(folder: Path, command: submitted_argv.SubmittedCommand, config) -> None:

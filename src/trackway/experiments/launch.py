@@ -126,6 +126,11 @@ def run_spec(ledger: Ledger, settings: Settings, experiment, kind: str, label: s
 
     folder = experiment_dir(settings, experiment["experiment_id"])
     config_path = _given_config(ledger, experiment, folder) if experiment["config_sha256"] else None
+    # A code-change experiment (`--branch`/`--commit`): each run clones exactly the commit it names.
+    code = next((c for c in json.loads(experiment["changes"]) if c.get("key") == "code" and c.get("commit")), None)
+    if code is not None:
+        extra = {"repo_url": code["repo"], "code_commit": code["commit"], "repo_subdir": code.get("subdir") or None,
+                 **extra}
     return RunSpec(
         command=_typed_command(experiment, folder),
         cwd=Path(experiment["workdir"]),

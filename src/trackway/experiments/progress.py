@@ -221,8 +221,18 @@ def _executor_name(settings: Settings, spec) -> str:
 
 
 def _same_code(settings: Settings, experiment, test_run) -> gate.Check:
-    """The full run would capture the work tree as it is now: it must be the code the test run ran."""
+    """The full run would capture the work tree as it is now: it must be the code the test run ran. A code-change
+    experiment's runs each clone its commit: the test run must have run that commit, and the full run will."""
     from trackway.receipts.code import capture_code
+
+    code = next((c for c in json.loads(experiment["changes"]) if c.get("key") == "code" and c.get("commit")), None)
+    if code is not None:
+        ran = test_run["code_commit"]
+        if ran == code["commit"] and not test_run["code_dirty_sha256"]:
+            return gate.Check("same_code", True, f"commit {ran[:12]} ({code['ref']}), cloned for each run: the full "
+                                                 "run runs it too")
+        return gate.Check("same_code", False, f"the test run ran commit {str(ran)[:12]}, not the experiment's "
+                                              f"{code['commit'][:12]} ({code['ref']})")
 
     try:
         now = capture_code(Path(experiment["workdir"]), home=settings.home)

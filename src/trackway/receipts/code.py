@@ -129,6 +129,37 @@ def clone_branch(url: str, branch: str, dest: Path) -> CodeRef:
     return capture_code(Path(dest))
 
 
+def clone_commit(url: str, commit: str, dest: Path) -> CodeRef:
+    """Clone `url` into `dest` (absent or empty) with exactly `commit` checked out (a detached HEAD)."""
+    cloned = subprocess.run(["git", "clone", "--quiet", "--no-checkout", "--", url, str(dest)], capture_output=True,
+                            check=False, env=_git_env(GIT_TERMINAL_PROMPT="0"))
+    checked = _git(dest, "checkout", "--quiet", "--detach", commit) if cloned.returncode == 0 else cloned
+    if checked.returncode != 0:
+        raise InputError(f"commit {commit[:12]} of {_without_credentials(url)}: git could not check it out: "
+                         f"{_first_error(checked.stderr)}")
+    return capture_code(Path(dest))
+
+
+def resolve_commit(root: Path, ref: str) -> str | None:
+    """The full hash of the commit `ref` (a branch, a tag, a hash or a prefix of one) names in `root`'s repository."""
+    if not ref or ref.startswith("-"):
+        return None
+    return _out(root, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}")
+
+
+def changed_files(root: Path, before: str, after: str) -> list[dict]:
+    """Each file that differs between two commits, with its added and deleted lines (None for a binary file)."""
+    result = _git(root, "diff", "--numstat", "-z", "--no-renames", before, after)
+    files = []
+    for entry in result.stdout.decode("utf-8", "surrogateescape").split("\0"):
+        parts = entry.split("\t", 2)
+        if len(parts) == 3:
+            added, deleted, path = parts
+            files.append({"path": path, "added": int(added) if added.isdigit() else None,
+                          "deleted": int(deleted) if deleted.isdigit() else None})
+    return files
+
+
 def _trackway_paths(root: Path, cwd: Path, home: Path | None) -> list[str]:
     """Paths (relative to the work tree's top) of trackway's own files that the diff leaves out."""
     root = root.resolve()

@@ -25,7 +25,7 @@ from trackway.ledger.blobs import put_blob
 from trackway.ledger.records import insert_run, name_taken, new_run_id
 from trackway.ledger.store import make_private_dirs
 from trackway.receipts import submitted_argv, submitted_config, submitted_env
-from trackway.receipts.code import CodeRef, capture_code, clone_branch
+from trackway.receipts.code import CodeRef, capture_code, clone_branch, clone_commit
 from trackway.receipts.config import load_config
 from trackway.receipts.data_manifest import build_data_manifest
 from trackway.settings import Settings
@@ -86,6 +86,10 @@ class RunSpec:
     repo_script: str | None = None
     # Who submits, as `started_by` says it (`trackway submit (ana@gpu3)`, `agent NAME via mcp (...)`).
     submitted_by: str | None = None
+    # A code-change experiment's run: `repo_url` cloned at exactly this commit (no branch), the command run in
+    # `repo_subdir` of the clone (the baseline's working directory, relative to its repository's top).
+    code_commit: str | None = None
+    repo_subdir: str | None = None
     # "awaiting": recorded with no attempt, until a person approves it (an agent's [agents.NAME] asked for it);
     # `approval_note` says what asked.
     approval: str | None = None
@@ -122,7 +126,7 @@ SUBMIT_FIELDS: dict[str, tuple[str, str]] = {
 }
 # RunSpec's fields no person sets by an option: the command and where it runs, what callers fill in.
 INTERNAL_FIELDS = frozenset({"command", "cwd", "environ", "env", "repo_script", "submitted_by", "approval",
-                             "approval_note"})
+                             "approval_note", "code_commit", "repo_subdir"})
 _FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z-]*)(?![\w-])")
 
 
@@ -147,7 +151,7 @@ def _validate(spec: RunSpec) -> None:
             note=" (10 years)",
         )
     parse_watch(spec.watch)
-    if bool(spec.repo_url) != bool(spec.branch):
+    if bool(spec.repo_url) != bool(spec.branch or spec.code_commit):
         raise InputError("--repo/--branch: expected both together (--repo URL --branch B) or neither")
     if spec.name is not None:
         validation.run_name(spec.name)
@@ -395,7 +399,8 @@ def _prepare_code(spec: RunSpec, run_dir: Path) -> tuple[Path, CodeRef]:
     # Clone beside the final place and move it in, so a failed clone leaves no run directory.
     staging = Path(tempfile.mkdtemp(prefix=f".{run_dir.name}-", dir=run_dir.parent))
     try:
-        code = clone_branch(spec.repo_url, spec.branch or "", staging / "workspace")
+        code = clone_commit(spec.repo_url, spec.code_commit, staging / "workspace") if spec.code_commit \
+            else clone_branch(spec.repo_url, spec.branch or "", staging / "workspace")
         if spec.repo_script is not None and not (staging / "workspace" / spec.repo_script).is_file():
             raise InputError(f"script {spec.repo_script!r}: not a file in {spec.repo_url} at branch {spec.branch} "
                              f"(commit {code.commit[:12] if code.commit else 'not known'})")
@@ -406,7 +411,7 @@ def _prepare_code(spec: RunSpec, run_dir: Path) -> tuple[Path, CodeRef]:
     workspace = run_dir / "workspace"
     (staging / "workspace").rename(workspace)
     staging.rmdir()
-    return workspace, CodeRef(
+    return workspace / (spec.repo_subdir or ""), CodeRef(
         root=workspace,
         repo=code.repo,
         commit=code.commit,

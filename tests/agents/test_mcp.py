@@ -310,3 +310,34 @@ def test_an_agent_resumes_its_own_failed_run_and_reads_the_waste_report(project:
     assert not e1 and resumed["attempt_id"] == f"{failed['run_id']}/2"
     assert e2 and bad_by["error"]["field"] == "by" and "expected one of reason, run, resource, phase" in bad_by["error"]["message"]
     assert not e3 and {row["reason"] for row in waste["rows"]} >= {"code_error"}
+
+
+def test_an_agent_evaluates_a_checkpoint_and_reads_the_evaluation(project: Path):
+    import shutil
+    import time
+
+    evals = Path(__file__).resolve().parents[1] / "evals" / "scripts"
+    shutil.copy(evals / "evaluator.py", project / "evaluator.py")
+    shutil.copy(Path(TOY), project / "toy.py")
+    (project / "tasks.jsonl").write_text("".join(
+        json.dumps({"task_id": f"t{i}", "prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(5)))
+    (project / "toy.toml").write_text(f'name = "toy"\ncommand = {json.dumps([sys.executable, "evaluator.py"])}\n'
+                                      'task_set = "tasks.jsonl"\nseeds = [0]\nmetrics = ["pass@1"]\n')
+    (project / "big.toml").write_text((project / "toy.toml").read_text() + "gpus = 1\n")
+    session = session_for("day", project)
+    (_, trained), (_, ended), (error, requested) = call(
+        session, ("submit", {"script": "toy.py", "name": "t"}), ("wait", {"run": "t", "timeout_s": 120}),
+        ("evaluate", {"checkpoint": "t", "spec": "toy.toml"}))
+    assert ended["state"] == "completed" and not error, requested
+    for _ in range(120):
+        (_, shown), = call(session, ("eval_show", {"evaluation": requested["eval_id"]}))
+        if shown["state"] != "running":
+            break
+        time.sleep(0.5)
+    assert shown["state"] == "completed" and shown["step"] == 40 and "pass@1" in shown["metrics"]
+    (_, again), = call(session, ("evaluate", {"checkpoint": "t@40", "spec": "toy.toml"}))
+    assert again["repeat"] and again["eval_id"] == requested["eval_id"]
+    budgeted = session_for("night", project)
+    (is_error, refused), = call(budgeted, ("evaluate", {"checkpoint": "t", "spec": "big.toml"}))
+    assert is_error and refused["error"]["field"] == "spec" and "not counted against agent 'night'" in \
+        refused["error"]["message"]

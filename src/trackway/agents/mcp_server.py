@@ -163,6 +163,18 @@ def build_server(session: AgentSession):
         """Which retries did real work: useful and wasted GPU-hours per reason, run, resource or phase."""
 
     @tool
+    def evaluate(
+        checkpoint: Annotated[str, Field(description="RUN@STEP, or RUN for its newest committed checkpoint.")],
+        spec: Annotated[str, Field(description="An eval spec file (TOML) in the server's working directory.")],
+        seeds: Annotated[int | None, Field(description="Run this many seeds now (the spec's first N).")] = None,
+    ) -> dict[str, Any]:
+        """Evaluate a committed checkpoint with pinned versions; the same checkpoint and versions again is a repeat."""
+
+    @tool
+    def eval_show(evaluation: Annotated[str, Field(description="An evaluation id.")]) -> dict[str, Any]:
+        """An evaluation: checkpoint, pinned versions, each seed's state and metrics, aggregated metrics."""
+
+    @tool
     def sql(query: Annotated[str, Field(description="One read-only statement (PostgreSQL dialect), e.g. "
                                                     "\"select * from training_attempts limit 5\".")],
             max_rows: Annotated[int, Field(description="At most this many rows (1 to 10000).")] = 200,

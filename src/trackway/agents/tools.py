@@ -343,6 +343,48 @@ def report_waste(session: AgentSession, by: str = "reason", days: float = 7.0,
     return {"by": by, "days": days, "rows": _finite(jsonable(rows))}
 
 
+def evaluate(session: AgentSession, checkpoint: str, spec: str, seeds: int | None = None) -> dict[str, Any]:
+    """Evaluate a committed checkpoint (`RUN@STEP`, or RUN for its newest) with an eval spec file in the working
+    directory; the same checkpoint and versions again is a repeat, answered with the earlier evaluation.
+
+    Evaluation seeds are runs of their own that no agent's budget counts yet: an agent with a GPU-hour budget may
+    evaluate on CPUs only (a spec whose phases ask GPUs is refused, for a person to run with `trackway eval`).
+    """
+    from trackway.evals.launch import request_evaluation, seeds_for
+    from trackway.evals.records import parse_checkpoint_ref
+    from trackway.evals.spec import load_spec
+    from trackway.supervisor.submit import check_eval_resource
+
+    path = _script(session.workdir, spec)
+    loaded = load_spec(path)
+    gpus = max([loaded.gpus] + [p.gpus for p in (loaded.inference, loaded.scoring) if p is not None])
+    if gpus and session.agent.gpu_hours_budget is not None:
+        raise AgentRefused("spec", "an eval spec without GPUs (seeds are not counted against budgets yet)",
+                           f"spec {spec!r}: expected an eval spec without GPUs: it asks {gpus} GPU(s) a seed, and "
+                           f"evaluation seeds are not counted against agent {session.agent.name!r}'s GPU-hour budget "
+                           "yet; a person runs it (`trackway eval`)")
+    seeds_for(loaded, seeds)
+    check_eval_resource(loaded, session.settings)
+    from trackway.validation import checkpoint_ref
+
+    run_ref, step = parse_checkpoint_ref(checkpoint_ref(checkpoint, "checkpoint"))
+    session.tick()
+    request = request_evaluation(session.ledger, session.settings, run_ref, step, loaded, seed_count=seeds)
+    _background(session)
+    return {"eval_id": request.eval_id, "repeat": bool(request.repeat), "queued_seeds": list(request.queued_seeds),
+            "held_back_seeds": list(request.held_back_seeds or []),
+            "note": "a repeat: nothing new to run" if request.repeat else "eval_show gives its state and metrics"}
+
+
+def eval_show(session: AgentSession, evaluation: str) -> dict[str, Any]:
+    """An evaluation: its checkpoint, pinned versions, each seed's state and metrics, aggregated metrics."""
+    from trackway.evals.tables import evaluation_detail
+
+    session.tick()
+    with session.ledger.read() as conn:
+        return _finite(jsonable(evaluation_detail(conn, evaluation)))
+
+
 # -- experiments ------------------------------------------------------------------------------------
 
 

@@ -192,3 +192,7 @@ def slurm_node(slurm_cluster, tmp_path_factory) -> Iterator[None]:
 # Real SSH hosts (sshd on loopback and in network namespaces), for every test that asks for one.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ssh_hosts import loopback_host, netns_hosts, ssh_key  # noqa: E402,F401
+
+
+# Nothing the suite started outlives it (tests/leftovers.py).
+from leftovers import pytest_sessionfinish  # noqa: E402,F401

@@ -108,7 +108,12 @@ class SshHost:
         Path("/run/sshd").mkdir(exist_ok=True)
         self.pid_file.unlink(missing_ok=True)
         subprocess.run(self._in_ns([SSHD, "-f", str(self.config), "-E", str(self.log)]), check=True)
-        self._wait_listening()
+        try:
+            self._wait_listening()
+        except BaseException:
+            # Spawned but not answering: no fixture will ever close a host it never got, so stop it here.
+            self.stop_sshd()
+            raise
         return self
 
     def _wait_listening(self, timeout_s: float = 10.0) -> None:

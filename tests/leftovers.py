@@ -1,0 +1,60 @@
+"""Nothing a test session started outlives it: a pytest hook, used by tests/conftest.py and by its own test.
+
+Processes are found by the session's temporary directory in their command line or working directory
+(sshd test hosts, training scripts, shims, background supervisors all run from there).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import psutil
+
+LEFTOVER_GRACE_S = 15.0
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Every process started from this session's temporary directories (sshd test hosts, training scripts, shims,
+    background supervisors) must have ended with its test: one still alive after a short grace is killed, named,
+    and fails the run, so that the next suite on the machine does not inherit it."""
+    factory = getattr(session.config, "_tmp_path_factory", None)
+    if factory is None:
+        return
+    try:
+        base = str(factory.getbasetemp())
+    except (OSError, ValueError):
+        return
+    ours = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
+
+    def leftovers() -> list:
+        found = []
+        for proc in psutil.process_iter(["pid", "cmdline", "cwd"]):
+            try:
+                if proc.info["pid"] in ours:
+                    continue
+                if base in " ".join(proc.info["cmdline"] or []) or (proc.info["cwd"] or "").startswith(base):
+                    found.append(proc)
+            except (psutil.Error, OSError):
+                continue
+        return found
+
+    deadline = time.monotonic() + LEFTOVER_GRACE_S
+    alive = leftovers()
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.5)
+        alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    if not alive:
+        return
+    said = []
+    for proc in alive:
+        try:
+            said.append(f"pid {proc.pid}: {' '.join(proc.cmdline())[:200]}")
+            proc.kill()
+        except psutil.Error:
+            continue
+    if said:
+        sys.stderr.write("processes this test session started were still alive at its end (killed now):\n  "
+                         + "\n  ".join(said) + "\n")
+        session.exitstatus = 1

@@ -1,0 +1,41 @@
+"""The suite's own check that nothing it started outlives it (tests/leftovers.py) fails a run that leaks a process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+LEAKY = """
+import subprocess, sys
+
+def test_leaves_a_process_behind(tmp_path):
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], cwd=tmp_path)
+
+def test_ends_what_it_starts(tmp_path):
+    subprocess.run([sys.executable, "-c", "pass"], cwd=tmp_path, check=True)
+"""
+
+
+def run_session(tmp_path: Path, select: str) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "test_leaky.py").write_text(LEAKY)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "leftovers",
+                           "-p", "no:kmock", "--basetemp", str(tmp_path / "base"), "-k", select,
+                           str(tmp_path / "test_leaky.py")],
+                          capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+
+
+def test_a_session_that_leaves_a_process_alive_fails_naming_it_and_the_process_is_killed(tmp_path):
+    done = run_session(tmp_path, "leaves")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "were still alive at its end (killed now)" in done.stderr and "time.sleep(120)" in done.stderr
+    leaked = subprocess.run(["pgrep", "-f", "time.sleep(120)"], capture_output=True, text=True).stdout.split()
+    assert not [pid for pid in leaked if os.path.exists(f"/proc/{pid}/cwd")
+                and os.readlink(f"/proc/{pid}/cwd").startswith(str(tmp_path))]
+
+
+def test_a_session_that_ends_what_it_starts_passes(tmp_path):
+    done = run_session(tmp_path, "ends")
+    assert done.returncode == 0, done.stdout + done.stderr

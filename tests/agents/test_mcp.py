@@ -341,3 +341,20 @@ def test_an_agent_evaluates_a_checkpoint_and_reads_the_evaluation(project: Path)
     (is_error, refused), = call(budgeted, ("evaluate", {"checkpoint": "t", "spec": "big.toml"}))
     assert is_error and refused["error"]["field"] == "spec" and "not counted against agent 'night'" in \
         refused["error"]["message"]
+
+
+def test_an_agent_asks_the_memory_preflight_before_it_submits(project: Path):
+    from memory_cases import MOTIVATING, lognormal_values
+
+    (project / "trackway.toml").write_text(TOML + '\n[resources.h100box]\nexecutor = "local"\ngpu = "H100"\n'
+                                           '\n[resources.h200box]\nexecutor = "local"\ngpu = "H200"\n')
+    (project / "lengths.txt").write_text("\n".join(map(str, lognormal_values(50_000))) + "\n")
+    session = session_for("day", project)
+    (error, answer), (_, none) = call(
+        session, ("preflight", {"config": {"preflight": {**MOTIVATING, "seq_lengths": "lengths.txt"}}, "gpu_count": 8}),
+        ("preflight", {"config": {"train": {"lr": 0.1}}}))
+    assert not error and answer["declared"]
+    report = answer["preflight"]["report"]
+    assert report["peak_gib"] == pytest.approx(89.04, abs=0.01)  # the motivating case's longest batch, per GPU
+    assert {target["name"] for target in report["targets"]} == {"h100box", "h200box"}
+    assert not none["declared"] and "[preflight] section" in none["note"]

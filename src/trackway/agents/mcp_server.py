@@ -101,6 +101,16 @@ def build_server(session: AgentSession):
         """Runs newest first, each with its state, resource and GPUs."""
 
     @tool
+    def preflight(
+        config: Annotated[dict[str, Any], Field(description="The run's config, with a [preflight] section naming the "
+                                                            "model and batch shape.")],
+        gpu_count: Annotated[int, Field(description="GPUs the run trains on.")] = 1,
+        resource: Annotated[str | None, Field(description="Judge on this declared resource only.")] = None,
+        model_family: Annotated[str | None, Field(description="Use the calibration kept for this family.")] = None,
+    ) -> dict[str, Any]:
+        """Whether the run fits in GPU memory wherever it may go: the peak per GPU and the verdict per resource."""
+
+    @tool
     def submit(
         script: Annotated[str, Field(description="A Python file's path relative to the server's working directory.")],
         args: Annotated[list[str] | None, Field(description="Arguments after the script.")] = None,

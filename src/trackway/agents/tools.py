@@ -185,6 +185,24 @@ def receipt(session: AgentSession, ref: str) -> dict[str, Any]:
     return _finite(jsonable(row))
 
 
+def preflight(session: AgentSession, config: dict[str, Any], gpu_count: int = 1, resource: str | None = None,
+              model_family: str | None = None) -> dict[str, Any]:
+    """The memory preflight a submit of this config would run: peak GPU memory per GPU at the median, p99 and
+    longest batch, judged on each resource it may go to, with the fixes ranked (the config's [preflight] section,
+    or trackway.toml's [preflight] keys, declares the model and batch shape)."""
+    from trackway.resources.submit_preflight import submit_preflight
+
+    _whole(gpu_count, "gpu_count", 0, 100_000)
+    if not isinstance(config, dict):
+        raise AgentRefused("config", "an object: the run's config", "config: expected an object: the run's config")
+    recorded = submit_preflight(session.ledger, session.settings, config, strict=False, resource=resource,
+                                cwd=session.workdir, gpus=gpu_count, model_family=model_family)
+    if recorded is None:
+        return {"declared": False, "note": "the config declares no model and batch shape: add a [preflight] section "
+                                           "(layers, hidden, heads, vocab, batch_size, max_length, precision, ...)"}
+    return {"declared": True, "preflight": _finite(json.loads(recorded))}
+
+
 # -- acting -----------------------------------------------------------------------------------------
 
 

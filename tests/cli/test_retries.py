@@ -203,8 +203,13 @@ def test_explain_tells_how_to_get_a_free_port_once_the_retries_are_spent(cli_sql
     assert "--main_process_port 0" in facts["next_steps"]["person"], facts["next_steps"]
 
 
-def test_a_run_going_again_after_a_preemption_shows_no_ending_of_its_own(cli_sqlite):
-    assert cli_sqlite("submit", "--detach", "--name", "again", "--", PY, SCRIPT, "40", "--preempt-at", "5").code == 0
+def test_a_run_going_again_after_a_preemption_shows_no_ending_of_its_own(cli_sqlite, tmp_path):
+    # The retry waits out a backoff: the run is seen between its attempts (an immediate retry of 35 quick steps
+    # could complete before the listing looks, under load).
+    policy = tmp_path / "policy.toml"
+    policy.write_text("[reasons.preempted]\nbackoff_seconds = 600\n")
+    assert cli_sqlite("submit", "--detach", "--name", "again", "--retry-policy", str(policy), "--",
+                      PY, SCRIPT, "40", "--preempt-at", "5").code == 0
     # Each listing ticks: the preemption is recorded and the retry queued or started.
     wait_for(lambda: cli_sqlite("attempts", "again", "--json").json()[0]["termination_reason"], "attempt 1 to end",
              interval=0.3)
@@ -212,6 +217,7 @@ def test_a_run_going_again_after_a_preemption_shows_no_ending_of_its_own(cli_sql
     # Going again: the preemption is attempt 1's ending, not the run's (the listing said `running  preempted`).
     assert run["state"] in ("queued", "running") and run["termination_reason"] is None, run
     assert cli_sqlite("attempts", "again", "--json").json()[0]["termination_reason"] == "preempted"
+    assert cli_sqlite("cancel", "again").code == 0
 
 
 def test_the_end_line_says_each_thing_once(cli_sqlite):

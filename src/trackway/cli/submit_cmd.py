@@ -82,6 +82,12 @@ def submit(
              "out of GPU memory wherever it may go.",
     ),
     detach: bool = typer.Option(False, "--detach", help="Print the run id and return; do not follow the attempt."),
+    dry_run: bool = typer.Option(
+        False, "--dry-run",
+        help="Record and start nothing: check the run as a submit does, then print the resource it would go to and "
+             "why, and what its executor would be sent (the sbatch script, the SSH launch, the local command line "
+             "and environment names).",
+    ),
 ) -> None:
     """Submit COMMAND as a run: capture its receipt, start an attempt and follow it (exit 0 iff it completed)."""
     # Imported on use, so that the other commands do not pay for receipts and executors at start-up.
@@ -119,6 +125,11 @@ def submit(
         preflight_strict=strict,
         expect=[text.strip() for text in expect],
     )
+    if dry_run:
+        from trackway.supervisor.dry_run import preview_submit
+
+        typer.echo(preview_submit(app.ledger, app.settings, spec, console=err_console).text())  # unwrapped: a script to copy
+        return
     supervisor = supervisor_for(app.ledger, app.settings)
     run_id = submit_run(app.ledger, app.settings, spec, console=err_console)
     attempt_id = _first_attempt(app, supervisor, run_id)

@@ -447,33 +447,51 @@ def build_request(settings: Settings, plan: AttemptPlan, claim: ClaimedAttempt) 
     restored = (restore_declared(plan.checkpoint_root, code.cwd, plan.declared, plan.resume_from, claim.number)
                 if plan.declared else None)
     command = substitute_command(typed, restored, plan.checkpoint_root / plan.resume_from if plan.resume_from else None)
-    checkpoint_url = plan.run["checkpoint_root"]
+    request = launch_request(
+        settings, run, plan.run_id, claim.attempt_id, claim.number, state_dir, resource=resource,
+        qos=plan.placement.qos, executor=executor, code=code, config_path=claim.config_path,
+        variables=submitted.variables if submitted is not None else None, command=command,
+        resume_from=plan.resume_from, checkpoint_url=plan.run["checkpoint_root"],
+        restored_path=restored.restored[0] if restored is not None and restored.restored else None,
+    )
+    return BuiltRequest(request, restored)
+
+
+def launch_request(
+    settings: Settings, run: Mapping[str, Any], run_id: str, attempt_id: str, number: int, state_dir: Path, *,
+    resource: Resource, qos: str | None, executor: Executor, code: CodeGiven, config_path: Path | None,
+    variables: dict[str, str] | None, command: list[str], resume_from: str | None, checkpoint_url: str | None,
+    restored_path: str | None,
+) -> LaunchRequest:
+    """The request an executor is handed for one attempt, built from what is decided, writing nothing.
+
+    build_request() hands it to submit(); `submit --dry-run` (supervisor/dry_run.py) to preview(),
+    so what a dry run shows is what a submit sends. `variables`: the run's submitted environment
+    (None: recorded before environments were, so added to the launcher's own).
+    """
     own_env = {
         **({"TRACKWAY_CHECKPOINT_URL": checkpoint_url} if checkpoint_url else {}),
         **run_environment(run, state_dir),
-        **attempt_environment(
-            settings, plan.run_id, claim.attempt_id, claim.number, state_dir, plan.resume_from, claim.config_path,
-            restored.restored[0] if restored is not None and restored.restored else None,
-        ),
+        **attempt_environment(settings, run_id, attempt_id, number, state_dir, resume_from, config_path,
+                              restored_path),
     }
-    request = LaunchRequest(
-        attempt_id=claim.attempt_id,
+    return LaunchRequest(
+        attempt_id=attempt_id,
         command=command,
         cwd=code.cwd,
-        env={**(submitted.variables if submitted is not None else {}), **own_env},
+        env={**(variables if variables is not None else {}), **own_env},
         state_dir=state_dir,
         log_path=state_dir / "output.log",
         gpus=run["gpus"],
         time_limit_s=run["time_limit_s"],
         grace_s=resource.grace_seconds,
         nodes=run.get("nodes") or 1,  # runs recorded before 0018: one node
-        env_is_complete=submitted is not None,
+        env_is_complete=variables is not None,
         resource=resource if resource.declared else None,
-        qos=plan.placement.qos,
+        qos=qos,
         run_env=own_env if executor.remote else None,
         code=_code_snapshot(run, code) if executor.remote else None,
     )
-    return BuiltRequest(request, restored)
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,9 @@ Local: NVML's GPUs, free when no process holds one. Slurm: one `sinfo` (GPUs con
 allocated per node of the partition) and one `squeue` (jobs of the partition by state), run side
 by side with a timeout, so that an unreachable controller makes a row that says so instead of a
 hang. SSH: each host asked once (its `nvidia-smi`, where it has one: a GPU with a compute process
-is taken), less the GPUs trackway's own leases hold there (executors/ssh.py), with the attempts
-holding them as the running count. Resources are looked up in parallel: a listing costs the slowest look-up, not their sum.
+is taken), less the GPUs trackway's own leases hold there (executors/ssh.py). On local and SSH resources
+trackway is the only queue: their running and pending counts are its ledger's (resources/own_queue.py),
+when the caller passes them. Resources are looked up in parallel: a listing costs the slowest look-up, not their sum.
 """
 
 from __future__ import annotations
@@ -53,18 +54,23 @@ class Availability:
 
 
 def look_up(resources: list[Resource], timeout_s: float = LOOKUP_TIMEOUT_S,
-            home: Path | None = None) -> dict[str, Availability]:
-    """Every resource's availability, looked up side by side; `home`: where SSH hosts' GPU leases are kept."""
+            home: Path | None = None, own_jobs: dict[str, tuple[int, int]] | None = None) -> dict[str, Availability]:
+    """Every resource's availability, looked up side by side; `home`: where SSH hosts' GPU leases are kept.
+
+    `own_jobs`: the ledger's running and pending counts by resource (resources/own_queue.py), for the
+    resources trackway alone schedules (local, SSH); without them those counts are not known (None).
+    """
     if not resources:
         return {}
     from concurrent.futures import ThreadPoolExecutor  # here: `show` imports this module to render a selection
 
     with ThreadPoolExecutor(max_workers=min(8, len(resources))) as pool:
-        found = list(pool.map(lambda resource: availability(resource, timeout_s, home), resources))
+        found = list(pool.map(lambda resource: availability(resource, timeout_s, home, own_jobs), resources))
     return {row.resource: row for row in found}
 
 
-def availability(resource: Resource, timeout_s: float = LOOKUP_TIMEOUT_S, home: Path | None = None) -> Availability:
+def availability(resource: Resource, timeout_s: float = LOOKUP_TIMEOUT_S, home: Path | None = None,
+                 own_jobs: dict[str, tuple[int, int]] | None = None) -> Availability:
     started = time.perf_counter()
     if resource.executor == "slurm":
         row = _slurm(resource, timeout_s)
@@ -72,6 +78,9 @@ def availability(resource: Resource, timeout_s: float = LOOKUP_TIMEOUT_S, home: 
         row = _ssh(resource, timeout_s, home)
     else:
         row = _local(resource)
+    if own_jobs is not None and resource.executor != "slurm":  # the ledger knows them, host reached or not
+        running, pending = own_jobs.get(resource.name, (0, 0))
+        row = Availability(**{**row.as_dict(), "running_jobs": running, "pending_jobs": pending})
     return Availability(**{**row.as_dict(), "lookup_ms": (time.perf_counter() - started) * 1000})
 
 

@@ -37,6 +37,12 @@ def submit(
              "MASTER_ADDR, MASTER_PORT, NODE_RANK and NNODES set, for `torchrun --nnodes=$NNODES ...`.",
     ),
     time_limit: float = typer.Option(None, "--time-limit", help="Hours before the attempt is ended (SIGTERM, grace, SIGKILL)."),
+    in_pieces: bool = typer.Option(
+        False, "--in-pieces",
+        help="--time-limit is the run's total, longer than any QoS tier or partition allows: each attempt runs on "
+             "the longest tier, and one that reaches its limit is resumed from its newest checkpoint until the total "
+             "is spent (each attempt's receipt says which piece it was).",
+    ),
     resource: str = typer.Option(
         None, "--resource",
         help="A resource declared in trackway.toml, or auto: chosen by kind, GPUs, memory, time limit, availability "
@@ -124,6 +130,7 @@ def submit(
         checkpoint_root=checkpoint_root,
         preflight_strict=strict,
         expect=[text.strip() for text in expect],
+        in_pieces=in_pieces,
     )
     if dry_run:
         from trackway.supervisor.dry_run import preview_submit

@@ -83,6 +83,9 @@ class JobRequest(BaseModel):
     strict_memory_preflight: bool = Field(
         False, description="Refuse the job, recording nothing, when the memory preflight (the config's [preflight]) "
                            "predicts it runs out of GPU memory wherever it may go.")
+    in_pieces: bool = Field(
+        False, description="`time_limit_hours` is the job's total, run in pieces of the longest QoS tier, each "
+                           "resumed from the last one's checkpoint (as `submit --in-pieces`).")
     dry_run: bool = Field(
         False, description="Record and start nothing: answer 200 with the resource that would be chosen and why, and "
                            "what its executor would be sent (the sbatch script, the SSH launch, the local command), "
@@ -188,7 +191,7 @@ def submit_job(job: JobRequest, request: Request, response: Response) -> Submitt
         retry_policy_path=policy, metric_patterns=list(job.metric_patterns) or None,
         checkpoint_paths=list(job.checkpoint_paths) or None, checkpoint_root=job.checkpoint_root,
         preflight_strict=job.strict_memory_preflight, expect=[text.strip() for text in job.expect],
-        repo_script=script_path if job.repo else None,
+        repo_script=script_path if job.repo else None, in_pieces=job.in_pieces,
     )
     try:
         if job.dry_run:

@@ -76,6 +76,7 @@ def preview_submit(ledger: Ledger, settings: Settings, spec: RunSpec, console: C
             config_path=run_dir / submitted_config.CONFIG_FILE if receipt.config else None,
             variables=receipt.environ.variables, command=_first_command(receipt.command.argv),
             resume_from=None, checkpoint_url=run["checkpoint_root"], restored_path=None,
+            time_limit_s=_first_limit(run["time_limit_s"], selection.piece_hours),
         )
         if snapshot_from != workdir:
             from dataclasses import replace
@@ -86,6 +87,11 @@ def preview_submit(ledger: Ledger, settings: Settings, spec: RunSpec, console: C
     return SubmitPreview(run_id=run_id, attempt_id=f"{run_id}/1", resource=selection.resource,
                          executor=resource.executor, qos=selection.qos, selection=selection.text(),
                          submitted=redact(said, secrets))
+
+
+def _first_limit(total_s: float | None, piece_hours: float | None) -> float | None:
+    """The first attempt's time limit: the run's, or (in pieces) its first piece's, as the launcher sets it."""
+    return min(total_s, piece_hours * 3600) if total_s and piece_hours else total_s
 
 
 def _first_command(argv: list[str]) -> list[str]:

@@ -203,6 +203,7 @@ class AttemptPlan:
     evaluation: bool
     code: CodeGiven
     data: DataGiven | None  # None: the first attempt, which runs the run's own data manifest
+    time_limit_s: float | None = None  # the attempt's own limit: the run's, or its piece's (--in-pieces)
 
 
 def plan_attempt(
@@ -241,7 +242,13 @@ def plan_attempt(
     preflight = _preflight_of(ledger, project, found, config) if config is not None else None
     if preflight is not None:
         found = {**found, "preflight": preflight}  # placement judges the config this attempt runs, not the submitted
+    in_pieces = pieces_asked(project, found)
+    if in_pieces:
+        found = {**found, "in_pieces": True}  # placement plans pieces of the longest tier (resources/selection.py)
     placement = _place_or_hold(ledger, project, found, previous, from_queue)
+    time_limit_s = found["time_limit_s"]
+    if placement.piece_hours is not None and time_limit_s:
+        placement, time_limit_s = _piece(ledger, found, placement)
     resource = project.resource(placement.resource)
     executor = _executor_for(executor, resource.executor, settings)
     checkpoint_root = settings.runs_dir / run_id / "checkpoints"
@@ -257,8 +264,41 @@ def plan_attempt(
         run_id=run_id, run=found, previous=previous, executor=executor, placement=placement, resource=resource,
         environment=environment, config=config, config_path=config_path, lost_config=lost_config,
         preflight=preflight, declared=declared, checkpoint_root=checkpoint_root, resume_from=resume_from,
-        moved=moved, evaluation=evaluation, code=code, data=data,
+        moved=moved, evaluation=evaluation, code=code, data=data, time_limit_s=time_limit_s,
     )
+
+
+def pieces_asked(settings: Settings, run) -> bool:
+    """Whether the run goes in pieces (`in_pieces` in its retry policy: `submit --in-pieces`); a policy that no
+    longer reads is no plan (its end says so)."""
+    from trackway.supervisor.retry import run_policy
+
+    if not run["time_limit_s"]:
+        return False
+    try:
+        return run_policy(settings, run).in_pieces
+    except InputError:
+        return False
+
+
+def _piece(ledger: Ledger, run, placement: Selection) -> tuple[Selection, float]:
+    """The next piece of a run in pieces: its time limit (the piece, or what is left of the run's time) and the
+    placement saying which piece it is, so that the attempt's receipt says it was planned."""
+    import math
+    from dataclasses import replace
+
+    from trackway.supervisor.policy import PIECE_MIN_S
+    from trackway.supervisor.retry import attempt_seconds
+
+    with ledger.read() as conn:
+        rows = list(conn.execute(select(attempts).where(attempts.c.run_id == run["run_id"])).mappings())
+    total, piece = float(run["time_limit_s"]), placement.piece_hours * 3600
+    left = total - sum(attempt_seconds(row) for row in rows)
+    limit = max(min(piece, left), PIECE_MIN_S)
+    number = 1 + sum(1 for row in rows if row["termination_reason"] == TerminationReason.TIMEOUT.value)
+    said = (f"piece {number} of {math.ceil(total / piece - 1e-9)} (--in-pieces): at most {limit / 3600:g} h of the "
+            f"run's {total / 3600:g} h, {left / 3600:.2f} h left")
+    return replace(placement, reason=f"{said}; {placement.reason}"), limit
 
 
 def _place_or_hold(ledger: Ledger, settings: Settings, run, previous, from_queue: bool) -> Selection:
@@ -453,6 +493,7 @@ def build_request(settings: Settings, plan: AttemptPlan, claim: ClaimedAttempt) 
         variables=submitted.variables if submitted is not None else None, command=command,
         resume_from=plan.resume_from, checkpoint_url=plan.run["checkpoint_root"],
         restored_path=restored.restored[0] if restored is not None and restored.restored else None,
+        time_limit_s=plan.time_limit_s,
     )
     return BuiltRequest(request, restored)
 
@@ -461,7 +502,7 @@ def launch_request(
     settings: Settings, run: Mapping[str, Any], run_id: str, attempt_id: str, number: int, state_dir: Path, *,
     resource: Resource, qos: str | None, executor: Executor, code: CodeGiven, config_path: Path | None,
     variables: dict[str, str] | None, command: list[str], resume_from: str | None, checkpoint_url: str | None,
-    restored_path: str | None,
+    restored_path: str | None, time_limit_s: float | None,
 ) -> LaunchRequest:
     """The request an executor is handed for one attempt, built from what is decided, writing nothing.
 
@@ -483,7 +524,7 @@ def launch_request(
         state_dir=state_dir,
         log_path=state_dir / "output.log",
         gpus=run["gpus"],
-        time_limit_s=run["time_limit_s"],
+        time_limit_s=time_limit_s,
         grace_s=resource.grace_seconds,
         nodes=run.get("nodes") or 1,  # runs recorded before 0018: one node
         env_is_complete=variables is not None,

@@ -80,6 +80,9 @@ class RunSpec:
     # The script the command runs, relative to --repo's top (the API's `script`): refused at submit, with
     # nothing recorded, when the cloned branch does not hold it.
     repo_script: str | None = None
+    # The time limit is the run's total, run in pieces of the longest QoS tier, each resumed from the last one's
+    # checkpoint: `in_pieces = true` in the run's retry policy (supervisor/policy.py).
+    in_pieces: bool = False
 
 
 # Every option a run is submitted with: RunSpec's field -> (`trackway submit`'s flag, `POST /api/jobs`' field).
@@ -108,6 +111,7 @@ SUBMIT_FIELDS: dict[str, tuple[str, str]] = {
     "checkpoint_root": ("--checkpoint-root", "checkpoint_root"),
     "preflight_strict": ("--strict", "strict_memory_preflight"),
     "expect": ("--expect", "expect"),
+    "in_pieces": ("--in-pieces", "in_pieces"),
 }
 # How a submit is carried out rather than what the run is: (`trackway submit`'s flag, `POST /api/jobs`' field).
 SUBMIT_MODES: dict[str, tuple[str, str]] = {
@@ -156,6 +160,8 @@ def _validate(spec: RunSpec) -> None:
         validation.finite(spec.gpu_memory_min_gb, "--gpu-memory-min", 0, 10_000, "GB", low_open=True)
     if spec.checkpoint_root is not None:
         checkpoint_root_url(spec.checkpoint_root, "--checkpoint-root")
+    if spec.in_pieces and spec.time_limit_hours is None:
+        raise InputError("--in-pieces: expected with --time-limit HOURS, the run's total time to run in pieces")
 
 
 def checkpoint_root_url(root: str, field: str) -> str:
@@ -199,8 +205,34 @@ def preview_placement(settings: Settings, spec: RunSpec, preflight: str | None =
     run = {"resource_request": asked, "resource": asked, "kind": spec.kind, "gpus": spec.gpus, "nodes": spec.nodes,
            "time_limit_s": spec.time_limit_hours * 3600 if spec.time_limit_hours else None,
            "gpu_memory_min_gb": spec.gpu_memory_min_gb, "preflight": preflight,
-           "resource_preferred": spec.prefer_resource}
+           "resource_preferred": spec.prefer_resource, "in_pieces": _in_pieces(settings, spec)}
     return place(settings, run)
+
+
+def _in_pieces(settings: Settings, spec: RunSpec) -> bool:
+    """Whether the run goes in pieces: `--in-pieces`, or `in_pieces = true` in trackway.toml's [retry] or its
+    --retry-policy (either is refused in one line here when it does not read)."""
+    if spec.time_limit_hours is None:
+        return False
+    if spec.in_pieces:
+        return True
+    from trackway.supervisor.policy import load_policy
+
+    return load_policy(spec.retry_policy_path, settings.retry).in_pieces
+
+
+def pieces_policy(text: str | None, spec: RunSpec) -> str | None:
+    """The run's retry policy as stored: its --retry-policy text, with `in_pieces = true` first for --in-pieces
+    (top-level keys come before any table in TOML), so that the receipt says the pieces were asked for."""
+    if not spec.in_pieces:
+        return text
+    import tomllib
+
+    if text and tomllib.loads(text).get("in_pieces") is True:
+        return text
+    if text and "in_pieces" in tomllib.loads(text):
+        raise InputError(f"--in-pieces: the --retry-policy {spec.retry_policy_path} says in_pieces = false")
+    return "in_pieces = true  # submit --in-pieces\n" + (text or "")
 
 
 def submit_run(ledger: Ledger, settings: Settings, spec: RunSpec, console: Console | None = None) -> str:
@@ -255,7 +287,7 @@ def capture_receipt(ledger: Ledger, settings: Settings, spec: RunSpec, console: 
 
     load_policy(None, settings.retry)  # a broken [retry] in trackway.toml is refused now, not after an attempt
     log_patterns, checkpoint_paths = _outside_sdk(spec, settings)
-    retry_policy = read_policy_file(spec.retry_policy_path)
+    retry_policy = pieces_policy(read_policy_file(spec.retry_policy_path), spec)
     eval_specs = load_eval_specs(spec.eval_spec_paths, settings)
     data = build_data_manifest(spec.data_paths, console=console)
     environ = submitted_env.capture(spec.environ)

@@ -178,9 +178,7 @@ class SshExecutor(Executor):
         files: dict[str, bytes] = {f"{attempt_rel}/launch.json": json.dumps(launch, indent=1).encode()}
         files.update({f"{attempt_rel}/{rel}": Path(local).read_bytes() for rel, local in inputs.items()})
         if has_agent != "agent":
-            files[f".trackway/{support}/local_shim.py"] = Path(local_shim.__file__).read_bytes()
-            files[f".trackway/{support}/node_sampler.py"] = Path(node_sampler.__file__).read_bytes()
-            files[f".trackway/{support}/agent.py"] = Path(remote_agent.__file__).read_bytes()
+            files.update(_support_files(support))
         bundle = _bundle(files, code if code is not None and has_code != "code" else None)
         client.run(f"cd {workdir_q} && mkdir -p {shlex.quote(attempt_rel)}/spool && tar -xzf - "
                    f"&& chmod 700 {shlex.quote(attempt_rel)}", stdin=bundle)
@@ -545,6 +543,17 @@ class SshExecutor(Executor):
             return ssh_gang.gang_log(Path(handle.state_dir))
         return Path(RemoteJob.load(Path(handle.state_dir)).local_log)
 
+    def ask_agent(self, client: SshClient, python: str, remote_root: str, args: list[str]) -> dict:
+        """This trackway's agent's answer on a host (under `remote_root`, the resource's workdir there), the agent
+        sent first when the host holds only another version's, or none (as a submit sends it)."""
+        support = _support_hash()
+        agent = posixpath.join(remote_root, ".trackway", support, "agent.py")
+        answer = self._agent(client, python, agent, args)
+        if not answer.get("agent_missing"):
+            return answer
+        client.run(f"cd {shlex.quote(remote_root)} && tar -xzf -", stdin=_bundle(_support_files(support), None))
+        return self._agent(client, python, agent, args)
+
     def _agent(self, client: SshClient, python: str, agent: str, args: list[str], stdin: bytes | None = None,
                timeout_s: float | None = None) -> dict:
         # A host whose workdir was wiped has no agent any more: that answers "nothing of yours is here".
@@ -593,6 +602,13 @@ class _locked:  # noqa: N801 - a context manager
 
     def __exit__(self, *exc_info) -> None:
         os.close(self.fd)
+
+
+def _support_files(support: str) -> dict[str, bytes]:
+    """The agent and the shim it runs, as a host keeps them (relative to the workdir)."""
+    return {f".trackway/{support}/{name}": Path(module.__file__).read_bytes()
+            for name, module in (("local_shim.py", local_shim), ("node_sampler.py", node_sampler),
+                                 ("agent.py", remote_agent))}
 
 
 def _bundle(files: dict[str, bytes], code) -> bytes:

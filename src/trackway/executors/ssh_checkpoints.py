@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import base64
 import posixpath
-import shlex
 import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
@@ -22,8 +21,8 @@ from pathlib import Path
 from trackway.checkpoints import recover
 from trackway.checkpoints.layout import CheckpointInfo, CheckpointState
 from trackway.errors import ExecutorError, NotFound
-from trackway.executors import local_shim, node_sampler, remote_agent
-from trackway.executors.ssh import RemoteJob, SshExecutor, _bundle, _support_hash
+from trackway.executors import remote_agent
+from trackway.executors.ssh import RemoteJob, SshExecutor
 from trackway.executors.ssh_gang import NODES_DIR
 
 
@@ -63,18 +62,8 @@ def _job_dirs(state_dir: Path) -> list[Path]:
 
 
 def _read(executor: SshExecutor, job: RemoteJob, remote_root: str, root: str) -> HostStore:
-    client = job.client()
-    support = _support_hash()
-    agent = posixpath.join(remote_root, ".trackway", support, "agent.py")
     try:
-        answer = executor._agent(client, job.python, agent, ["checkpoints", root])
-        if answer.get("agent_missing"):
-            # The host holds an older trackway's agent (or none): this one's is sent, as a submit sends it.
-            files = {f".trackway/{support}/{name}": Path(module.__file__).read_bytes()
-                     for name, module in (("local_shim.py", local_shim), ("node_sampler.py", node_sampler),
-                                          ("agent.py", remote_agent))}
-            client.run(f"cd {shlex.quote(remote_root)} && tar -xzf -", stdin=_bundle(files, None))
-            answer = executor._agent(client, job.python, agent, ["checkpoints", root])
+        answer = executor.ask_agent(job.client(), job.python, remote_root, ["checkpoints", root])
     except ExecutorError as exc:
         return HostStore(job.target.spec, root, error=str(exc))
     if "entries" not in answer:

@@ -40,4 +40,19 @@ def test_local_and_ssh_resources_count_the_ledgers_running_and_waiting_runs(cli_
     loopback_host.start()
     for name in ("here", "there", "waits"):
         assert cli_sqlite("cancel", name).code == 0
-    wait_for(lambda: _counts(cli_sqlite) == {"desk": (0, 0), "box": (0, 0)}, "the cancels to be recorded", interval=0.5)
+    wait_for(lambda: {cli_sqlite("show", name, "--json").json()["state"] for name in ("here", "there", "waits")}
+             == {"cancelled"}, "the cancels to be recorded", interval=0.5)
+    assert _counts(cli_sqlite) == {"desk": (0, 0), "box": (0, 0)}
+
+
+def test_a_local_resources_running_count_on_every_ledger_backend(cli):
+    Path("trackway.toml").write_text('[resources.desk]\nexecutor = "local"\n')
+    assert _counts(cli) == {"desk": (0, 0)}
+    assert cli("submit", "--detach", "--name", "here", "--", PY, "-c", SLEEP).code == 0
+    assert _counts(cli) == {"desk": (1, 0)}
+    shown = cli("resources")
+    assert shown.code == 0 and "1/0" in shown.out  # the run/pend column, no longer "-"
+    assert cli("cancel", "here").code == 0
+    wait_for(lambda: cli("show", "here", "--json").json()["state"] == "cancelled", "the cancel to be recorded",
+             interval=0.5)
+    assert _counts(cli) == {"desk": (0, 0)}

@@ -296,7 +296,7 @@ def _piece(ledger: Ledger, run, placement: Selection) -> tuple[Selection, float]
     left = total - sum(attempt_seconds(row) for row in rows)
     limit = max(min(piece, left), PIECE_MIN_S)
     number = 1 + sum(1 for row in rows if row["termination_reason"] == TerminationReason.TIMEOUT.value)
-    said = (f"piece {number} of {math.ceil(total / piece - 1e-9)} (--in-pieces): at most {limit / 3600:g} h of the "
+    said = (f"piece {number} of {math.ceil(total / piece - 1e-9)} (--in-pieces): at most {limit / 3600:.3g} h of the "
             f"run's {total / 3600:g} h, {left / 3600:.2f} h left")
     return replace(placement, reason=f"{said}; {placement.reason}"), limit
 

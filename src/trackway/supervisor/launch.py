@@ -294,10 +294,14 @@ def _piece(ledger: Ledger, run, placement: Selection) -> tuple[Selection, float]
         rows = list(conn.execute(select(attempts).where(attempts.c.run_id == run["run_id"])).mappings())
     total, piece = float(run["time_limit_s"]), placement.piece_hours * 3600
     left = total - sum(attempt_seconds(row) for row in rows)
-    limit = max(min(piece, left), PIECE_MIN_S)
     number = 1 + sum(1 for row in rows if row["termination_reason"] == TerminationReason.TIMEOUT.value)
-    said = (f"piece {number} of {math.ceil(total / piece - 1e-9)} (--in-pieces): at most {limit / 3600:.3g} h of the "
-            f"run's {total / 3600:g} h, {left / 3600:.2f} h left")
+    planned = f"piece {number} of {math.ceil(total / piece - 1e-9)} (--in-pieces)"
+    if left < PIECE_MIN_S:
+        # Only a person starts an attempt past the total (the policy stops there): theirs is one more whole piece.
+        said = f"{planned}: the run's {total / 3600:g} h are spent, so this resume runs one more piece of {piece / 3600:.3g} h"
+        return replace(placement, reason=f"{said}; {placement.reason}"), piece
+    limit = max(min(piece, left), PIECE_MIN_S)
+    said = f"{planned}: at most {limit / 3600:.3g} h of the run's {total / 3600:g} h, {left / 3600:.2f} h left"
     return replace(placement, reason=f"{said}; {placement.reason}"), limit
 
 

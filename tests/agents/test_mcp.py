@@ -358,3 +358,15 @@ def test_an_agent_asks_the_memory_preflight_before_it_submits(project: Path):
     assert report["peak_gib"] == pytest.approx(89.04, abs=0.01)  # the motivating case's longest batch, per GPU
     assert {target["name"] for target in report["targets"]} == {"h100box", "h200box"}
     assert not none["declared"] and "[preflight] section" in none["note"]
+
+
+def test_a_dry_run_says_what_would_be_submitted_and_records_nothing(project: Path):
+    session = session_for("night", project)
+    (error, shown), (_, standing) = call(session, ("submit", {"script": "train.py", "dry_run": True, "name": "maybe"}),
+                                         ("budget", {}))
+    assert not error and shown["dry_run"] and shown["resource"] == "local" and "train.py" in json.dumps(shown)
+    assert standing["unfinished_runs"] == []
+    with session.ledger.read() as conn:
+        from trackway.ledger.records import list_runs
+
+        assert list_runs(conn) == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 
@@ -61,3 +62,41 @@ def test_resume_continues_from_the_last_committed_checkpoint(cli):
     assert {p["attempt_number"] for p in points if p["step"] >= 21} == {2}
     again = cli("resume", "flaky")
     assert again.code == 2 and "is completed" in again.err
+
+
+def test_an_ssh_runs_checkpoints_are_read_from_its_host_and_never_marked_deleted(cli_sqlite, loopback_host):
+    Path("trackway.toml").write_text(
+        f'[resources.box]\nexecutor = "ssh"\nhosts = ["{loopback_host.spec}"]\nkey_file = "{loopback_host.key}"\n'
+        f'workdir = "{loopback_host.work}"\npython = "{PY}"\n'
+        'ssh_options = ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"]\n')
+    Path("neutral.py").write_text(Path(SCRIPT).read_text())
+    done = cli_sqlite("submit", "--name", "far", "--", PY, "neutral.py", "25")
+    assert done.code == 0, done.err
+    # The host holds another trackway's agent (or none any more): this one's is sent to read the store.
+    shutil.rmtree(loopback_host.work / ".trackway")
+
+    held = cli_sqlite("checkpoints", "far", "--json").json()
+
+    assert [(c["step"], c["state"]) for c in held] == [(10, "committed"), (20, "committed")]
+    run_id = cli_sqlite("show", "far", "--json").json()["run_id"]
+    on_host = loopback_host.work / "runs" / run_id / "checkpoints"
+    assert held[1]["path"] == f"{loopback_host.spec}:{on_host / 'step-00000020'}"
+    assert held[1]["parent"] == "step-00000010" and held[1]["size_bytes"] > 0
+    mirrored = cli_sqlite("sql", "select step, state from checkpoints order by step", "--json").json()
+    assert mirrored == [{"step": 10, "state": "committed"}, {"step": 20, "state": "committed"}]
+    newest = cli_sqlite("explain", "far", "--json").json()["checkpoints"]["newest_of_run"]
+    assert newest["name"] == "step-00000020"
+
+    # A host that cannot be reached says so, and the ledger's rows stand: unseen is not deleted.
+    loopback_host.stop_sshd()
+    unreachable = cli_sqlite("checkpoints", "far")
+    assert unreachable.code == 1 and f"host {loopback_host.spec}" in unreachable.err, unreachable.err
+    mirrored = cli_sqlite("sql", "select step, state from checkpoints order by step", "--json").json()
+    assert [row["state"] for row in mirrored] == ["committed", "committed"]
+    loopback_host.start()
+
+    # What the host was seen not to hold is deleted: storage is the truth.
+    shutil.rmtree(on_host / "step-00000010")
+    assert [c["step"] for c in cli_sqlite("checkpoints", "far", "--json").json()] == [20]
+    mirrored = cli_sqlite("sql", "select step, state from checkpoints order by step", "--json").json()
+    assert mirrored == [{"step": 10, "state": "deleted"}, {"step": 20, "state": "committed"}]

@@ -2,7 +2,8 @@
 
 The end-to-end case runs on the real single-node Slurm: a wrapper in front of the real sbatch folds
 the script's two nodes onto this one node (`--nodes=1 --ntasks-per-node=2` on sbatch's command line
-wins over the #SBATCH lines), so srun starts two tasks where a cluster would start one a node.
+wins over the #SBATCH lines), so srun starts two tasks where a cluster would start one a node; and
+one in front of scontrol says the partition has the two nodes (submit checks a run's nodes against it).
 """
 
 from __future__ import annotations
@@ -83,6 +84,9 @@ def test_a_run_over_two_nodes_is_one_attempt_placed_on_both(cli_sqlite, slurm_no
     bin_dir.mkdir()
     (bin_dir / "sbatch").write_text(f'#!/bin/sh\nexec {shutil.which("sbatch")} --nodes=1 --ntasks-per-node=2 "$@"\n')
     (bin_dir / "sbatch").chmod(0o755)
+    # The partition, as submit reads it, has the two nodes the folded job stands for (it checks MaxNodes/TotalNodes).
+    (bin_dir / "scontrol").write_text(f'#!/bin/sh\n{shutil.which("scontrol")} "$@" | sed "s/TotalNodes=1 /TotalNodes=2 /"\n')
+    (bin_dir / "scontrol").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
 
     result = cli("submit", "--name", "two", "--resource", "lab", "--nodes", "2", "--time-limit", "0.1",

@@ -88,6 +88,8 @@ def test_trackway_resources_lists_each_with_what_it_can_take_now(slurm_cluster, 
     assert list(rows) == ["cluster", "gone", "desk"]  # as trackway.toml declares them
     assert rows["cluster"]["reachable"] and rows["cluster"]["total_gpus"] == 2
     assert rows["cluster"]["qos"] == [{"name": "normal", "max_hours": 24.0}]
+    # The partition's own limits (scontrol show partition): test runs nothing past an hour, on its one node.
+    assert (rows["cluster"]["partition_max_time"], rows["cluster"]["partition_max_nodes"]) == ("01:00:00", 1)
     assert rows["cluster"]["lookup_ms"] > 0
     assert rows["gone"]["reachable"] is False
     assert rows["gone"]["error"] == "sinfo lists no node in partition 'retired'"

@@ -129,3 +129,38 @@ def test_a_selection_survives_the_ledger_round_trip():
 
     assert json.loads(stored)["chosen"] == "ailab"
     assert Selection.from_json(stored) == selection
+
+
+def lab(free: int = 2, max_time_hours: float | None = 24, max_nodes: int | None = 1) -> Availability:
+    """A Slurm partition as `scontrol show partition` says it: MaxTime and MaxNodes (at most its nodes)."""
+    return Availability("ailab", True, free_gpus=free, total_gpus=8, partition="lab", max_time_hours=max_time_hours,
+                        max_time_text=f"{max_time_hours:g}:00:00" if max_time_hours else None, max_nodes=max_nodes)
+
+
+def test_a_partitions_max_time_bounds_every_tier_and_is_named_when_it_refuses():
+    # The 72 h tier is declared, but partition lab runs nothing past 24 h: a 48 h run can never start there.
+    with pytest.raises(NoResourceFits) as refused:
+        select(Need("full", gpus=1, time_limit_hours=48), [AILAB], {"ailab": lab()})
+    assert str(refused.value) == ("no resource can take this run: ailab: 48 h asked, partition lab allows 24 h "
+                                  "(MaxTime 24:00:00); --in-pieces runs it in pieces")
+    chosen = select(Need("full", gpus=1, time_limit_hours=20), [AILAB], {"ailab": lab()})
+    assert (chosen.resource, chosen.qos, chosen.piece_hours) == ("ailab", "gpu-short", None)
+
+
+def test_a_partitions_max_nodes_refuses_a_run_over_more_nodes():
+    with pytest.raises(NoResourceFits) as refused:
+        select(Need("full", gpus=8, nodes=2), [DELLA], {"della-h100": Availability(
+            "della-h100", True, free_gpus=16, total_gpus=16, partition="gpu", max_nodes=1)})
+    assert "della-h100: 2 nodes asked, partition gpu allows 1 per job (MaxNodes" in str(refused.value)
+
+
+def test_a_run_in_pieces_takes_the_longest_tier_within_the_partition_and_plans_its_pieces():
+    need = Need("full", gpus=1, time_limit_hours=100, in_pieces=True)
+    chosen = select(need, [AILAB], {"ailab": lab()})
+    assert (chosen.qos, chosen.piece_hours) == ("gpu-medium", 24)  # the 72 h tier, cut to the partition's 24 h
+    assert "in pieces (--in-pieces): 100 h as 5 attempts of at most 24 h" in chosen.text()
+    assert Selection.from_json(chosen.to_json()) == chosen  # the attempt's receipt keeps the plan
+    # Without a partition limit known, the longest tier is the piece; one that fits whole is no piece at all.
+    assert select(need, [AILAB], {"ailab": lab(max_time_hours=None)}).piece_hours == 72
+    whole = select(Need("full", gpus=1, time_limit_hours=20, in_pieces=True), [AILAB], {"ailab": lab()})
+    assert (whole.qos, whole.piece_hours) == ("gpu-short", None)

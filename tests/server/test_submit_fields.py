@@ -11,7 +11,7 @@ import typer.main
 
 from trackway.cli.submit_cmd import submit
 from trackway.server.jobs import JobRequest
-from trackway.supervisor.submit import INTERNAL_FIELDS, SUBMIT_FIELDS, RunSpec, api_words
+from trackway.supervisor.submit import INTERNAL_FIELDS, SUBMIT_FIELDS, SUBMIT_MODES, RunSpec, api_words
 
 from ..api_server import Api, serving
 
@@ -30,8 +30,9 @@ def test_every_submit_option_is_taken_by_both_the_cli_and_the_api():
     options = {f.name for f in dataclasses.fields(RunSpec)} - INTERNAL_FIELDS
     assert options == set(SUBMIT_FIELDS), "a RunSpec option without its flag and field in SUBMIT_FIELDS"
     flags = _submit_flags()
-    assert {flag for flag, _ in SUBMIT_FIELDS.values()} <= flags
-    assert {api for _, api in SUBMIT_FIELDS.values()} == set(JobRequest.model_fields) - API_ONLY
+    assert {flag for flag, _ in SUBMIT_FIELDS.values()} | {flag for flag, _ in SUBMIT_MODES.values()} <= flags
+    taken = {api for _, api in SUBMIT_FIELDS.values()} | {api for _, api in SUBMIT_MODES.values()}
+    assert taken == set(JobRequest.model_fields) - API_ONLY
 
 
 def test_api_errors_name_the_json_field_not_the_flag():

@@ -146,3 +146,37 @@ def test_the_same_failure_again_is_not_retried_whatever_the_budget():
     crash = AttemptOutcome(R.EVALUATOR_CRASH, signature="c" * 16, failure="RuntimeError: boom (eval.py:9)")
     stopped = decide(policy, [crash, crash])
     assert stopped.action == "stop" and "fix the evaluator" in stopped.message
+
+
+def test_a_run_in_pieces_resumes_each_planned_timeout_until_its_time_is_spent():
+    from trackway.supervisor.policy import Pieces
+
+    policy = RetryPolicy(in_pieces=True)
+    hours = 3600.0
+    # 100 h in pieces of 24 h: five pieces, more than the timeout budget (5 retries) would allow as failures.
+    history = [outcome(R.TIMEOUT, committed=True)] * 4
+    going = decide(policy, history, pieces=Pieces(total_s=100 * hours, used_s=96 * hours, piece_s=24 * hours))
+    assert (going.action, going.rule) == ("resume", "timeout: in pieces, piece 5 of 5")
+    assert going.message == ("piece 4 of 5 reached its 24 h limit as planned (--in-pieces: 100 h in all); resume from "
+                             "the latest committed checkpoint for the next piece (4.00 h left)")
+    six = [outcome(R.TIMEOUT, committed=True)] * 6
+    assert decide(policy, six, pieces=Pieces(100 * hours, 90 * hours, 15 * hours)).action == "resume"  # no budget
+    spent = decide(policy, history + [outcome(R.TIMEOUT, committed=True)],
+                   pieces=Pieces(total_s=100 * hours, used_s=100 * hours, piece_s=24 * hours))
+    assert (spent.action, spent.rule) == ("stop", "timeout: in pieces, total time spent")
+    stuck = decide(policy, [outcome(R.TIMEOUT, committed=False)], pieces=Pieces(100 * hours, 24 * hours, 24 * hours))
+    assert (stuck.action, stuck.rule) == ("stop", "timeout: in pieces, no newer checkpoint")
+    # Any other ending follows the policy as ever: a preemption in the middle is a preemption.
+    assert decide(policy, [outcome(R.PREEMPTED)], pieces=Pieces(100 * hours, 3 * hours, 24 * hours)).rule == \
+        "preempted: resume (1 of 10)"
+
+
+def test_in_pieces_is_a_policy_key_and_a_bad_value_is_one_line(tmp_path):
+    policy_file = tmp_path / "p.toml"
+    policy_file.write_text("in_pieces = true\n[reasons.timeout]\nbudget = 2\n")
+    assert load_policy(policy_file).in_pieces is True
+    policy_file.write_text('in_pieces = "yes"\n')
+    with pytest.raises(InputError) as refused:
+        load_policy(policy_file)
+    assert str(refused.value) == (f"--retry-policy {policy_file}: in_pieces 'yes': expected true or false: the run's "
+                                  "time limit is its total, run in pieces of the longest QoS tier")

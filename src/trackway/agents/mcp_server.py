@@ -127,6 +127,8 @@ def build_server(session: AgentSession):
             description="Acceptance criteria judged as metrics land, e.g. 'final.loss < 2.0'.")] = None,
         watch: Annotated[list[str] | None, Field(
             description="Watcher thresholds KIND.KEY=VALUE, e.g. 'loss_rising.window=200 steps'.")] = None,
+        dry_run: Annotated[bool, Field(
+            description="Only say what would be submitted (resource, why, the script or command); record nothing.")] = False,
     ) -> dict[str, Any]:
         """Start a run of `script`, credited to you, if it fits your budget and your cap on unfinished runs."""
 

@@ -209,8 +209,10 @@ def preflight(session: AgentSession, config: dict[str, Any], gpu_count: int = 1,
 def submit(session: AgentSession, script: str, args: list[str] | None = None, kind: str = "test", gpu_count: int = 0,
            time_limit_hours: float | None = None, name: str | None = None, project: str = "default",
            config: dict[str, Any] | None = None, set: list[str] | None = None, resource: str | None = None,
-           expect: list[str] | None = None, watch: list[str] | None = None) -> dict[str, Any]:
-    """Start `script` (a Python file in the working directory) as a run credited to the agent, inside its limits."""
+           expect: list[str] | None = None, watch: list[str] | None = None, dry_run: bool = False) -> dict[str, Any]:
+    """Start `script` (a Python file in the working directory) as a run credited to the agent, inside its limits;
+    with `dry_run`, say what would be submitted (the resource and why, what its executor would be sent), checked as
+    a submit checks it, recording and starting nothing."""
     from trackway.experiments.expectations import parse_all
     from trackway.supervisor.launch import command_by, start_attempt
     from trackway.supervisor.submit import RunSpec, api_words, submit_run
@@ -235,6 +237,17 @@ def submit(session: AgentSession, script: str, args: list[str] | None = None, ki
         waits_for = needs_approval(session.agent, kind, gpu_count, time_limit_hours)
         if waits_for is not None:
             spec.approval, spec.approval_note = AWAITING, waits_for
+        if dry_run:
+            from trackway.supervisor.dry_run import preview_submit
+
+            with session.ledger.read() as conn:
+                admit(conn, session.agent, gpu_count, time_limit_hours)
+            try:
+                shown = preview_submit(session.ledger, session.settings, spec).as_json()
+            except InputError as exc:
+                exc.args = (api_words(str(exc)), *exc.args[1:])
+                raise
+            return {**jsonable(shown), "awaiting_approval_if_submitted": waits_for}
         # The check and the record are one step per session: two calls racing could otherwise both fit in
         # what is left. (Two servers for one agent are two sessions: each is checked against the ledger.)
         with session.submitting:

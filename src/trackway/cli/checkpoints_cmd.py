@@ -35,6 +35,40 @@ def _reconcile(app: AppContext, run_id: str, store) -> list:
     return reconcile_remote_checkpoints(app.ledger, run_id, store)
 
 
+def _host_held(app: AppContext, run) -> tuple[list[tuple[object, str]], list[str]] | None:
+    """For a run whose attempts ran over SSH with no object store: what its hosts (and this machine) hold, each with
+    where it is, and the hosts that could not be read; None for any other run.
+
+    Only what a store was seen not to hold is marked deleted, and nothing at all while a host is unread:
+    a checkpoint trackway cannot see is not known, never gone.
+    """
+    from pathlib import Path
+
+    from trackway.ledger.checkpoint_mirror import checkpoint_root, reconcile_listed_checkpoints
+    from trackway.ledger.records import list_attempts
+
+    if run["checkpoint_root"]:
+        return None
+    with app.ledger.read() as conn:
+        dirs = [Path(a["state_dir"]) for a in list_attempts(conn, run["run_id"], limit=None) if a["executor"] == "ssh"]
+    if not dirs:
+        return None
+    from trackway.checkpoints.store import CheckpointStore
+    from trackway.executors.ssh_checkpoints import host_stores
+
+    local = CheckpointStore(checkpoint_root(app.settings.runs_dir, run["run_id"]))
+    listed = [(info, str(info.path)) for info in (local.list() + local.set_aside_list() if local.root.is_dir() else [])]
+    stores = host_stores(dirs, run["run_id"], app.settings.home)
+    for store in stores:
+        listed += [(info, store.where(info)) for info in (*store.held, *store.set_aside)]
+    unread = [f"host {store.host}: {store.error}" for store in stores if store.error is not None]
+    seen = () if unread else (str(local.root), *(store.root for store in stores))
+    held = [info for info, _ in listed if info.state.value != "set_aside"]
+    aside = [info for info, _ in listed if info.state.value == "set_aside"]
+    reconcile_listed_checkpoints(app.ledger, run["run_id"], held, aside, gone_under=seen)
+    return sorted(listed, key=lambda pair: (pair[0].step, pair[0].name)), unread
+
+
 def _exists(store) -> bool:
     from trackway.checkpoints.store import CheckpointStore
 
@@ -61,7 +95,12 @@ def checkpoints(
     reconcile(app)
     with app.ledger.read() as conn:
         found = resolve_run(conn, run)
-    held = _reconcile(app, found["run_id"], _store(app, found))
+    on_hosts = _host_held(app, found)
+    if on_hosts is None:
+        held, unread = [(c, str(c.url if hasattr(c, "url") else c.path)) for c in
+                        _reconcile(app, found["run_id"], _store(app, found))], []
+    else:
+        held, unread = on_hosts
     rows = [
         {
             "name": c.name,
@@ -72,13 +111,14 @@ def checkpoints(
             "attempt_id": (c.manifest or {}).get("attempt_id"),
             "parent": (c.manifest or {}).get("parent"),
             "metrics": (c.manifest or {}).get("metrics"),
-            "path": str(c.url if hasattr(c, "url") else c.path),
+            "path": where,
             "problems": list(c.problems),
         }
-        for c in held
+        for c, where in held
     ]
     if as_json:
         print_json(rows)
+        _say_unread(unread)
         return
     console.print(
         table(
@@ -97,6 +137,16 @@ def checkpoints(
         if r["problems"]:
             verb = "set aside" if r["state"] == "set_aside" else r["state"]
             say(console, f"{r['name']} {verb}: {'; '.join(r['problems'])}")
+    _say_unread(unread)
+
+
+def _say_unread(unread: list[str]) -> None:
+    """Hosts whose copy could not be read: their checkpoints are not known (exit 1), and the ledger keeps its rows."""
+    from trackway.errors import TrackwayError
+
+    if unread:
+        raise TrackwayError("the run's checkpoints on these hosts are not known (the ledger's rows are kept as they "
+                            "were): " + "; ".join(unread))
 
 
 def gc(

@@ -18,7 +18,11 @@ def resources(
 
     app = app_context(ctx)
     declared = candidates(app.settings)
-    found = look_up(declared, home=app.settings.home)
+    from trackway.resources.own_queue import own_jobs
+
+    with app.ledger.read() as conn:
+        jobs = own_jobs(conn)
+    found = look_up(declared, home=app.settings.home, own_jobs=jobs)
     if as_json:
         print_json([resource_record(resource, found[resource.name]) for resource in declared])
         return

@@ -37,6 +37,12 @@ def submit(
              "MASTER_ADDR, MASTER_PORT, NODE_RANK and NNODES set, for `torchrun --nnodes=$NNODES ...`.",
     ),
     time_limit: float = typer.Option(None, "--time-limit", help="Hours before the attempt is ended (SIGTERM, grace, SIGKILL)."),
+    in_pieces: bool = typer.Option(
+        False, "--in-pieces",
+        help="--time-limit is the run's total, longer than any QoS tier or partition allows: each attempt runs on "
+             "the longest tier, and one that reaches its limit is resumed from its newest checkpoint until the total "
+             "is spent (each attempt's receipt says which piece it was).",
+    ),
     resource: str = typer.Option(
         None, "--resource",
         help="A resource declared in trackway.toml, or auto: chosen by kind, GPUs, memory, time limit, availability "
@@ -87,6 +93,12 @@ def submit(
              "out of GPU memory wherever it may go.",
     ),
     detach: bool = typer.Option(False, "--detach", help="Print the run id and return; do not follow the attempt."),
+    dry_run: bool = typer.Option(
+        False, "--dry-run",
+        help="Record and start nothing: check the run as a submit does, then print the resource it would go to and "
+             "why, and what its executor would be sent (the sbatch script, the SSH launch, the local command line "
+             "and environment names).",
+    ),
 ) -> None:
     """Submit COMMAND as a run: capture its receipt, start an attempt and follow it (exit 0 iff it completed)."""
     # Imported on use, so that the other commands do not pay for receipts and executors at start-up.
@@ -126,7 +138,13 @@ def submit(
         expect=[text.strip() for text in expect],
         watch=list(watch),
         submitted_by=command_by("trackway submit"),
+        in_pieces=in_pieces,
     )
+    if dry_run:
+        from trackway.supervisor.dry_run import preview_submit
+
+        typer.echo(preview_submit(app.ledger, app.settings, spec, console=err_console).text())  # unwrapped: a script to copy
+        return
     supervisor = supervisor_for(app.ledger, app.settings)
     run_id = submit_run(app.ledger, app.settings, spec, console=err_console)
     attempt_id = _first_attempt(app, supervisor, run_id)

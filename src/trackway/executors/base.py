@@ -10,6 +10,8 @@ it did not create in this process. Phases of a job as `poll()` reports them:
 
 QUEUED is for executors with a queue (Slurm: submitted, not yet running); local jobs start RUNNING.
 ENDED and VANISHED are terminal. `cancel()` only asks; the end shows up in `poll()`.
+`preview()` says, as text, what `submit()` would send (`trackway submit --dry-run`), touching nothing:
+each executor renders it with the code its `submit()` uses, so the two cannot drift.
 `poll_many()` answers for many jobs at once: an executor with a remote queue asks it once per
 call, never once per job (the base implementation just loops over `poll()`).
 """
@@ -200,3 +202,7 @@ class Executor(ABC):
     def adopt(self, state_dir: Path) -> Submission | None:
         """The job a launcher started in `state_dir` but died before recording, if this executor can find it."""
         return None
+
+    def preview(self, request: LaunchRequest) -> str:
+        """What submit would send, as text; starts and records nothing."""
+        raise NotImplementedError(f"executor {self.name!r} cannot say what it would submit")

@@ -28,6 +28,13 @@ def _parse(job_id: str) -> tuple[int | None, float | None]:
         return None, None
 
 
+def _refused() -> InputError:
+    return InputError(
+        "executor 'inline': runs recorded by a script alone cannot be relaunched by trackway; "
+        "submit the script with `trackway submit` to get retries"
+    )
+
+
 class InlineExecutor(Executor):
     name = "inline"
 
@@ -35,10 +42,11 @@ class InlineExecutor(Executor):
         self.home = home
 
     def submit(self, request: LaunchRequest) -> Submission:
-        raise InputError(
-            "executor 'inline': runs recorded by a script alone cannot be relaunched by trackway; "
-            "submit the script with `trackway submit` to get retries"
-        )
+        raise _refused()
+
+    def preview(self, request: LaunchRequest) -> str:
+        """Submit starts nothing here: a preview is refused with submit's own words."""
+        raise _refused()
 
     def poll(self, handle: JobHandle) -> JobStatus:
         pid, created = _parse(handle.job_id)

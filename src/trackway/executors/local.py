@@ -86,9 +86,49 @@ class LocalExecutor(Executor):
         state_dir.mkdir(parents=True, exist_ok=True)
         if (state_dir / "job.json").exists():
             raise ExecutorError(f"attempt {request.attempt_id}: {state_dir} already holds a started job")
-        env = dict(request.env)
         inventory = self.gpu_inventory()
         gpu_ids = self._lease(inventory, request)
+        try:
+            write_json_atomic(state_dir / "launch.json", self._launch_record(request, inventory, gpu_ids))
+            job = self._start_shim(state_dir)
+        except BaseException:
+            self._release_own(gpu_ids, state_dir)
+            raise
+        names = {gpu.index: gpu.name for gpu in inventory}
+        return self._submission(state_dir, job, names.get(gpu_ids[0]) if gpu_ids else None)
+
+    def preview(self, request: LaunchRequest) -> str:
+        """The shim's launch.json as submit() would write it, with the GPUs free now (nothing leased)."""
+        import shlex
+
+        from trackway.executors.previews import environment_lines, limit_line
+
+        inventory = self.gpu_inventory()
+        if request.gpus:
+            leased = self._live_leases() if self.leases.directory.is_dir() else set()
+            try:
+                gpu_ids = choose_gpus(inventory, leased, request.gpus)
+                gpus = f"{','.join(map(str, gpu_ids))}: the lowest-numbered GPUs free now (leased when it starts)"
+            except InputError as exc:
+                gpu_ids, gpus = [], f"none free now ({exc}): the attempt would not start"
+        else:
+            gpu_ids, gpus = [], "none asked"
+        launch = self._launch_record(request, inventory, gpu_ids)
+        return "\n".join([
+            f"executor local: a detached shim on this machine runs the command, started with "
+            f"`{shlex.join([*SHIM, str(request.state_dir)])}`",
+            f"command: {shlex.join(launch['command'])}",
+            f"working directory: {launch['cwd']}",
+            f"GPUs: {gpus}",
+            limit_line(launch["time_limit_s"], launch["grace_s"]),
+            f"output: {launch['log_path']}",
+            *environment_lines(launch["env"], request, added_to="this process's environment"),
+            f"written first: {Path(request.state_dir) / 'launch.json'}",
+        ])
+
+    def _launch_record(self, request: LaunchRequest, inventory: list[GpuInfo], gpu_ids: list[int]) -> dict:
+        """What the shim runs (launch.json): submit() writes it, preview() shows it."""
+        env = dict(request.env)
         if gpu_ids:
             # NVML numbers GPUs in PCI order; CUDA's default order differs on mixed machines.
             env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
@@ -96,25 +136,18 @@ class LocalExecutor(Executor):
         elif inventory:
             # A job that asked for no GPU must not grab one that another attempt leased.
             env["CUDA_VISIBLE_DEVICES"] = ""
-        try:
-            write_json_atomic(state_dir / "launch.json", {
-                "attempt_id": request.attempt_id,
-                "command": list(request.command),
-                "cwd": str(request.cwd),
-                "env": env,
-                "env_is_complete": request.env_is_complete,
-                "log_path": str(request.log_path),
-                "time_limit_s": request.time_limit_s,
-                "grace_s": request.grace_s,
-                "gpu_ids": gpu_ids,
-                "lease_dir": str(self.leases.directory),
-            })
-            job = self._start_shim(state_dir)
-        except BaseException:
-            self._release_own(gpu_ids, state_dir)
-            raise
-        names = {gpu.index: gpu.name for gpu in inventory}
-        return self._submission(state_dir, job, names.get(gpu_ids[0]) if gpu_ids else None)
+        return {
+            "attempt_id": request.attempt_id,
+            "command": list(request.command),
+            "cwd": str(request.cwd),
+            "env": env,
+            "env_is_complete": request.env_is_complete,
+            "log_path": str(request.log_path),
+            "time_limit_s": request.time_limit_s,
+            "grace_s": request.grace_s,
+            "gpu_ids": gpu_ids,
+            "lease_dir": str(self.leases.directory),
+        }
 
     def _submission(self, state_dir: Path, job: dict, gpu_model: str | None) -> Submission:
         return Submission(

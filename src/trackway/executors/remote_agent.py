@@ -14,6 +14,11 @@ so a host needs nothing but python3. It answers in one JSON document on stdout.
                                  the job still running, being stopped) and "stopped" (what was)}}
     agent.py cancel STATE_DIR    writes cancel.json, SIGTERMs the shim (or, with the shim gone,
                                  every process of the job); prints {"signalled"}
+    agent.py checkpoints ROOT    a run's checkpoint store on the host, as the checkpoint protocol
+                                 reads it (no payload file is read): {"exists", "entries": {NAME:
+                                 {"COMMITTED", "MANIFEST.json": base64 or null, "SUPERSEDED": bool,
+                                 "bytes": size of its files, without a marker}}} for every step-*
+                                 directory
 
 `poll` sends each attempt's append-only files (output.log, the spool's `*.jsonl`) from the
 offsets the executor already holds, so nothing is read twice; small files that are replaced
@@ -106,6 +111,40 @@ def cancel(state_dir: Path) -> dict:
     return {"signalled": local_shim.stop_job(state_dir, job, SHIM)}
 
 
+CHECKPOINT_FILES = ("COMMITTED", "MANIFEST.json")
+MAX_LISTED = 100_000  # step directories answered, newest names last; a store past that is cut, said by "cut"
+
+
+def checkpoints(root: Path) -> dict:
+    if not root.is_dir():
+        return {"exists": False, "entries": {}}
+    names = sorted(entry.name for entry in os.scandir(root) if entry.name.startswith("step-") and entry.is_dir())
+    entries = {}
+    for name in names[-MAX_LISTED:]:
+        directory = root / name
+        entry: dict = {"SUPERSEDED": os.path.lexists(directory / "SUPERSEDED")}
+        for file in CHECKPOINT_FILES:
+            try:
+                entry[file] = base64.b64encode((directory / file).read_bytes()).decode("ascii")
+            except OSError:
+                entry[file] = None
+        # A committed one's size is its manifest's; one without a marker is measured (as the protocol does).
+        entry["bytes"] = _tree_bytes(directory) if entry["COMMITTED"] is None else None
+        entries[name] = entry
+    return {"exists": True, "entries": entries, "cut": len(names) > MAX_LISTED}
+
+
+def _tree_bytes(directory: Path) -> int:
+    total = 0
+    for top, _, files in os.walk(directory):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(top, name)).st_size
+            except OSError:
+                continue
+    return total
+
+
 def _files(state_dir: Path) -> list[str]:
     names = ["output.log", "eval-output.jsonl"]
     spool = state_dir / "spool"
@@ -144,8 +183,10 @@ def main(argv: list[str]) -> int:
         answer = poll(json.load(sys.stdin))
     elif len(argv) == 2 and argv[0] == "cancel":
         answer = cancel(Path(argv[1]))
+    elif len(argv) == 2 and argv[0] == "checkpoints":
+        answer = checkpoints(Path(argv[1]))
     else:
-        print("usage: agent.py start STATE_DIR | poll < REQUEST | cancel STATE_DIR", file=sys.stderr)
+        print("usage: agent.py start STATE_DIR | poll < REQUEST | cancel STATE_DIR | checkpoints ROOT", file=sys.stderr)
         return 2
     json.dump(answer, sys.stdout)
     sys.stdout.write("\n")

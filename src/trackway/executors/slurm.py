@@ -187,22 +187,7 @@ class SlurmExecutor(Executor):
         for name in (JOB_ID_FILE, "job.json"):
             if (state_dir / name).exists():
                 raise ExecutorError(f"attempt {request.attempt_id}: {state_dir} already holds a submitted job")
-        write_json_atomic(state_dir / "launch.json", {
-            "attempt_id": request.attempt_id,
-            # Over several nodes the shim runs srun, which runs the command once on every node.
-            "command": node_command(request) if request.nodes > 1 else list(request.command),
-            "nodes": request.nodes,
-            "cwd": str(request.cwd),
-            # The script sets the environment; the shim passes its own on (see render_script).
-            "env": {},
-            "env_is_complete": False,
-            "log_path": str(request.log_path),
-            "time_limit_s": None,  # Slurm enforces the limit (TIMEOUT), with its notice before it
-            "grace_s": request.grace_s,
-            "gpu_ids": [],
-            "lease_dir": None,
-            "executor": self.name,
-        })
+        write_json_atomic(state_dir / "launch.json", launch_record(request, self.name))
         shutil.copyfile(local_shim.__file__, state_dir / SHIM)
         shutil.copyfile(node_sampler.__file__, state_dir / "node_sampler.py")  # the shim imports it from beside itself
         script = state_dir / SCRIPT
@@ -228,6 +213,23 @@ class SlurmExecutor(Executor):
                 raise ExecutorError(f"sbatch printed {out.strip()[:200]!r}, not a job id")
         self._record_job_id(state_dir, job_id, submitted_at)
         return self._submission(state_dir, job_id, submitted_at, request)
+
+    def preview(self, request: LaunchRequest) -> str:
+        """The sbatch script submit() would write and submit, rendered by the same render_script()."""
+        script = Path(request.state_dir) / SCRIPT
+        resource = request.resource
+        where = ", ".join(part for part in (
+            f"partition {resource.partition}" if resource is not None and resource.partition else
+            "the cluster's default partition",
+            f"QoS {request.qos}" if request.qos else None,
+            f"account {resource.account}" if resource is not None and resource.account else None) if part)
+        return "\n".join([
+            f"executor slurm: `sbatch --parsable {script}` ({where}); the batch step runs the local shim "
+            f"({Path(request.state_dir) / SHIM}) on `{shlex.join(launch_record(request, self.name)['command'])}`",
+            f"--- {script}",
+            render_script(request).rstrip("\n"),
+            "---",
+        ])
 
     def _record_job_id(self, state_dir: Path, job_id: str, submitted_at: datetime) -> None:
         write_json_atomic(state_dir / JOB_ID_FILE, {"job_id": job_id, "submitted_at": submitted_at.isoformat()})
@@ -559,6 +561,26 @@ class _Timeout(ExecutorError):
 
 def job_name(attempt_id: str) -> str:
     return "trackway-" + re.sub(r"[^A-Za-z0-9_.-]", "_", attempt_id)
+
+
+def launch_record(request: LaunchRequest, executor: str = "slurm") -> dict:
+    """What the batch step's shim runs (launch.json): submit() writes it, preview() shows its command."""
+    return {
+        "attempt_id": request.attempt_id,
+        # Over several nodes the shim runs srun, which runs the command once on every node.
+        "command": node_command(request) if request.nodes > 1 else list(request.command),
+        "nodes": request.nodes,
+        "cwd": str(request.cwd),
+        # The script sets the environment; the shim passes its own on (see render_script).
+        "env": {},
+        "env_is_complete": False,
+        "log_path": str(request.log_path),
+        "time_limit_s": None,  # Slurm enforces the limit (TIMEOUT), with its notice before it
+        "grace_s": request.grace_s,
+        "gpu_ids": [],
+        "lease_dir": None,
+        "executor": executor,
+    }
 
 
 def render_script(request: LaunchRequest) -> str:

@@ -131,10 +131,7 @@ class SshExecutor(Executor):
     # -- submit ------------------------------------------------------------------------------
 
     def submit(self, request: LaunchRequest) -> Submission:
-        resource = request.resource
-        if resource is None or not resource.hosts:
-            raise ExecutorError(f"attempt {request.attempt_id}: the ssh executor needs a resource with hosts "
-                                "(trackway.toml: [resources.NAME] executor = \"ssh\", hosts = [...])")
+        resource = self._resource_of(request)
         state_dir = Path(request.state_dir)
         state_dir.mkdir(parents=True, exist_ok=True)
         if (state_dir / JOB_FILE).exists() or ssh_gang.is_gang(state_dir):
@@ -177,30 +174,11 @@ class SshExecutor(Executor):
         remote_root, boot_id, has_agent, has_code = (lines + ["-"] * 4)[:4]
         if not remote_root.startswith("/"):
             raise ExecutorError(f"{client.target.spec}: could not enter the working directory {resource.workdir}")
-        attempt_rel = f"attempts/{request.attempt_id}"
-        remote_dir = posixpath.join(remote_root, attempt_rel)
-        run_id = request.env.get("TRACKWAY_RUN_ID") or request.attempt_id.split("/")[0]
-        cwd = posixpath.normpath(posixpath.join(remote_root, "code", code.key, code.cwd)) if code is not None \
-            else str(request.cwd)
-        env, inputs = self._remote_env(request, remote_dir, posixpath.join(remote_root, "runs", run_id, "checkpoints"))
-        if gpu_ids:
-            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpu_ids))
-        command = list(request.command)
-        if resource.setup:
-            # The prologue (venv activation, module loads) in the shell that then becomes the command.
-            command = ["/bin/bash", "-c", resource.setup + "\nexec \"$@\"", "trackway-setup", *command]
-        launch = {
-            "attempt_id": request.attempt_id, "command": command, "cwd": cwd, "env": env, "env_is_complete": False,
-            "log_path": posixpath.join(remote_dir, "output.log"), "time_limit_s": request.time_limit_s,
-            "grace_s": request.grace_s, "gpu_ids": gpu_ids, "lease_dir": None, "executor": self.name,
-        }
+        attempt_rel, remote_dir, launch, inputs = self._launch_of(request, remote_root, gpu_ids)
         files: dict[str, bytes] = {f"{attempt_rel}/launch.json": json.dumps(launch, indent=1).encode()}
         files.update({f"{attempt_rel}/{rel}": Path(local).read_bytes() for rel, local in inputs.items()})
         if has_agent != "agent":
-            files[f".trackway/{support}/local_shim.py"] = Path(local_shim.__file__).read_bytes()
-            files[f".trackway/{support}/node_sampler.py"] = Path(node_sampler.__file__).read_bytes()
-            files[f".trackway/{support}/agent.py"] = Path(remote_agent.__file__).read_bytes()
+            files.update(_support_files(support))
         bundle = _bundle(files, code if code is not None and has_code != "code" else None)
         client.run(f"cd {workdir_q} && mkdir -p {shlex.quote(attempt_rel)}/spool && tar -xzf - "
                    f"&& chmod 700 {shlex.quote(attempt_rel)}", stdin=bundle)
@@ -222,6 +200,81 @@ class SshExecutor(Executor):
             "submitted_at": utc_now().isoformat(),
         })
         return self._submission(Path(request.state_dir), client.target.spec, job)
+
+    def _launch_of(self, request: LaunchRequest, remote_root: str,
+                   gpu_ids: list[int]) -> tuple[str, str, dict, dict[str, str]]:
+        """The attempt's directory on the host (relative to the workdir, and whole), its launch.json, and the files
+        it reads (their path there -> the file here): submit() sends them, preview() shows them."""
+        resource = request.resource
+        code = request.code
+        attempt_rel = f"attempts/{request.attempt_id}"
+        remote_dir = posixpath.join(remote_root, attempt_rel)
+        run_id = request.env.get("TRACKWAY_RUN_ID") or request.attempt_id.split("/")[0]
+        cwd = posixpath.normpath(posixpath.join(remote_root, "code", code.key, code.cwd)) if code is not None \
+            else str(request.cwd)
+        env, inputs = self._remote_env(request, remote_dir, posixpath.join(remote_root, "runs", run_id, "checkpoints"))
+        if gpu_ids:
+            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpu_ids))
+        command = list(request.command)
+        if resource.setup:
+            # The prologue (venv activation, module loads) in the shell that then becomes the command.
+            command = ["/bin/bash", "-c", resource.setup + "\nexec \"$@\"", "trackway-setup", *command]
+        launch = {
+            "attempt_id": request.attempt_id, "command": command, "cwd": cwd, "env": env, "env_is_complete": False,
+            "log_path": posixpath.join(remote_dir, "output.log"), "time_limit_s": request.time_limit_s,
+            "grace_s": request.grace_s, "gpu_ids": gpu_ids, "lease_dir": None, "executor": self.name,
+        }
+        return attempt_rel, remote_dir, launch, inputs
+
+    def preview(self, request: LaunchRequest) -> str:
+        """The host submit() would choose now (nothing leased), and what it would send and run there."""
+        from trackway.executors.previews import environment_lines, limit_line
+
+        resource = self._resource_of(request)
+        chosen, passed = None, []
+        for spec in self._host_order(resource):
+            gpu_ids = self._free_on(spec, resource, request)
+            if gpu_ids is None:
+                passed.append(f"{spec}: its {resource.gpus_per_node} GPUs are leased to running attempts")
+                continue
+            chosen = (spec, gpu_ids)
+            break
+        if chosen is None:
+            return f"executor ssh: no host of resource {resource.name} could take it now: " + "; ".join(passed)
+        spec, gpu_ids = chosen
+        target = SshTarget.parse(spec)
+        workdir = resource.workdir.replace("{host}", target.host)
+        attempt_rel, remote_dir, launch, inputs = self._launch_of(request, workdir, gpu_ids)
+        agent = posixpath.join(workdir, ".trackway", _support_hash(), "agent.py")
+        gang = f"; node 0 of a gang over {request.nodes} hosts (ssh_gang.py: the next hosts in this order)" \
+            if request.nodes > 1 else ""
+        code = request.code
+        lines = [
+            f"executor ssh: host {spec} (the first of resource {resource.name}'s hosts {', '.join(self._host_order(resource))} "
+            f"with room now{gang})" + (f"; passed over: {'; '.join(passed)}" if passed else ""),
+            f"over ssh: `mkdir -p {shlex.quote(workdir)}`, then one tar into it: {attempt_rel}/launch.json"
+            + "".join(f", {attempt_rel}/{rel}" for rel in sorted(inputs))
+            + (f", code/{code.key}/ ({code.source}, {len(code.tar_gz)} bytes gzipped, unless the host holds it)"
+               if code is not None else "")
+            + ", and the agent and shim unless the host holds them",
+            f"then: `{shlex.join([resource.python, agent, 'start', remote_dir])}` (the shim, detached)",
+            f"command: {shlex.join(launch['command'])}",
+            f"working directory: {launch['cwd']}",
+            f"GPUs: {','.join(map(str, gpu_ids))} (CUDA_VISIBLE_DEVICES on the host)" if gpu_ids else "GPUs: none asked",
+            limit_line(launch["time_limit_s"], launch["grace_s"]),
+            f"output: {launch['log_path']} on the host, pulled to {request.log_path}",
+            *environment_lines(launch["env"], request, added_to="the host's login environment"),
+            f"(the workdir {workdir} is as declared: the host resolves it when the attempt starts)",
+        ]
+        return "\n".join(lines)
+
+    def _resource_of(self, request: LaunchRequest):
+        resource = request.resource
+        if resource is None or not resource.hosts:
+            raise ExecutorError(f"attempt {request.attempt_id}: the ssh executor needs a resource with hosts "
+                                "(trackway.toml: [resources.NAME] executor = \"ssh\", hosts = [...])")
+        return resource
 
     def _submission(self, state_dir: Path, host: str, job: dict) -> Submission:
         return Submission(
@@ -292,14 +345,15 @@ class SshExecutor(Executor):
                 leases.pop(str(request.state_dir), None)
                 write_json_atomic(path, leases)
                 return []
-            used = {index for ids in leases.values() for index in ids}
-            total = resource.gpus_per_node if resource.gpus_per_node is not None else request.gpus
-            free = [index for index in range(total) if index not in used]
-            if len(free) < request.gpus:
-                return None
-            leases[str(request.state_dir)] = free[:request.gpus]
-            write_json_atomic(path, leases)
-            return free[:request.gpus]
+            picked = _pick(leases, resource, request)
+            if picked is not None:
+                leases[str(request.state_dir)] = picked
+                write_json_atomic(path, leases)
+            return picked
+
+    def _free_on(self, spec: str, resource, request: LaunchRequest) -> list[int] | None:
+        """The GPUs _lease() would take on `spec` now, leasing nothing."""
+        return _pick(_live_leases(lease_file(self.home, spec)), resource, request) if request.gpus else []
 
     def _release(self, spec: str, state_dir: Path) -> None:
         path = lease_file(self.home, spec)
@@ -489,6 +543,17 @@ class SshExecutor(Executor):
             return ssh_gang.gang_log(Path(handle.state_dir))
         return Path(RemoteJob.load(Path(handle.state_dir)).local_log)
 
+    def ask_agent(self, client: SshClient, python: str, remote_root: str, args: list[str]) -> dict:
+        """This trackway's agent's answer on a host (under `remote_root`, the resource's workdir there), the agent
+        sent first when the host holds only another version's, or none (as a submit sends it)."""
+        support = _support_hash()
+        agent = posixpath.join(remote_root, ".trackway", support, "agent.py")
+        answer = self._agent(client, python, agent, args)
+        if not answer.get("agent_missing"):
+            return answer
+        client.run(f"cd {shlex.quote(remote_root)} && tar -xzf -", stdin=_bundle(_support_files(support), None))
+        return self._agent(client, python, agent, args)
+
     def _agent(self, client: SshClient, python: str, agent: str, args: list[str], stdin: bytes | None = None,
                timeout_s: float | None = None) -> dict:
         # A host whose workdir was wiped has no agent any more: that answers "nothing of yours is here".
@@ -505,6 +570,14 @@ class SshExecutor(Executor):
 def lease_file(home: Path, spec: str) -> Path:
     """Where trackway keeps the GPU leases of one SSH host (`user@host:port`)."""
     return home / "ssh" / "leases" / (hashlib.sha256(spec.encode()).hexdigest()[:16] + ".json")
+
+
+def _pick(leases: dict[str, list[int]], resource, request: LaunchRequest) -> list[int] | None:
+    """The lowest GPU indices no live lease holds, as many as the request asks; None when too few are free."""
+    used = {index for ids in leases.values() for index in ids}
+    total = resource.gpus_per_node if resource.gpus_per_node is not None else request.gpus
+    free = [index for index in range(total) if index not in used]
+    return free[:request.gpus] if len(free) >= request.gpus else None
 
 
 def _live_leases(path: Path) -> dict[str, list[int]]:
@@ -529,6 +602,13 @@ class _locked:  # noqa: N801 - a context manager
 
     def __exit__(self, *exc_info) -> None:
         os.close(self.fd)
+
+
+def _support_files(support: str) -> dict[str, bytes]:
+    """The agent and the shim it runs, as a host keeps them (relative to the workdir)."""
+    return {f".trackway/{support}/{name}": Path(module.__file__).read_bytes()
+            for name, module in (("local_shim.py", local_shim), ("node_sampler.py", node_sampler),
+                                 ("agent.py", remote_agent))}
 
 
 def _bundle(files: dict[str, bytes], code) -> bytes:

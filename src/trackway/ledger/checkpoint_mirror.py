@@ -65,6 +65,17 @@ def reconcile_run_checkpoints(ledger: Ledger, run_id: str, store: CheckpointStor
     """
     held = store.list() if store.root.is_dir() else []
     aside = store.set_aside_list() if store.root.is_dir() else []
+    return reconcile_listed_checkpoints(ledger, run_id, held, aside)
+
+
+def reconcile_listed_checkpoints(ledger: Ledger, run_id: str, held: list[CheckpointInfo], aside: list[CheckpointInfo],
+                                 gone_under: tuple[str, ...] | None = None) -> list[CheckpointInfo]:
+    """Mirror what storage was seen to hold (`held`, `aside`: one store, or the copies on several hosts).
+
+    A row no listing holds becomes `deleted` only where storage could say so: every row (None, one
+    store that is the run's whole truth), or a row whose path lies under one of `gone_under` (the
+    directories that were read); () marks nothing deleted, as when a host holding some could not be read.
+    """
     steps = {info.step for info in held}
     with ledger.write() as conn:
         recorded = recorded_set_aside_reasons(conn, run_id)
@@ -75,10 +86,12 @@ def reconcile_run_checkpoints(ledger: Ledger, run_id: str, store: CheckpointStor
         for info in newest_aside.values():
             _upsert_set_aside(conn, run_id, info.step, _record(info), info.problems[0])
         present = steps | set(newest_aside)
+        prefixes = None if gone_under is None else tuple(root.rstrip("/") + "/" for root in gone_under)
         gone = [
             step
-            for step in conn.execute(select(checkpoints.c.step).where(checkpoints.c.run_id == run_id)).scalars()
-            if step not in present
+            for step, path in conn.execute(
+                select(checkpoints.c.step, checkpoints.c.path).where(checkpoints.c.run_id == run_id))
+            if step not in present and (prefixes is None or (path or "").startswith(prefixes))
         ]
         if gone:
             conn.execute(

@@ -4,9 +4,11 @@ Local: NVML's GPUs, free when no process holds one. Slurm: one `sinfo` (GPUs con
 allocated per node of the partition) and one `squeue` (jobs of the partition by state), run side
 by side with a timeout, so that an unreachable controller makes a row that says so instead of a
 hang. SSH: each host asked once (its `nvidia-smi`, where it has one: a GPU with a compute process
-is taken), less the GPUs trackway's own leases hold there (executors/ssh.py), with the attempts
-holding them as the running count. Kubernetes: the GPUs allocatable and requested on each node pool
-its pods may use, and its namespace's pods running and pending (executors/kube_nodes.py). Resources are looked up in parallel: a listing costs the slowest look-up, not their sum.
+is taken), less the GPUs trackway's own leases hold there (executors/ssh.py). On local and SSH resources
+trackway is the only queue: their running and pending counts are its ledger's (resources/own_queue.py),
+when the caller passes them. Kubernetes: the GPUs allocatable and requested on each node pool its pods
+may use, and its namespace's pods running and pending (executors/kube_nodes.py). Resources are looked
+up in parallel: a listing costs the slowest look-up, not their sum.
 """
 
 from __future__ import annotations
@@ -39,6 +41,12 @@ class Availability:
     error: str | None = None
     pools: tuple[dict, ...] | None = None  # Kubernetes: GPUs allocatable and requested per node pool
     note: str | None = None  # what could not be read, beside a row that answered
+    # A Slurm partition's limits, as `scontrol show partition` says them: the longest job (hours, and Slurm's
+    # own words) and the most nodes one job may span (MaxNodes, at most the nodes it has); None: no limit, or unknown.
+    partition: str | None = None
+    max_time_hours: float | None = None
+    max_time_text: str | None = None
+    max_nodes: int | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -56,18 +64,23 @@ class Availability:
 
 
 def look_up(resources: list[Resource], timeout_s: float = LOOKUP_TIMEOUT_S,
-            home: Path | None = None) -> dict[str, Availability]:
-    """Every resource's availability, looked up side by side; `home`: where SSH hosts' GPU leases are kept."""
+            home: Path | None = None, own_jobs: dict[str, tuple[int, int]] | None = None) -> dict[str, Availability]:
+    """Every resource's availability, looked up side by side; `home`: where SSH hosts' GPU leases are kept.
+
+    `own_jobs`: the ledger's running and pending counts by resource (resources/own_queue.py), for the
+    resources trackway alone schedules (local, SSH); without them those counts are not known (None).
+    """
     if not resources:
         return {}
     from concurrent.futures import ThreadPoolExecutor  # here: `show` imports this module to render a selection
 
     with ThreadPoolExecutor(max_workers=min(8, len(resources))) as pool:
-        found = list(pool.map(lambda resource: availability(resource, timeout_s, home), resources))
+        found = list(pool.map(lambda resource: availability(resource, timeout_s, home, own_jobs), resources))
     return {row.resource: row for row in found}
 
 
-def availability(resource: Resource, timeout_s: float = LOOKUP_TIMEOUT_S, home: Path | None = None) -> Availability:
+def availability(resource: Resource, timeout_s: float = LOOKUP_TIMEOUT_S, home: Path | None = None,
+                 own_jobs: dict[str, tuple[int, int]] | None = None) -> Availability:
     started = time.perf_counter()
     if resource.executor == "slurm":
         row = _slurm(resource, timeout_s)
@@ -77,6 +90,10 @@ def availability(resource: Resource, timeout_s: float = LOOKUP_TIMEOUT_S, home: 
         row = _kubernetes(resource, timeout_s)
     else:
         row = _local(resource)
+    # Slurm and Kubernetes have queues of their own; on the others the ledger knows them, host reached or not.
+    if own_jobs is not None and resource.executor not in ("slurm", "kubernetes"):
+        running, pending = own_jobs.get(resource.name, (0, 0))
+        row = Availability(**{**row.as_dict(), "running_jobs": running, "pending_jobs": pending})
     return Availability(**{**row.as_dict(), "lookup_ms": (time.perf_counter() - started) * 1000})
 
 
@@ -196,9 +213,11 @@ def _slurm(resource: Resource, timeout_s: float) -> Availability:
         # One line per node: its configured GRES, the GRES allocated now, and its state.
         "sinfo": ["sinfo", "--noheader", "--Node", *partition, "--Format=NodeHost:64,Gres:200,GresUsed:200,StateCompact:32"],
         "squeue": ["squeue", "--noheader", *partition, "--format=%T"],
+        # The partition's limits (MaxTime, MaxNodes, TotalNodes); without one named, every partition (the default's).
+        "scontrol": ["scontrol", "show", "partition", *([resource.partition] if resource.partition else []), "--oneliner"],
     }
     try:
-        out = _run_side_by_side(commands, timeout_s)
+        out = _run_side_by_side(commands, timeout_s, optional=("scontrol",))
     except _LookupFailed as exc:
         return Availability(resource=resource.name, reachable=False, gpu_model=resource.gpu,
                             gpu_memory_gb=resource.gpu_memory_gb, error=str(exc))
@@ -218,6 +237,7 @@ def _slurm(resource: Resource, timeout_s: float) -> Availability:
         total += gres_gpus(fields[1])
         used += gres_gpus(fields[2])
     states = out["squeue"].split()
+    limits = partition_limits(out["scontrol"], resource.partition)
     return Availability(
         resource=resource.name,
         reachable=True,
@@ -227,7 +247,41 @@ def _slurm(resource: Resource, timeout_s: float) -> Availability:
         gpu_memory_gb=resource.gpu_memory_gb,
         running_jobs=sum(1 for state in states if state in ("RUNNING", "COMPLETING")),
         pending_jobs=sum(1 for state in states if state in ("PENDING", "REQUEUED", "CONFIGURING")),
+        **limits,
     )
+
+
+def partition_limits(scontrol: str, name: str | None) -> dict:
+    """The `partition`, `max_time_hours`, `max_time_text` and `max_nodes` of partition `name` (None: the default
+    one) in `scontrol show partition --oneliner`'s answer; {} when it is not there."""
+    for line in scontrol.splitlines():
+        fields = dict(part.split("=", 1) for part in line.split() if "=" in part)
+        if not fields.get("PartitionName") or (fields["PartitionName"] != name if name else fields.get("Default") != "YES"):
+            continue
+        text = fields.get("MaxTime", "UNLIMITED")
+        seconds = slurm_duration_s(text)
+        nodes = [int(fields[key]) for key in ("MaxNodes", "TotalNodes") if fields.get(key, "").isdigit()]
+        return {"partition": fields["PartitionName"], "max_time_hours": seconds / 3600 if seconds is not None else None,
+                "max_time_text": text if seconds is not None else None, "max_nodes": min(nodes) if nodes else None}
+    return {}
+
+
+def slurm_duration_s(text: str) -> float | None:
+    """Seconds in a Slurm duration (`MM`, `MM:SS`, `HH:MM:SS`, `D-HH`, `D-HH:MM`, `D-HH:MM:SS`); None for UNLIMITED."""
+    text = text.strip()
+    days, _, rest = text.rpartition("-") if "-" in text else ("", "", text)
+    parts = rest.split(":")
+    if not (days == "" or days.isdigit()) or not all(part.isdigit() for part in parts) or not 1 <= len(parts) <= 3:
+        return None
+    numbers = [int(part) for part in parts]
+    if days:  # D-HH[:MM[:SS]]
+        hours, minutes, seconds = (numbers + [0, 0])[:3]
+        return float(((int(days) * 24 + hours) * 60 + minutes) * 60 + seconds)
+    if len(numbers) == 1:
+        return numbers[0] * 60.0  # a bare number is minutes
+    if len(numbers) == 2:
+        return numbers[0] * 60.0 + numbers[1]
+    return float((numbers[0] * 60 + numbers[1]) * 60 + numbers[2])
 
 
 _GRES = re.compile(r"gpu(?::[^:(,]+)?:(\d+)")
@@ -248,8 +302,12 @@ class _LookupFailed(Exception):
     pass
 
 
-def _run_side_by_side(commands: dict[str, list[str]], timeout_s: float) -> dict[str, str]:
-    """Every command's stdout; _LookupFailed (one line) when one cannot start, fails or takes too long."""
+def _run_side_by_side(commands: dict[str, list[str]], timeout_s: float,
+                      optional: tuple[str, ...] = ()) -> dict[str, str]:
+    """Every command's stdout; _LookupFailed (one line) when one cannot start, fails or takes too long.
+
+    A command in `optional` that fails answers "" instead (what it would have said is then not known).
+    """
     started = {}
     try:
         for name, argv in commands.items():
@@ -266,6 +324,9 @@ def _run_side_by_side(commands: dict[str, list[str]], timeout_s: float) -> dict[
             except subprocess.TimeoutExpired:
                 raise _LookupFailed(f"{name} did not answer within {timeout_s:g} s") from None
             if process.returncode != 0:
+                if name in optional:
+                    out[name] = ""
+                    continue
                 first = (stderr.strip().splitlines() or [f"exit status {process.returncode}"])[0]
                 raise _LookupFailed(f"{name} failed: {first}")
             out[name] = stdout
@@ -293,6 +354,7 @@ def resource_record(resource, row: Availability) -> dict:
         "qos": [{"name": tier.name, "max_hours": tier.max_hours} for tier in resource.qos],
         "reachable": row.reachable, "free_gpus": row.free_gpus, "total_gpus": row.total_gpus,
         "running_jobs": row.running_jobs, "pending_jobs": row.pending_jobs,
+        "partition_max_time": row.max_time_text, "partition_max_nodes": row.max_nodes,
         "lookup_ms": round(row.lookup_ms, 1), "error": row.error,
         **({"namespace": resource.namespace, "pools": list(row.pools or []), "note": row.note}
            if resource.executor == "kubernetes" else {}),

@@ -41,6 +41,8 @@ def need_of(run: Mapping[str, Any], gpu_memory_min_gb: float | None = None) -> N
         time_limit_hours=limit / 3600 if limit else None,
         memory_peak_gib=preflight[0] if preflight is not None else None,
         nodes=run.get("nodes") or 1,  # runs recorded before 0018 ran on one node
+        # Set by the launcher from the run's retry policy (`in_pieces`, supervisor/policy.py); not a column.
+        in_pieces=bool(run.get("in_pieces")),
     )
 
 
@@ -82,8 +84,10 @@ def place(settings: Settings, run: Mapping[str, Any], previous: Mapping[str, Any
         if not resource.declared and resource.name != "local":
             # Removed from trackway.toml after the run was recorded: it runs as it was, locally.
             return Selection(asked, asked, None, "asked for by name (no longer declared: runs locally)")
-        # Only this machine's GPU count needs asking (NVML); a cluster's is declared, and its queue does not matter.
-        return select(need, [resource], look_up([resource]) if resource.executor == "local" else {}, requested=asked)
+        # This machine's GPU count (NVML) and a Slurm partition's limits need asking; an SSH resource's are declared,
+        # and no queue matters to a run asked for by name.
+        asked_of = look_up([resource]) if resource.executor in ("local", "slurm") and previous is None else {}
+        return _kept_pieces(select(need, [resource], asked_of, requested=asked), previous)
     pool = candidates(settings)
     if previous is not None:
         moved = _after_oom(settings, run, previous, pool, need)
@@ -97,10 +101,21 @@ def place(settings: Settings, run: Mapping[str, Any], previous: Mapping[str, Any
                 pass  # its declaration changed so that it no longer fits: choose again
             else:
                 number = previous["attempt_number"]
-                return Selection(AUTO, kept.resource, kept.qos,
-                                 f"where attempt {number} ran: a retry stays with its checkpoints and queue"
-                                 + (f"; {kept.reason}" if kept.reason != "it fits" else ""))
+                return _kept_pieces(Selection(AUTO, kept.resource, kept.qos,
+                                              f"where attempt {number} ran: a retry stays with its checkpoints and queue"
+                                              + (f"; {kept.reason}" if kept.reason != "it fits" else "")), previous)
     return _select_warned(run, need, pool, settings, strict)
+
+
+def _kept_pieces(chosen: Selection, previous: Mapping[str, Any] | None) -> Selection:
+    """A retry of a run in pieces on the resource it ran on keeps the pieces' length planned for its first
+    attempt (the partition's MaxTime included, which a retry does not ask Slurm for again)."""
+    if previous is None:
+        return chosen
+    before = Selection.from_json(previous.get("selection"))
+    if before is None or before.piece_hours is None or before.resource != chosen.resource:
+        return chosen
+    return replace(chosen, piece_hours=before.piece_hours, qos=before.qos)
 
 
 def _select_warned(run: Mapping[str, Any], need: Need, pool: list[Resource], settings: Settings,

@@ -1,10 +1,16 @@
 """Choosing where a run goes, and saying why: filter by what it needs, rank what is left, pick a QoS tier.
 
     filter   the run's kind in `use_for`; enough GPUs; enough GPU memory; a QoS tier (or no tiers)
-             covering the time limit; the resource answers
+             covering the time limit, within its Slurm partition's MaxTime, and no more nodes than
+             the partition's MaxNodes (its limits as availability read them); the resource answers
     rank     free GPUs now before a queue; then the order of [selection] for the run's kind
              (resources it does not list come after, as declared); then cost per GPU-hour
     tier     the smallest QoS tier whose max_hours covers the time limit (the longest without one)
+
+A run `in_pieces` (`submit --time-limit 100 --in-pieces`) asks for its time in pieces: any resource
+with a limit takes it, on its longest tier, and each attempt runs at most that tier's hours (and
+the partition's MaxTime): the Selection's `piece_hours`; the retry policy resumes it from its
+checkpoint until the run's time is spent (supervisor/policy.py).
 
 The result keeps every candidate passed over with its reason, so that `show` and `explain` can
 say "chose ailab/gpu-short: 2 of 8 B200 free, the 24 h tier covers 20 h; skipped local-5090:
@@ -14,6 +20,7 @@ a command: availability is looked up by the caller (resources/availability.py) a
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from trackway.errors import InputError
@@ -36,6 +43,7 @@ class Need:
     time_limit_hours: float | None = None
     memory_peak_gib: float | None = None  # the memory preflight's estimate per GPU at the longest batch
     nodes: int = 1  # the nodes the run spans (submit --nodes)
+    in_pieces: bool = False  # the time limit is the run's total, run in pieces of the longest tier (--in-pieces)
 
 
 class NoResourceFits(InputError):
@@ -64,7 +72,8 @@ def select(
         if why is not None:
             skipped.append((resource.name, why))
             continue
-        fitting.append((resource, _tier(resource, need.time_limit_hours)))
+        piece = _piece_hours(need, resource, row)
+        fitting.append((resource, _tier(resource, None if piece is not None else need.time_limit_hours)))
     if not fitting:
         what = f"{field_name} {requested!r}" if requested != AUTO else "no resource can take this run"
         raise NoResourceFits(f"{what}: " + "; ".join(f"{name}: {why}" for name, why in skipped))
@@ -84,14 +93,39 @@ def select(
         skipped.append((resource.name, _ranked_below(need, resource, best, available, order)))
     # Listed as they were declared: a reader finds a resource where trackway.toml has it.
     skipped.sort(key=lambda item: declared.get(item[0], len(declared)))
+    piece = _piece_hours(need, best, available.get(best.name))
     return Selection(
         requested=requested,
         resource=best.name,
         qos=tier.name if tier else None,
         reason=("preferred (prefer_resource); " if best.name == preferred else "")
-        + _chosen_reason(need, best, tier, available.get(best.name), order, len(resources) if requested == AUTO else 0),
+        + _chosen_reason(need, best, tier, available.get(best.name), order, len(resources) if requested == AUTO else 0,
+                         piece),
         skipped=tuple(skipped),
+        piece_hours=piece,
     )
+
+
+def longest_hours(resource: Resource, row: Availability | None) -> tuple[float | None, str]:
+    """The longest job `resource` runs (its longest tier's hours, within its partition's MaxTime), and what sets it;
+    (None, "") when nothing limits it (or nothing known does)."""
+    tier = resource.qos[-1].max_hours if resource.qos else None
+    partition = row.max_time_hours if row is not None and row.reachable else None
+    if partition is not None and (tier is None or partition < tier):
+        return partition, f"partition {row.partition} allows {partition:g} h (MaxTime {row.max_time_text})"
+    if tier is not None:
+        return tier, f"its longest QoS ({resource.qos[-1].name}) allows {tier:g} h"
+    return None, ""
+
+
+def _piece_hours(need: Need, resource: Resource, row: Availability | None) -> float | None:
+    """How long each attempt of a run in pieces runs; None when the run is not in pieces or fits in one."""
+    if not need.in_pieces or need.time_limit_hours is None:
+        return None
+    longest, _ = longest_hours(resource, row)
+    if longest is None or longest >= need.time_limit_hours:
+        return None
+    return longest
 
 
 def _unfit(need: Need, resource: Resource, row: Availability | None, explicit: bool) -> str | None:
@@ -124,9 +158,13 @@ def _unfit(need: Need, resource: Resource, row: Availability | None, explicit: b
         if resource.gpus_per_node is not None and resource.gpus_per_node * need.nodes < need.gpus:
             return (f"{need.gpus} GPU(s) asked on {need.nodes} node(s) of {resource.gpus_per_node} GPU(s): "
                     f"ask for more nodes (--nodes)")
-    if resource.qos and need.time_limit_hours is not None and _tier(resource, need.time_limit_hours) is None:
-        longest = resource.qos[-1]
-        return f"{need.time_limit_hours:g} h asked, its longest QoS ({longest.name}) allows {longest.max_hours:g} h"
+    if row is not None and row.reachable and row.max_nodes is not None and need.nodes > row.max_nodes:
+        return (f"{need.nodes} nodes asked, partition {row.partition} allows {row.max_nodes} per job (MaxNodes, "
+                "at most the nodes it has)")
+    if need.time_limit_hours is not None and not need.in_pieces:
+        longest, why = longest_hours(resource, row)
+        if longest is not None and need.time_limit_hours > longest:
+            return f"{need.time_limit_hours:g} h asked, {why}; --in-pieces runs it in pieces"
     return None
 
 
@@ -159,7 +197,8 @@ def _free_now(need: Need, row: Availability | None) -> bool:
 
 
 def _chosen_reason(
-    need: Need, resource: Resource, tier: QosTier | None, row: Availability | None, order: dict[str, int], count: int
+    need: Need, resource: Resource, tier: QosTier | None, row: Availability | None, order: dict[str, int], count: int,
+    piece: float | None = None,
 ) -> str:
     """Why `resource` was chosen; `count`: how many resources were ranked (0 when it was asked for by name)."""
     parts = []
@@ -173,7 +212,11 @@ def _chosen_reason(
                          " (no resource that fits has enough free now)")
     elif row is not None and not row.reachable:
         parts.append(f"availability unknown ({row.error})")
-    if tier is not None:
+    if piece is not None:
+        pieces = math.ceil(need.time_limit_hours / piece - 1e-9)
+        parts.append(f"in pieces (--in-pieces): {need.time_limit_hours:g} h as {pieces} attempts of at most {piece:g} h, "
+                     "each resumed from the last one's checkpoint")
+    elif tier is not None:
         if need.time_limit_hours is None:
             parts.append(f"no time limit asked: the longest tier ({tier.max_hours:g} h)")
         else:

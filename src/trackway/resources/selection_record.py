@@ -20,6 +20,8 @@ class Selection:
     qos: str | None
     reason: str
     skipped: tuple[tuple[str, str], ...] = field(default=())
+    # A run in pieces (--in-pieces): the most hours each attempt runs here; None: the run's own time limit.
+    piece_hours: float | None = None
 
     def text(self) -> str:
         chosen = f"{self.resource}/{self.qos}" if self.qos else self.resource
@@ -30,6 +32,7 @@ class Selection:
         return json.dumps({
             "requested": self.requested, "chosen": self.resource, "qos": self.qos, "reason": self.reason,
             "skipped": [{"resource": name, "reason": why} for name, why in self.skipped],
+            **({"piece_hours": self.piece_hours} if self.piece_hours is not None else {}),
         })
 
     @classmethod
@@ -38,4 +41,5 @@ class Selection:
             return None
         data = json.loads(text)
         return cls(data["requested"], data["chosen"], data.get("qos"), data["reason"],
-                   tuple((item["resource"], item["reason"]) for item in data.get("skipped", [])))
+                   tuple((item["resource"], item["reason"]) for item in data.get("skipped", [])),
+                   data.get("piece_hours"))

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field
@@ -87,6 +87,13 @@ class JobRequest(BaseModel):
     strict_memory_preflight: bool = Field(
         False, description="Refuse the job, recording nothing, when the memory preflight (the config's [preflight]) "
                            "predicts it runs out of GPU memory wherever it may go.")
+    in_pieces: bool = Field(
+        False, description="`time_limit_hours` is the job's total, run in pieces of the longest QoS tier, each "
+                           "resumed from the last one's checkpoint (as `submit --in-pieces`).")
+    dry_run: bool = Field(
+        False, description="Record and start nothing: answer 200 with the resource that would be chosen and why, and "
+                           "what its executor would be sent (the sbatch script, the SSH launch, the local command), "
+                           "checked as a submit is (as `submit --dry-run`).")
 
 
 class Submitted(BaseModel):
@@ -94,6 +101,19 @@ class Submitted(BaseModel):
     status: str
     attempt_id: str | None
     url: str
+
+
+class DryRun(BaseModel):
+    """What `dry_run` answers: where the job would go and what would be sent; nothing recorded or started."""
+
+    dry_run: Literal[True]
+    run_id: str = Field(description="Drawn for the preview only; a submit draws its own.")
+    attempt_id: str
+    resource: str
+    executor: str
+    qos: str | None
+    selection: str = Field(description="The resource chosen, why, and every resource passed over.")
+    submitted: str = Field(description="What the executor would be sent, as text, secrets masked.")
 
 
 def need(request: Request, role: str) -> None:
@@ -122,8 +142,9 @@ def inside(workdir: Path, value: str, field: str, what: str) -> str:
     return str(resolved)
 
 
-@router.post("", status_code=201, response_model=Submitted)
-def submit_job(job: JobRequest, request: Request) -> Submitted:
+@router.post("", status_code=201, response_model=Submitted | DryRun,
+             responses={200: {"model": DryRun, "description": "`dry_run`: what would be submitted; nothing was."}})
+def submit_job(job: JobRequest, request: Request, response: Response) -> Submitted | DryRun:
     """Start a job as `trackway submit --detach` would, from a script that is a file in the working directory.
 
     The API runs only what the CLI would: a script file (in the working directory, or in `repo` when
@@ -177,8 +198,14 @@ def submit_job(job: JobRequest, request: Request) -> Submitted:
         checkpoint_paths=list(job.checkpoint_paths) or None, checkpoint_root=job.checkpoint_root,
         preflight_strict=job.strict_memory_preflight, expect=[text.strip() for text in job.expect],
         watch=list(job.watch), repo_script=script_path if job.repo else None, submitted_by=submitter,
+        in_pieces=job.in_pieces,
     )
     try:
+        if job.dry_run:
+            from trackway.supervisor.dry_run import preview_submit
+
+            response.status_code = 200
+            return DryRun(**preview_submit(state.ledger, state.settings, spec).as_json())
         run_id = submit_run(state.ledger, state.settings, spec)
     except InputError as exc:
         # The checks are the CLI's, which name its flags: here the caller sent JSON fields.

@@ -24,7 +24,11 @@ def resources(request: Request) -> list[dict[str, Any]]:
     from trackway.resources.placement import candidates
 
     declared = candidates(request.app.state.settings)
-    found = look_up(declared, home=request.app.state.settings.home)
+    from trackway.resources.own_queue import own_jobs
+
+    with request.app.state.ledger.read() as conn:
+        jobs = own_jobs(conn)
+    found = look_up(declared, home=request.app.state.settings.home, own_jobs=jobs)
     return [resource_record(resource, found[resource.name]) for resource in declared]
 
 

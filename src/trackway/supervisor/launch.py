@@ -204,6 +204,7 @@ class AttemptPlan:
     evaluation: bool
     code: CodeGiven
     data: DataGiven | None  # None: the first attempt, which runs the run's own data manifest
+    time_limit_s: float | None = None  # the attempt's own limit: the run's, or its piece's (--in-pieces)
 
 
 def plan_attempt(
@@ -242,7 +243,13 @@ def plan_attempt(
     preflight = _preflight_of(ledger, project, found, config) if config is not None else None
     if preflight is not None:
         found = {**found, "preflight": preflight}  # placement judges the config this attempt runs, not the submitted
+    in_pieces = pieces_asked(project, found)
+    if in_pieces:
+        found = {**found, "in_pieces": True}  # placement plans pieces of the longest tier (resources/selection.py)
     placement = _place_or_hold(ledger, project, found, previous, from_queue)
+    time_limit_s = found["time_limit_s"]
+    if placement.piece_hours is not None and time_limit_s:
+        placement, time_limit_s = _piece(ledger, found, placement)
     resource = project.resource(placement.resource)
     executor = _executor_for(executor, resource.executor, settings)
     checkpoint_root = settings.runs_dir / run_id / "checkpoints"
@@ -258,8 +265,45 @@ def plan_attempt(
         run_id=run_id, run=found, previous=previous, executor=executor, placement=placement, resource=resource,
         environment=environment, config=config, config_path=config_path, lost_config=lost_config,
         preflight=preflight, declared=declared, checkpoint_root=checkpoint_root, resume_from=resume_from,
-        moved=moved, evaluation=evaluation, code=code, data=data,
+        moved=moved, evaluation=evaluation, code=code, data=data, time_limit_s=time_limit_s,
     )
+
+
+def pieces_asked(settings: Settings, run) -> bool:
+    """Whether the run goes in pieces (`in_pieces` in its retry policy: `submit --in-pieces`); a policy that no
+    longer reads is no plan (its end says so)."""
+    from trackway.supervisor.retry import run_policy
+
+    if not run["time_limit_s"]:
+        return False
+    try:
+        return run_policy(settings, run).in_pieces
+    except InputError:
+        return False
+
+
+def _piece(ledger: Ledger, run, placement: Selection) -> tuple[Selection, float]:
+    """The next piece of a run in pieces: its time limit (the piece, or what is left of the run's time) and the
+    placement saying which piece it is, so that the attempt's receipt says it was planned."""
+    import math
+    from dataclasses import replace
+
+    from trackway.supervisor.policy import PIECE_MIN_S
+    from trackway.supervisor.retry import attempt_seconds
+
+    with ledger.read() as conn:
+        rows = list(conn.execute(select(attempts).where(attempts.c.run_id == run["run_id"])).mappings())
+    total, piece = float(run["time_limit_s"]), placement.piece_hours * 3600
+    left = total - sum(attempt_seconds(row) for row in rows)
+    number = 1 + sum(1 for row in rows if row["termination_reason"] == TerminationReason.TIMEOUT.value)
+    planned = f"piece {number} of {math.ceil(total / piece - 1e-9)} (--in-pieces)"
+    if left < PIECE_MIN_S:
+        # Only a person starts an attempt past the total (the policy stops there): theirs is one more whole piece.
+        said = f"{planned}: the run's {total / 3600:g} h are spent, so this resume runs one more piece of {piece / 3600:.3g} h"
+        return replace(placement, reason=f"{said}; {placement.reason}"), piece
+    limit = max(min(piece, left), PIECE_MIN_S)
+    said = f"{planned}: at most {limit / 3600:.3g} h of the run's {total / 3600:g} h, {left / 3600:.2f} h left"
+    return replace(placement, reason=f"{said}; {placement.reason}"), limit
 
 
 def _place_or_hold(ledger: Ledger, settings: Settings, run, previous, from_queue: bool) -> Selection:
@@ -448,33 +492,52 @@ def build_request(settings: Settings, plan: AttemptPlan, claim: ClaimedAttempt) 
     restored = (restore_declared(plan.checkpoint_root, code.cwd, plan.declared, plan.resume_from, claim.number)
                 if plan.declared else None)
     command = substitute_command(typed, restored, plan.checkpoint_root / plan.resume_from if plan.resume_from else None)
-    checkpoint_url = plan.run["checkpoint_root"]
+    request = launch_request(
+        settings, run, plan.run_id, claim.attempt_id, claim.number, state_dir, resource=resource,
+        qos=plan.placement.qos, executor=executor, code=code, config_path=claim.config_path,
+        variables=submitted.variables if submitted is not None else None, command=command,
+        resume_from=plan.resume_from, checkpoint_url=plan.run["checkpoint_root"],
+        restored_path=restored.restored[0] if restored is not None and restored.restored else None,
+        time_limit_s=plan.time_limit_s,
+    )
+    return BuiltRequest(request, restored)
+
+
+def launch_request(
+    settings: Settings, run: Mapping[str, Any], run_id: str, attempt_id: str, number: int, state_dir: Path, *,
+    resource: Resource, qos: str | None, executor: Executor, code: CodeGiven, config_path: Path | None,
+    variables: dict[str, str] | None, command: list[str], resume_from: str | None, checkpoint_url: str | None,
+    restored_path: str | None, time_limit_s: float | None,
+) -> LaunchRequest:
+    """The request an executor is handed for one attempt, built from what is decided, writing nothing.
+
+    build_request() hands it to submit(); `submit --dry-run` (supervisor/dry_run.py) to preview(),
+    so what a dry run shows is what a submit sends. `variables`: the run's submitted environment
+    (None: recorded before environments were, so added to the launcher's own).
+    """
     own_env = {
         **({"TRACKWAY_CHECKPOINT_URL": checkpoint_url} if checkpoint_url else {}),
         **run_environment(run, state_dir),
-        **attempt_environment(
-            settings, plan.run_id, claim.attempt_id, claim.number, state_dir, plan.resume_from, claim.config_path,
-            restored.restored[0] if restored is not None and restored.restored else None,
-        ),
+        **attempt_environment(settings, run_id, attempt_id, number, state_dir, resume_from, config_path,
+                              restored_path),
     }
-    request = LaunchRequest(
-        attempt_id=claim.attempt_id,
+    return LaunchRequest(
+        attempt_id=attempt_id,
         command=command,
         cwd=code.cwd,
-        env={**(submitted.variables if submitted is not None else {}), **own_env},
+        env={**(variables if variables is not None else {}), **own_env},
         state_dir=state_dir,
         log_path=state_dir / "output.log",
         gpus=run["gpus"],
-        time_limit_s=run["time_limit_s"],
+        time_limit_s=time_limit_s,
         grace_s=resource.grace_seconds,
         nodes=run.get("nodes") or 1,  # runs recorded before 0018: one node
-        env_is_complete=submitted is not None,
+        env_is_complete=variables is not None,
         resource=resource if resource.declared else None,
-        qos=plan.placement.qos,
+        qos=qos,
         run_env=own_env if executor.remote else None,
         code=_code_snapshot(run, code) if executor.remote else None,
     )
-    return BuiltRequest(request, restored)
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from trackway.ledger.schema import attempt_events, attempts, runs
 from trackway.ledger.records import active_attempts, get_attempt, record_attempt_end, resolve_run, update_run
 from trackway.settings import Settings
 from trackway.supervisor.classify import Classification, Evidence, classify
-from trackway.supervisor.launch import run_secret_values, start_attempt
+from trackway.supervisor.launch import pieces_asked, run_secret_values, start_attempt
 from trackway.resources.placement import PLACED_EVENT, project_settings, resource_after_oom
 from trackway.supervisor.policy import Decision
 from trackway.supervisor.retry import decide_after_end, due_retries
@@ -773,6 +773,8 @@ class Supervisor:
             # Before the write lock: finding a roomier resource may ask a cluster, which may be slow to answer.
             with self.ledger.read() as conn:
                 ran = resolve_run(conn, attempt["run_id"])
+            if pieces_asked(project_settings(self.settings, ran), ran):
+                ran = {**ran, "in_pieces": True}  # a roomier resource takes it in pieces too
             moves_to = resource_after_oom(self.settings, ran, attempt)
         with self.ledger.write() as conn:
             run = resolve_run(conn, attempt["run_id"])

@@ -16,6 +16,11 @@ attempt as `retry_decision`. The defaults are docs/taxonomy.md's table (a test h
     nan_loss, watcher_stop, bad_data, config_error, code_error, unknown   stop
     completed, user_cancelled                                 none
 
+A run in pieces (`submit --time-limit 100 --in-pieces`: `in_pieces = true` in its policy) plans its
+timeouts: each attempt runs at most the longest tier (resources/selection.py's piece_hours), and
+its `timeout` resumes it from its newest checkpoint, outside the timeout budget, for as long as
+the run's total time is not spent; the decision says which piece ended and how much is left.
+
 Whatever a reason's budget, a failure whose signature (exception, message shape, file and line,
 step: supervisor/classify.py's Signature) is the same as an earlier attempt's of the run is not
 retried again: "the same failure at step S in N attempts". A run-level GPU-hour budget, when
@@ -24,6 +29,7 @@ set, stops everything once spent.
 
 from __future__ import annotations
 
+import math
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -102,6 +108,8 @@ class RetryPolicy:
     # What a retry the policy decided does when the run's data changed since the attempt before it:
     # "warn" launches it and says which files changed; "stop" launches nothing (supervisor/launch.py).
     on_data_change: str = "warn"
+    # The run's time limit is its total, run in pieces (`submit --in-pieces`): see the module docstring.
+    in_pieces: bool = False
 
     def rule(self, reason: R) -> ReasonRule:
         return self.rules.get(reason, ReasonRule("stop"))
@@ -122,6 +130,19 @@ class AttemptOutcome:
 
 
 @dataclass(frozen=True)
+class Pieces:
+    """Where a run in pieces stands when an attempt ended: its total time, what its attempts ran, each piece's length."""
+
+    total_s: float
+    used_s: float
+    piece_s: float | None  # None: not known (the attempt's selection did not plan one)
+
+    @property
+    def count(self) -> int:
+        return math.ceil(self.total_s / self.piece_s - 1e-9) if self.piece_s else 1
+
+
+@dataclass(frozen=True)
 class Decision:
     action: str  # "resume", "stop" or "none"
     rule: str
@@ -139,12 +160,18 @@ def decide(
     next_memory_fingerprint: str | None = None,
     run_gpu_seconds: float = 0.0,
     run_ref: str = "RUN",
+    pieces: Pieces | None = None,
 ) -> Decision:
-    """What to do after the last attempt in `history` (oldest first) ended; `run_ref` names the run in advice."""
+    """What to do after the last attempt in `history` (oldest first) ended; `run_ref` names the run in advice.
+
+    `pieces`: for a policy `in_pieces`, the run's total time and what its attempts ran (see the module docstring).
+    """
     last = history[-1]
     reason = last.reason
     rule = policy.rule(reason)
     name = reason.value
+    if policy.in_pieces and reason is R.TIMEOUT and pieces is not None and last.disk_full is None:
+        return _next_piece(history, pieces)
     if rule.action == "none":
         return Decision("none", f"{name}: nothing to do", f"the run ended {name}")
     if last.disk_full is not None:
@@ -186,6 +213,28 @@ def decide(
         _resume_from(history) + (f" after {delay:.0f} s" if delay else ""),
         delay_s=delay,
     )
+
+
+# Less than this left of a run in pieces is not worth a launch (a queue, a restore): the run's time is spent.
+PIECE_MIN_S = 60.0
+
+
+def _next_piece(history: Sequence[AttemptOutcome], pieces: Pieces) -> Decision:
+    """After a planned piece reached its time limit: the next piece from the newest checkpoint, or the end."""
+    done = sum(1 for outcome in history if outcome.reason is R.TIMEOUT)
+    left = pieces.total_s - pieces.used_s
+    total = f"{pieces.total_s / 3600:g} h"
+    said = (f"piece {done} of {pieces.count} reached its {pieces.piece_s / 3600:g} h limit as planned (--in-pieces: "
+            f"{total} in all)" if pieces.piece_s else f"the attempt reached its time limit (--in-pieces: {total} in all)")
+    if left < PIECE_MIN_S:
+        return Decision("stop", "timeout: in pieces, total time spent",
+                        f"{said}; the run's {total} are spent ({pieces.used_s / 3600:.2f} h run), so no piece follows")
+    if not history[-1].committed_checkpoint:
+        return Decision("stop", "timeout: in pieces, no newer checkpoint",
+                        f"{said}, but it committed no checkpoint, so the next piece would redo the same work")
+    return Decision("resume", f"timeout: in pieces, piece {done + 1} of {pieces.count}",
+                    f"{said}; resume from the latest committed checkpoint for the next piece "
+                    f"({left / 3600:.2f} h left)")
 
 
 def _same_failure_advice(last: AttemptOutcome, count: int, run_ref: str) -> str:
@@ -235,6 +284,7 @@ class _PolicyTop(BaseModel):
 
     gpu_hours_budget: Annotated[float, Field(gt=0, le=MAX_GPU_HOURS)] | None = None
     on_data_change: Literal["warn", "stop"] | None = None
+    in_pieces: bool | None = None
     reasons: dict[str, Any] | None = None
 
 
@@ -248,6 +298,7 @@ EXPECTED: dict[str, str] = {
     "requires": f"one of {', '.join(CONDITIONS)}",
     "gpu_hours_budget": f"a positive finite number of GPU-hours, at most {MAX_GPU_HOURS:g}",
     "on_data_change": "one of warn, stop",
+    "in_pieces": "true or false: the run's time limit is its total, run in pieces of the longest QoS tier",
     "reasons": "a table of [reasons.NAME] tables",
 }
 
@@ -260,6 +311,7 @@ class _Layer:
     gpu_hours_budget: float | None
     sets_gpu_hours_budget: bool
     on_data_change: str | None = None
+    in_pieces: bool | None = None
 
 
 def _validate(doc: Any, source: str) -> _Layer:
@@ -277,7 +329,7 @@ def _validate(doc: Any, source: str) -> _Layer:
             raise InputError(f"{source}: [reasons.{name}]: expected a table, got {shown(body)}")
         rule = _checked(_RuleOverride, body, source, f"[reasons.{name}] ")
         overrides[reason] = rule.model_dump(exclude_unset=True)
-    return _Layer(overrides, top.gpu_hours_budget, "gpu_hours_budget" in doc, top.on_data_change)
+    return _Layer(overrides, top.gpu_hours_budget, "gpu_hours_budget" in doc, top.on_data_change, top.in_pieces)
 
 
 def _checked(model: type[BaseModel], doc: Mapping[str, Any], source: str, where: str) -> Any:
@@ -311,6 +363,7 @@ def policy_from_layers(layers: Sequence[tuple[Mapping[str, Any], str]]) -> Retry
     rules = dict(DEFAULT_RULES)
     gpu_hours_budget: float | None = None
     on_data_change = "warn"
+    in_pieces = False
     for doc, source in layers:
         layer = _validate(doc, source)
         for reason, fields in layer.overrides.items():
@@ -318,7 +371,9 @@ def policy_from_layers(layers: Sequence[tuple[Mapping[str, Any], str]]) -> Retry
         if layer.sets_gpu_hours_budget:
             gpu_hours_budget = layer.gpu_hours_budget
         on_data_change = layer.on_data_change or on_data_change
-    return RetryPolicy(rules=rules, gpu_hours_budget=gpu_hours_budget, on_data_change=on_data_change)
+        in_pieces = layer.in_pieces if layer.in_pieces is not None else in_pieces
+    return RetryPolicy(rules=rules, gpu_hours_budget=gpu_hours_budget, on_data_change=on_data_change,
+                       in_pieces=in_pieces)
 
 
 def policy_from_mapping(doc: Mapping[str, Any], source: str) -> RetryPolicy:

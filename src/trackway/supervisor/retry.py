@@ -21,6 +21,7 @@ from trackway.supervisor.policy import (
     PROJECT_SOURCE,
     AttemptOutcome,
     Decision,
+    Pieces,
     RetryPolicy,
     decide,
     memory_fingerprint,
@@ -97,6 +98,7 @@ def decide_after_end(
             next_memory_fingerprint=next_fingerprint(settings, run, rows[-1] if rows else None, moves_to),
             run_gpu_seconds=float(spent),
             run_ref=run_ref,
+            pieces=pieces_of(run, rows) if policy.in_pieces else None,
         )
     conn.execute(
         update(attempts).where(attempts.c.attempt_id == attempt_id).values(retry_decision=json.dumps(decision.as_record()))
@@ -113,6 +115,28 @@ def decide_after_end(
             )
         )
     return decision
+
+
+def pieces_of(run: RowMapping, rows: list) -> Pieces | None:
+    """Where a run in pieces stands: its total time, the time its attempts ran, the piece its latest attempt planned."""
+    from trackway.resources.selection_record import Selection
+
+    if not run["time_limit_s"]:
+        return None
+    used = sum(attempt_seconds(row) for row in rows)
+    planned = Selection.from_json(rows[-1]["selection"]) if rows else None
+    piece = planned.piece_hours * 3600 if planned is not None and planned.piece_hours else None
+    return Pieces(total_s=float(run["time_limit_s"]), used_s=used, piece_s=piece)
+
+
+def attempt_seconds(row) -> float:
+    """How long an attempt's command ran (its start to its end); 0 for one that never started."""
+    start, end = row["started_at"], row["ended_at"]
+    if start is None or end is None:
+        return 0.0
+    if (start.tzinfo is None) != (end.tzinfo is None):
+        start, end = start.replace(tzinfo=None), end.replace(tzinfo=None)
+    return max(0.0, (end - start).total_seconds())
 
 
 def due_retries(conn: Connection, now: datetime) -> list[str]:

@@ -94,6 +94,9 @@ class RunSpec:
     # `approval_note` says what asked.
     approval: str | None = None
     approval_note: str | None = None
+    # The time limit is the run's total, run in pieces of the longest QoS tier, each resumed from the last one's
+    # checkpoint: `in_pieces = true` in the run's retry policy (supervisor/policy.py).
+    in_pieces: bool = False
 
 
 # Every option a run is submitted with: RunSpec's field -> (`trackway submit`'s flag, `POST /api/jobs`' field).
@@ -123,6 +126,11 @@ SUBMIT_FIELDS: dict[str, tuple[str, str]] = {
     "preflight_strict": ("--strict", "strict_memory_preflight"),
     "expect": ("--expect", "expect"),
     "watch": ("--watch", "watch"),
+    "in_pieces": ("--in-pieces", "in_pieces"),
+}
+# How a submit is carried out rather than what the run is: (`trackway submit`'s flag, `POST /api/jobs`' field).
+SUBMIT_MODES: dict[str, tuple[str, str]] = {
+    "dry_run": ("--dry-run", "dry_run"),  # supervisor/dry_run.py: say what would be submitted, record nothing
 }
 # RunSpec's fields no person sets by an option: the command and where it runs, what callers fill in.
 INTERNAL_FIELDS = frozenset({"command", "cwd", "environ", "env", "repo_script", "submitted_by", "approval",
@@ -169,6 +177,8 @@ def _validate(spec: RunSpec) -> None:
         validation.finite(spec.gpu_memory_min_gb, "--gpu-memory-min", 0, 10_000, "GB", low_open=True)
     if spec.checkpoint_root is not None:
         checkpoint_root_url(spec.checkpoint_root, "--checkpoint-root")
+    if spec.in_pieces and spec.time_limit_hours is None:
+        raise InputError("--in-pieces: expected with --time-limit HOURS, the run's total time to run in pieces")
 
 
 def checkpoint_root_url(root: str, field: str) -> str:
@@ -212,13 +222,39 @@ def preview_placement(settings: Settings, spec: RunSpec, preflight: str | None =
     run = {"resource_request": asked, "resource": asked, "kind": spec.kind, "gpus": spec.gpus, "nodes": spec.nodes,
            "time_limit_s": spec.time_limit_hours * 3600 if spec.time_limit_hours else None,
            "gpu_memory_min_gb": spec.gpu_memory_min_gb, "preflight": preflight,
-           "resource_preferred": spec.prefer_resource}
+           "resource_preferred": spec.prefer_resource, "in_pieces": _in_pieces(settings, spec)}
     return place(settings, run)
+
+
+def _in_pieces(settings: Settings, spec: RunSpec) -> bool:
+    """Whether the run goes in pieces: `--in-pieces`, or `in_pieces = true` in trackway.toml's [retry] or its
+    --retry-policy (either is refused in one line here when it does not read)."""
+    if spec.time_limit_hours is None:
+        return False
+    if spec.in_pieces:
+        return True
+    from trackway.supervisor.policy import load_policy
+
+    return load_policy(spec.retry_policy_path, settings.retry).in_pieces
+
+
+def pieces_policy(text: str | None, spec: RunSpec) -> str | None:
+    """The run's retry policy as stored: its --retry-policy text, with `in_pieces = true` first for --in-pieces
+    (top-level keys come before any table in TOML), so that the receipt says the pieces were asked for."""
+    if not spec.in_pieces:
+        return text
+    import tomllib
+
+    if text and tomllib.loads(text).get("in_pieces") is True:
+        return text
+    if text and "in_pieces" in tomllib.loads(text):
+        raise InputError(f"--in-pieces: the --retry-policy {spec.retry_policy_path} says in_pieces = false")
+    return "in_pieces = true  # submit --in-pieces\n" + (text or "")
 
 
 def submit_run(ledger: Ledger, settings: Settings, spec: RunSpec, console: Console | None = None) -> str:
     """Capture the run's receipt and record the run (state queued); return its id."""
-    receipt = _capture_receipt(ledger, settings, spec, console)
+    receipt = capture_receipt(ledger, settings, spec, console)
     run_id = new_run_id()
     run_dir = settings.runs_dir / run_id
     workdir, code = _prepare_code(spec, run_dir)
@@ -233,7 +269,7 @@ def submit_run(ledger: Ledger, settings: Settings, spec: RunSpec, console: Conso
 
 
 @dataclass(frozen=True)
-class _Receipt:
+class Receipt:
     """What submit captured and checked for a run before anything of it is written."""
 
     preflight: str | None
@@ -248,7 +284,7 @@ class _Receipt:
     command: SubmittedCommand
 
 
-def _capture_receipt(ledger: Ledger, settings: Settings, spec: RunSpec, console: Console | None) -> _Receipt:
+def capture_receipt(ledger: Ledger, settings: Settings, spec: RunSpec, console: Console | None) -> Receipt:
     """The run's receipt, every part validated: bad input raises InputError here, before anything is written."""
     _validate(spec)
     config = load_config(spec.config_path, spec.overrides)
@@ -268,16 +304,16 @@ def _capture_receipt(ledger: Ledger, settings: Settings, spec: RunSpec, console:
 
     load_policy(None, settings.retry)  # a broken [retry] in trackway.toml is refused now, not after an attempt
     log_patterns, checkpoint_paths = _outside_sdk(spec, settings)
-    retry_policy = read_policy_file(spec.retry_policy_path)
+    retry_policy = pieces_policy(read_policy_file(spec.retry_policy_path), spec)
     eval_specs = load_eval_specs(spec.eval_spec_paths, settings)
     data = build_data_manifest(spec.data_paths, console=console)
     environ = submitted_env.capture(spec.environ)
     command = submitted_argv.capture(spec.command, list(environ.secret.values()))
-    return _Receipt(preflight, selection, config, log_patterns, checkpoint_paths, retry_policy, eval_specs, data,
+    return Receipt(preflight, selection, config, log_patterns, checkpoint_paths, retry_policy, eval_specs, data,
                     environ, command)
 
 
-def _keep_run_files(run_dir: Path, receipt: _Receipt) -> None:
+def _keep_run_files(run_dir: Path, receipt: Receipt) -> None:
     """What the ledger must not hold, kept in the run's directory: its secrets, its config as given.
 
     Written before the run exists: a run whose secrets were not kept could never start as submitted.
@@ -291,60 +327,73 @@ def _keep_run_files(run_dir: Path, receipt: _Receipt) -> None:
         submitted_config.write_file(run_dir / submitted_config.CONFIG_FILE, receipt.config.canonical)
 
 
-def _insert_submitted_run(conn, settings: Settings, spec: RunSpec, run_id: str, receipt: _Receipt, workdir: Path,
+def _insert_submitted_run(conn, settings: Settings, spec: RunSpec, run_id: str, receipt: Receipt, workdir: Path,
                           code: CodeRef) -> None:
     """The run's row (state queued), its receipt's blobs and its eval specs, in the caller's transaction."""
-    config, data, selection = receipt.config, receipt.data, receipt.selection
-    environ_sha = put_blob(conn, receipt.environ.canonical(owner=run_id), "environ")
-    config_sha = put_blob(conn, submitted_config.recorded(config.values), "config") if config else None
-    data_sha = put_blob(conn, data.canonical, "data_manifest") if data else None
-    diff_sha = put_blob(conn, code.dirty_diff, "git_diff") if code.dirty_diff else None
-    insert_run(
-        conn,
-        dict(
-            run_id=run_id,
-            name=spec.name,
-            project=spec.project,
-            model_family=spec.model_family,
-            kind=spec.kind,
-            state=RunState.QUEUED.value,
-            command=json.dumps(receipt.command.recorded),
-            workdir=str(workdir),
-            resource=selection.resource,
-            resource_request=selection.requested,
-            gpu_memory_min_gb=spec.gpu_memory_min_gb,
-            executor=settings.resource(selection.resource).executor,
-            gpus=spec.gpus,
-            nodes=spec.nodes,
-            time_limit_s=spec.time_limit_hours * 3600 if spec.time_limit_hours else None,
-            config_sha256=config_sha,
-            data_manifest_sha256=data_sha,
-            data_paths=json.dumps(data.roots) if data else None,
-            code_repo=code.repo,
-            code_branch=code.branch,
-            code_commit=code.commit,
-            code_dirty_sha256=diff_sha,
-            created_at=datetime.now(timezone.utc),
-            retry_policy=receipt.retry_policy,
-            environ_sha256=environ_sha,
-            log_patterns=json.dumps(receipt.log_patterns) if receipt.log_patterns else None,
-            checkpoint_paths=json.dumps(receipt.checkpoint_paths) if receipt.checkpoint_paths else None,
-            checkpoint_root=_run_checkpoint_root(spec, settings.resource(selection.resource), run_id),
-            env=json.dumps(spec.env) if spec.env else None,
-            preflight=receipt.preflight,
-            expect=json.dumps(list(spec.expect)) if spec.expect else None,
-            resource_preferred=spec.prefer_resource,
-            expect_open=True if spec.expect else None,
-            watchers=recorded_watchers(parse_watch(spec.watch)),
-            submitted_by=spec.submitted_by,
-            approval=spec.approval,
-            approval_note=spec.approval_note,
-        ),
-    )
+    blobs = {kind: put_blob(conn, content, kind) for kind, content in receipt_blobs(receipt, run_id, code).items()}
+    insert_run(conn, run_row(settings, spec, run_id, receipt, workdir, code, blobs))
     if receipt.eval_specs:
         from trackway.evals.records import attach_specs
 
         attach_specs(conn, run_id, receipt.eval_specs)
+
+
+def receipt_blobs(receipt: Receipt, run_id: str, code: CodeRef) -> dict[str, bytes]:
+    """The run's blobs by kind (environ, config, data_manifest, git_diff): what the ledger stores, and a dry run hashes."""
+    config, data = receipt.config, receipt.data
+    blobs = {"environ": receipt.environ.canonical(owner=run_id)}
+    if config:
+        blobs["config"] = submitted_config.recorded(config.values)
+    if data:
+        blobs["data_manifest"] = data.canonical
+    if code.dirty_diff:
+        blobs["git_diff"] = code.dirty_diff
+    return blobs
+
+
+def run_row(settings: Settings, spec: RunSpec, run_id: str, receipt: Receipt, workdir: Path, code: CodeRef,
+            blobs: dict[str, str]) -> dict:
+    """The run's row as submit records it (state queued); `blobs`: the sha256 of each of receipt_blobs()."""
+    data, selection = receipt.data, receipt.selection
+    return dict(
+        run_id=run_id,
+        name=spec.name,
+        project=spec.project,
+        model_family=spec.model_family,
+        kind=spec.kind,
+        state=RunState.QUEUED.value,
+        command=json.dumps(receipt.command.recorded),
+        workdir=str(workdir),
+        resource=selection.resource,
+        resource_request=selection.requested,
+        gpu_memory_min_gb=spec.gpu_memory_min_gb,
+        executor=settings.resource(selection.resource).executor,
+        gpus=spec.gpus,
+        nodes=spec.nodes,
+        time_limit_s=spec.time_limit_hours * 3600 if spec.time_limit_hours else None,
+        config_sha256=blobs.get("config"),
+        data_manifest_sha256=blobs.get("data_manifest"),
+        data_paths=json.dumps(data.roots) if data else None,
+        code_repo=code.repo,
+        code_branch=code.branch,
+        code_commit=code.commit,
+        code_dirty_sha256=blobs.get("git_diff"),
+        created_at=datetime.now(timezone.utc),
+        retry_policy=receipt.retry_policy,
+        environ_sha256=blobs["environ"],
+        log_patterns=json.dumps(receipt.log_patterns) if receipt.log_patterns else None,
+        checkpoint_paths=json.dumps(receipt.checkpoint_paths) if receipt.checkpoint_paths else None,
+        checkpoint_root=_run_checkpoint_root(spec, settings.resource(selection.resource), run_id),
+        env=json.dumps(spec.env) if spec.env else None,
+        preflight=receipt.preflight,
+        expect=json.dumps(list(spec.expect)) if spec.expect else None,
+        resource_preferred=spec.prefer_resource,
+        expect_open=True if spec.expect else None,
+        watchers=recorded_watchers(parse_watch(spec.watch)),
+        submitted_by=spec.submitted_by,
+        approval=spec.approval,
+        approval_note=spec.approval_note,
+    )
 
 
 def _outside_sdk(spec: RunSpec, settings: Settings) -> tuple[list[str], list[str]]:
@@ -390,6 +439,13 @@ def check_eval_resource(spec, settings: Settings) -> None:
                                  f"Slurm); {resource!r} runs over SSH, where a phase's outputs are not committed yet")
 
 
+def check_repo_script(spec: RunSpec, workspace: Path, code: CodeRef) -> None:
+    """The API's `script` must be a file of the cloned branch: refused at submit, with nothing recorded."""
+    if spec.repo_script is not None and not (workspace / spec.repo_script).is_file():
+        raise InputError(f"script {spec.repo_script!r}: not a file in {spec.repo_url} at branch {spec.branch} "
+                         f"(commit {code.commit[:12] if code.commit else 'not known'})")
+
+
 def _prepare_code(spec: RunSpec, run_dir: Path) -> tuple[Path, CodeRef]:
     """Where the command runs and the code reference it runs with (cloning `--repo` when given)."""
     if not spec.repo_url:
@@ -401,9 +457,7 @@ def _prepare_code(spec: RunSpec, run_dir: Path) -> tuple[Path, CodeRef]:
     try:
         code = clone_commit(spec.repo_url, spec.code_commit, staging / "workspace") if spec.code_commit \
             else clone_branch(spec.repo_url, spec.branch or "", staging / "workspace")
-        if spec.repo_script is not None and not (staging / "workspace" / spec.repo_script).is_file():
-            raise InputError(f"script {spec.repo_script!r}: not a file in {spec.repo_url} at branch {spec.branch} "
-                             f"(commit {code.commit[:12] if code.commit else 'not known'})")
+        check_repo_script(spec, staging / "workspace", code)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -370,3 +370,13 @@ def test_a_dry_run_says_what_would_be_submitted_and_records_nothing(project: Pat
         from trackway.ledger.records import list_runs
 
         assert list_runs(conn) == []
+
+
+def test_a_wait_of_nothing_or_of_hours_is_refused_naming_timeout_s(project: Path):
+    session = session_for("day", project)
+    (e1, zero), (e2, long), (e3, batch) = call(session, ("wait", {"run": "x", "timeout_s": 0}),
+                                               ("experiment_wait", {"experiment": "x", "timeout_s": 3600}),
+                                               ("experiment_batch_wait", {"batch": "x", "timeout_s": -1}))
+    assert e1 and e2 and e3
+    assert {zero["error"]["field"], long["error"]["field"], batch["error"]["field"]} == {"timeout_s"}
+    assert "expected a number of seconds above 0 and at most 600" in long["error"]["message"]

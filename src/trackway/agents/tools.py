@@ -280,10 +280,7 @@ def wait(session: AgentSession, run: str, timeout_s: float = 300.0) -> dict[str,
     """Wait until `run` ends or `timeout_s` passes; the ending with its reason, evidence and decision, or where it is."""
     from trackway.ledger.records import latest_attempt, resolve_run
 
-    if not (0 < timeout_s <= MAX_WAIT_S):
-        raise AgentRefused("timeout_s", f"a number of seconds above 0 and at most {MAX_WAIT_S:g}",
-                           f"timeout_s {timeout_s!r}: expected a number of seconds above 0 and at most {MAX_WAIT_S:g}")
-    deadline = time.monotonic() + timeout_s
+    deadline = _deadline(timeout_s)
     while True:
         session.tick()
         with session.ledger.read() as conn:
@@ -508,10 +505,7 @@ def experiment_wait(session: AgentSession, experiment: str, timeout_s: float = 3
     from trackway.experiments.records import ExperimentStatus, resolve_experiment
     from trackway.ledger.records import resolve_run
 
-    if not (0 < timeout_s <= MAX_WAIT_S):
-        raise AgentRefused("timeout_s", f"a number of seconds above 0 and at most {MAX_WAIT_S:g}",
-                           f"timeout_s {timeout_s!r}: expected a number of seconds above 0 and at most {MAX_WAIT_S:g}")
-    deadline = time.monotonic() + timeout_s
+    deadline = _deadline(timeout_s)
     while True:
         session.tick()
         with session.ledger.read() as conn:
@@ -578,10 +572,7 @@ def experiment_batch_wait(session: AgentSession, batch: str, timeout_s: float = 
     from trackway.experiments.batch import DONE, batch_of
     from trackway.experiments.batch import table as batch_table
 
-    if not (0 < timeout_s <= MAX_WAIT_S):
-        raise AgentRefused("timeout_s", f"a number of seconds above 0 and at most {MAX_WAIT_S:g}",
-                           f"timeout_s {timeout_s!r}: expected a number of seconds above 0 and at most {MAX_WAIT_S:g}")
-    deadline = time.monotonic() + timeout_s
+    deadline = _deadline(timeout_s)
     while True:
         session.tick()
         with session.ledger.read() as conn:
@@ -631,6 +622,14 @@ def _script(workdir: Path, script: str) -> str:
         raise AgentRefused("script", "a file inside the server's working directory",
                            f"script {script!r}: expected a file inside the server's working directory")
     return str(resolved)
+
+
+def _deadline(timeout_s: float) -> float:
+    """When a wait of `timeout_s` seconds ends (monotonic clock); a wait of nothing or of over MAX_WAIT_S is refused."""
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or not (0 < timeout_s <= MAX_WAIT_S):
+        raise AgentRefused("timeout_s", f"a number of seconds above 0 and at most {MAX_WAIT_S:g}",
+                           f"timeout_s {timeout_s!r}: expected a number of seconds above 0 and at most {MAX_WAIT_S:g}")
+    return time.monotonic() + timeout_s
 
 
 def _whole(value: Any, field: str, low: int, high: int) -> None:

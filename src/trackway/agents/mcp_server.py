@@ -16,7 +16,7 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
-from trackway.agents import tools
+from trackway.agents import experiment_tools, tools
 from trackway.agents.guardrails import AgentRefused
 from trackway.agents.tools import AgentSession
 from trackway.errors import TrackwayError
@@ -72,10 +72,11 @@ def build_server(session: AgentSession):
         """Register `function` (its first argument the session) as a tool answering structured content."""
         signature = inspect.signature(function)
         known[function.__name__] = set(signature.parameters)
+        implementation = getattr(tools, function.__name__, None) or getattr(experiment_tools, function.__name__)
 
         def call(**arguments: Any):
             try:
-                return getattr(tools, function.__name__)(session, **arguments)
+                return implementation(session, **arguments)
             except TrackwayError as exc:
                 return _refusal(exc)
 

@@ -380,3 +380,11 @@ def test_a_wait_of_nothing_or_of_hours_is_refused_naming_timeout_s(project: Path
     assert e1 and e2 and e3
     assert {zero["error"]["field"], long["error"]["field"], batch["error"]["field"]} == {"timeout_s"}
     assert "expected a number of seconds above 0 and at most 600" in long["error"]["message"]
+
+
+def test_an_agent_waits_for_one_attempt(project: Path):
+    session = session_for("day", project)
+    (_, submitted), (_, ended) = call(session, ("submit", {"script": "train.py", "args": ["--fail"], "name": "one"}),
+                                      ("wait", {"run": "one/1", "timeout_s": 120}))
+    assert ended["ended"] and ended["attempt"]["attempt_id"] == f"{submitted['run_id']}/1"
+    assert ended["attempt"]["termination_reason"] == "code_error"

@@ -134,10 +134,11 @@ def build_server(session: AgentSession):
         """Start a run of `script`, credited to you, if it fits your budget and your cap on unfinished runs."""
 
     @tool
-    def wait(run: Annotated[str, Field(description="A run id or name.")],
+    def wait(run: Annotated[str, Field(description="A run id or name, or one attempt RUN/N.")],
              timeout_s: Annotated[float, Field(description="Seconds to wait at most (above 0, at most 600).")] = 300.0,
              ) -> dict[str, Any]:
-        """Wait for a run to end: its state, its last attempt's termination reason, evidence and the retry decision."""
+        """Wait for a run (or one attempt) to end: its state, the attempt's termination reason, evidence and the retry
+        decision."""
 
     @tool
     def explain(ref: Annotated[str, Field(description="A run (its latest attempt) or one attempt RUN/N.")],

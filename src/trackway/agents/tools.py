@@ -277,16 +277,19 @@ def submit(session: AgentSession, script: str, args: list[str] | None = None, ki
 
 
 def wait(session: AgentSession, run: str, timeout_s: float = 300.0) -> dict[str, Any]:
-    """Wait until `run` ends or `timeout_s` passes; the ending with its reason, evidence and decision, or where it is."""
-    from trackway.ledger.records import latest_attempt, resolve_run
+    """Wait until `run` ends (or one attempt `RUN/N`) or `timeout_s` passes; the ending with its reason, evidence
+    and decision, or where it is."""
+    from trackway.ledger.records import latest_attempt, resolve_attempt, resolve_run
 
+    run_ref, slash, number = run.rpartition("/")
+    one_attempt = bool(slash) and number.isdigit()
     deadline = _deadline(timeout_s)
     while True:
         session.tick()
         with session.ledger.read() as conn:
-            row = resolve_run(conn, run)
-            attempt = latest_attempt(conn, row["run_id"])
-        ended = RunState(row["state"]).is_terminal()
+            row = resolve_run(conn, run_ref if one_attempt else run)
+            attempt = resolve_attempt(conn, run) if one_attempt else latest_attempt(conn, row["run_id"])
+        ended = attempt["state"] == "ended" if one_attempt else RunState(row["state"]).is_terminal()
         if ended or time.monotonic() >= deadline or row["approval"] == AWAITING:
             break
         time.sleep(WAIT_POLL_S)
@@ -307,8 +310,8 @@ def wait(session: AgentSession, run: str, timeout_s: float = 300.0) -> dict[str,
             "last_step": attempt["last_step"], "gpu_seconds": attempt["gpu_seconds"],
         })
     if not ended:
-        answer["note"] = (f"still {row['state']} after {timeout_s:g} s; call wait again, or explain "
-                          f"{row['run_id']} for where it is")
+        answer["note"] = (f"still {attempt['state'] if one_attempt else row['state']} after {timeout_s:g} s; call wait "
+                          f"again, or explain {run} for where it is")
     return answer
 
 

@@ -5,7 +5,7 @@ picks a free port (`{port}` in the server's command and in `health_url`), starts
 process group of its own, waits until the health URL answers 2xx (at most `--timeout` seconds,
 and not once the server has exited), runs COMMAND with `$TRACKWAY_EVAL_SERVER_URL` (the URL's
 scheme, host and port), then stops the server: SIGTERM to its group, SIGKILL after a grace
-period. What happened is said on stderr (`trackway serve: ...`, in the attempt's log) and kept in
+period. What happened is said on stderr (`trackway eval server: ...`, in the attempt's log) and kept in
 `eval-server.json` beside the attempt's spool directory. The exit status is COMMAND's; a server
 that never answers ends the attempt with exit 3 before COMMAND runs (no GPU time spent on it).
 A SIGTERM (a cancel, a preemption) stops COMMAND and the server alike.
@@ -39,7 +39,8 @@ def free_port() -> int:
 
 
 def say(message: str) -> None:
-    print(f"trackway serve: {message}", file=sys.stderr, flush=True)
+    # Not "trackway serve": that is the REST API's command, and this line is read in an evaluation's log.
+    print(f"trackway eval server: {message}", file=sys.stderr, flush=True)
 
 
 def answers(url: str) -> bool:

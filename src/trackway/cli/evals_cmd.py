@@ -339,7 +339,7 @@ def evals(
     from trackway.ledger.records import resolve_run
     from trackway.supervisor.retry import run_config
 
-    from trackway.experiments.expectations import verdict_of
+    from trackway.experiments.expectation_verdicts import verdict_of
 
     app = app_context(ctx)
     reconcile(app)

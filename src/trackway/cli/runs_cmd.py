@@ -203,7 +203,7 @@ def show(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Show a run with its receipt and attempts, or one attempt's full receipt."""
-    from trackway.experiments.expectations import verdict_of
+    from trackway.experiments.expectation_verdicts import verdict_of
 
     attempt_ref(ref)
     app = app_context(ctx)
@@ -253,7 +253,7 @@ def _fact(label: str, value: str) -> None:
 
 def _print_run(app: AppContext, run, config_sha, config, data_sha, manifest, shown) -> None:
     from trackway.cli.render import console, plain, say, short_sha, short_time
-    from trackway.experiments.expectations import lines as expectation_lines
+    from trackway.experiments.expectation_verdicts import lines as expectation_lines
 
     say(console, plain(f"run {run['run_id']}", style="bold") + plain(f"  {run['name']}" if run["name"] else ""))
     files = manifest["files"] if manifest else []

@@ -34,10 +34,9 @@ from trackway.experiments import criteria as language
 from trackway.experiments.criteria import Missing, Quantity
 from trackway.experiments.quantities import RunNumbers
 from trackway.ledger.schema import checkpoints, eval_metrics, evaluations, run_eval_specs, runs
+from trackway.experiments.expectation_verdicts import MET, NOT_KNOWN, NOT_MET, NOT_YET, SETTLED, verdict_of
 from trackway.taxonomy import RunState
 
-MET, NOT_YET, NOT_MET, NOT_KNOWN = "met", "not yet", "not met", "not known"
-SETTLED = (MET, NOT_MET, NOT_KNOWN)
 ANY, LATEST = "any", "latest"
 MAX_CRITERIA = 20
 _AT = re.compile(r"\s+at\s+(?:the\s+)?(any|latest)(?:\s+checkpoint)?\s*$", re.IGNORECASE)
@@ -252,15 +251,6 @@ def _number(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.6g}"
 
 
-def verdict_of(row: Any) -> list[dict[str, Any]]:
-    """The criteria's verdict as last judged (runs.expect_verdict), or each as `not yet` before the first judgement."""
-    if row.get("expect_verdict"):
-        return json.loads(row["expect_verdict"])["criteria"]
-    texts = json.loads(row["expect"]) if row.get("expect") else []
-    return [{"criterion": text, "state": NOT_YET, "why": "not judged yet", "values": {}, "step": None,
-             "settled_at": None, "checkpoints": []} for text in texts]
-
-
 def judge_and_record(conn: Connection, run: Any) -> list[Judged]:
     """Judge one run's criteria and record the verdict on its row."""
     before = {c["criterion"]: c for c in verdict_of(run)} if run.get("expect_verdict") else {}
@@ -302,8 +292,3 @@ def judge_due(ledger) -> int:
                          "settled_at": None, "checkpoints": []} for text in texts]}),
                     expect_judged_at=datetime.now(timezone.utc), expect_open=False))
     return len(due)
-
-
-def lines(row: Any) -> list[str]:
-    """One line per criterion for a person: `met: eval.pass@1 > 0.05 (met at step 200: 0.07 > 0.05)`."""
-    return [f"{c['state']}: {c['criterion']} ({c['why']})" for c in verdict_of(row)]

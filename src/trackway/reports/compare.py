@@ -15,7 +15,7 @@ from sqlalchemy import Connection, select
 from trackway.display import compute_unit_of
 from trackway.errors import InputError
 from trackway.experiments.criteria import Missing, Quantity
-from trackway.experiments.expectations import verdict_of
+from trackway.experiments.expectation_verdicts import verdict_of
 from trackway.experiments.quantities import NODE_PREFIX, RunNumbers
 from trackway.experiments.records import experiment_of_run
 from trackway.ledger.blobs import get_blob

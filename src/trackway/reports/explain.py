@@ -180,7 +180,7 @@ def explain(conn: Connection, ref: str, now: datetime | None = None) -> dict[str
 
 def _expectations(run: RowMapping) -> list[dict[str, Any]]:
     """The run's own criteria (`submit --expect`) as last judged: each one's state, numbers and why."""
-    from trackway.experiments.expectations import verdict_of
+    from trackway.experiments.expectation_verdicts import verdict_of
 
     return verdict_of(dict(run))
 

@@ -276,7 +276,7 @@ def get_job(job_id: str, request: Request) -> dict[str, Any]:
         tried = conn.execute(
             select(attempts).where(attempts.c.run_id == run["run_id"]).order_by(attempts.c.attempt_number)
         ).mappings().all()
-    from trackway.experiments.expectations import verdict_of
+    from trackway.experiments.expectation_verdicts import verdict_of
 
     return {**_summary({**run, "attempt_count": len(tried)}), "expectations": verdict_of(dict(run)),
             "attempts": [_attempt(a) for a in tried]}

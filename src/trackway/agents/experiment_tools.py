@@ -7,16 +7,13 @@ and its full run waits for a person where the agent's settings say so.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from trackway.agents.approval import AWAITING
 from trackway.agents.guardrails import AgentRefused, admit, needs_approval
 from trackway.agents.tools import (
-    WAIT_POLL_S,
     AgentSession,
     _background,
-    _deadline,
     _finite,
     _whole,
     jsonable,
@@ -112,17 +109,14 @@ def experiment_wait(session: AgentSession, experiment: str, timeout_s: float = 3
     from trackway.experiments.records import ExperimentStatus, resolve_experiment
     from trackway.ledger.records import resolve_run
 
-    deadline = _deadline(timeout_s)
-    while True:
-        session.tick()
-        with session.ledger.read() as conn:
-            record = resolve_experiment(conn, experiment)
-            full = resolve_run(conn, record["full_run_id"]) if record["full_run_id"] else None
+    def look(conn):
+        record = resolve_experiment(conn, experiment)
+        full = resolve_run(conn, record["full_run_id"]) if record["full_run_id"] else None
         final = ExperimentStatus(record["status"]).is_final()
         held = full is not None and full["approval"] == AWAITING
-        if final or held or time.monotonic() >= deadline:
-            break
-        time.sleep(WAIT_POLL_S)
+        return (record, final, held), final or held
+
+    record, final, held = session.wait_until(timeout_s, look)
     shown = experiment_show(session, experiment)
     return {"experiment_id": record["experiment_id"], "status": record["status"], "verdict": record["verdict"],
             "concluded": final, "waited_out": not final and not held, "full_run_awaiting_approval": held,
@@ -164,13 +158,13 @@ def experiment_batch(session: AgentSession, baseline: str, hypotheses: list[dict
         plan = TestPlan(max_steps=None, time_limit_hours=test_time_limit_hours,  # type: ignore[arg-type]
                         submitted_by=command_by(session.agent.credit),
                         full_run_approval=needs_approval(session.agent, "full", base["gpus"] or 0, hours))
+        running, shared = max(1, min(max_running, room)), min(limits) if limits else None
         batch_id, recorded = new_batch(session.ledger, session.settings, baseline, members, session.workdir, plan,
-                                       max_running=max(1, min(max_running, room)),
-                                       budget_gpu_hours=min(limits) if limits else None, name=name)
+                                       max_running=running, budget_gpu_hours=shared, name=name)
         said = advance_batches(session.ledger, session.settings, session.supervisor().executor)
     _background(session)
-    return {"batch_id": batch_id, "experiments": recorded, "max_running": max(1, min(max_running, room)),
-            "budget_gpu_hours": min(limits) if limits else None, "started": [m for _, m in said],
+    return {"batch_id": batch_id, "experiments": recorded, "max_running": running,
+            "budget_gpu_hours": shared, "started": [m for _, m in said],
             "note": "wait with experiment_batch_wait; the batch goes on while you wait or not"}
 
 
@@ -179,14 +173,7 @@ def experiment_batch_wait(session: AgentSession, batch: str, timeout_s: float = 
     from trackway.experiments.batch import DONE, batch_of
     from trackway.experiments.batch import table as batch_table
 
-    deadline = _deadline(timeout_s)
-    while True:
-        session.tick()
-        with session.ledger.read() as conn:
-            record = batch_of(conn, batch)
-        if record["status"] == DONE or time.monotonic() >= deadline:
-            break
-        time.sleep(WAIT_POLL_S)
+    session.wait_until(timeout_s, lambda conn: (None, batch_of(conn, batch)["status"] == DONE))
     with session.ledger.read() as conn:
         shown = batch_table(conn, batch_of(conn, batch))
     return _finite(jsonable({**shown, "done": shown["status"] == DONE}))

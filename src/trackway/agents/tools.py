@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
+from collections.abc import Callable
 from typing import Any
 
 from trackway.agents.approval import AWAITING
@@ -47,6 +48,17 @@ class AgentSession:
         """One pass of the control loop: the MCP SDK runs tools in threads, and one loop is driven by one at a time."""
         with self.ticking:
             self.supervisor().tick()
+
+    def wait_until(self, timeout_s: float, look: Callable[[Any], tuple[Any, bool]]) -> Any:
+        """Tick and read until `look(conn)` says done (its second value) or `timeout_s` passes; its last answer."""
+        deadline = _deadline(timeout_s)
+        while True:
+            self.tick()
+            with self.ledger.read() as conn:
+                seen, done = look(conn)
+            if done or time.monotonic() >= deadline:
+                return seen
+            time.sleep(WAIT_POLL_S)
 
     def supervisor(self):
         """A control loop this session ticks while it waits (as a following `submit` does)."""
@@ -283,16 +295,14 @@ def wait(session: AgentSession, run: str, timeout_s: float = 300.0) -> dict[str,
 
     run_ref, slash, number = run.rpartition("/")
     one_attempt = bool(slash) and number.isdigit()
-    deadline = _deadline(timeout_s)
-    while True:
-        session.tick()
-        with session.ledger.read() as conn:
-            row = resolve_run(conn, run_ref if one_attempt else run)
-            attempt = resolve_attempt(conn, run) if one_attempt else latest_attempt(conn, row["run_id"])
+
+    def look(conn):
+        row = resolve_run(conn, run_ref if one_attempt else run)
+        attempt = resolve_attempt(conn, run) if one_attempt else latest_attempt(conn, row["run_id"])
         ended = attempt["state"] == "ended" if one_attempt else RunState(row["state"]).is_terminal()
-        if ended or time.monotonic() >= deadline or row["approval"] == AWAITING:
-            break
-        time.sleep(WAIT_POLL_S)
+        return (row, attempt, ended), ended or row["approval"] == AWAITING
+
+    row, attempt, ended = session.wait_until(timeout_s, look)
     answer: dict[str, Any] = {"run_id": row["run_id"], "state": row["state"], "ended": ended,
                               "waited_out": not ended and row["approval"] != AWAITING,
                               "awaiting_approval": row["approval"] == AWAITING, "approval": row["approval_note"]}
@@ -317,15 +327,7 @@ def wait(session: AgentSession, run: str, timeout_s: float = 300.0) -> dict[str,
 
 def cancel(session: AgentSession, run: str) -> dict[str, Any]:
     """End one of the agent's own runs (SIGTERM, SIGKILL after the grace period); another's is refused."""
-    from trackway.ledger.records import resolve_run
-
-    with session.ledger.read() as conn:
-        row = resolve_run(conn, run)
-        mine = is_agents_run(conn, session.agent, row["run_id"])
-    if not mine:
-        raise AgentRefused("run", f"a run agent {session.agent.name!r} started",
-                           f"run {run!r}: expected a run agent {session.agent.name!r} started; an agent cancels "
-                           "only its own runs (a person can: trackway cancel)")
+    row = _own_run(session, run, "cancels", " (a person can: trackway cancel)")
     with session.ticking:
         cancelled = session.supervisor().cancel(row["run_id"])
     return {"run_id": row["run_id"], "cancel_requested_for": cancelled,
@@ -335,18 +337,12 @@ def cancel(session: AgentSession, run: str) -> dict[str, Any]:
 def resume(session: AgentSession, run: str, set: list[str] | None = None) -> dict[str, Any]:
     """A new attempt of one of the agent's own runs that ended without completing, from its latest committed
     checkpoint, with the code it was submitted with; inside the agent's cap and budget like a new run."""
-    from trackway.ledger.records import get_attempt, resolve_run
+    from trackway.ledger.records import get_attempt
     from trackway.supervisor.launch import command_by, start_attempt
 
     session.tick()
     with session.submitting:
-        with session.ledger.read() as conn:
-            row = resolve_run(conn, run)
-            mine = is_agents_run(conn, session.agent, row["run_id"])
-        if not mine:
-            raise AgentRefused("run", f"a run agent {session.agent.name!r} started",
-                               f"run {run!r}: expected a run agent {session.agent.name!r} started; an agent resumes "
-                               "only its own runs")
+        row = _own_run(session, run, "resumes")
         if row["state"] in (RunState.RUNNING.value, RunState.QUEUED.value, RunState.COMPLETED.value):
             raise AgentRefused("run", "a run that ended without completing",
                                f"run {run!r}: is {row['state']}; only a run that ended without completing can be resumed")
@@ -430,6 +426,20 @@ def _finite(node: Any) -> Any:
     if isinstance(node, list):
         return [_finite(v) for v in node]
     return node
+
+
+def _own_run(session: AgentSession, run: str, verb: str, aside: str = ""):
+    """The run `run` names, refused unless the agent submitted it: an agent `verb` only its own runs."""
+    from trackway.ledger.records import resolve_run
+
+    with session.ledger.read() as conn:
+        row = resolve_run(conn, run)
+        mine = is_agents_run(conn, session.agent, row["run_id"])
+    if not mine:
+        raise AgentRefused("run", f"a run agent {session.agent.name!r} started",
+                           f"run {run!r}: expected a run agent {session.agent.name!r} started; an agent {verb} only "
+                           f"its own runs{aside}")
+    return row
 
 
 def _script(workdir: Path, script: str) -> str:

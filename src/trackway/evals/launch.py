@@ -32,6 +32,7 @@ import json
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import Connection, RowMapping, and_, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
@@ -361,17 +362,7 @@ def queue_seeds(conn: Connection, settings: Settings, evaluation, run: RowMappin
         phase = spec.inference if spec.two_phase else None
         eval_run_id = new_run_id()
         params_path = settings.runs_dir / eval_run_id / PARAMS_FILE
-        params = {
-            "evaluation": evaluation["eval_id"],
-            "checkpoint": evaluation["checkpoint_path"],
-            "step": int(evaluation["checkpoint_step"]),
-            "seed": seed,
-            "task_set": None if spec.task_set is None else str(spec.task_set),
-            "decoding": spec.decoding,
-            "evaluator_version": evaluation["evaluator_version"],
-            "task_set_sha256": evaluation["task_set_sha256"],
-            "output_fields": spec.output_fields,
-        }
+        params = {**seed_params(evaluation, spec, seed), "checkpoint": evaluation["checkpoint_path"]}
         params_path.parent.mkdir(parents=True, exist_ok=True)
         params_path.write_text(json.dumps(params, indent=2, sort_keys=True))
         config_path = params_path.parent / RUN_CONFIG_FILE
@@ -451,14 +442,7 @@ def queue_scoring(conn: Connection, settings: Settings, evaluation, seed: int, o
     scoring_run_id = new_run_id()
     params_path = settings.runs_dir / scoring_run_id / PARAMS_FILE
     params = {
-        "evaluation": evaluation["eval_id"],
-        "step": int(evaluation["checkpoint_step"]),
-        "seed": seed,
-        "task_set": None if spec.task_set is None else str(spec.task_set),
-        "decoding": spec.decoding,
-        "evaluator_version": evaluation["evaluator_version"],
-        "task_set_sha256": evaluation["task_set_sha256"],
-        "output_fields": spec.output_fields,
+        **seed_params(evaluation, spec, seed),
         "inference_outputs": outputs,
         "judge": spec.judge.record() if spec.judge is not None else None,
     }
@@ -674,3 +658,17 @@ def rescore_evaluation(ledger: Ledger, settings: Settings, eval_ref: str, spec: 
             f"generated (evaluate anew with `trackway eval RUN@STEP --spec FILE`)")
     return request_evaluation(ledger, settings, old["run_id"], int(old["checkpoint_step"]), spec,
                               trigger="rescore", pinned=pinned, seeds=stored)
+
+
+def seed_params(evaluation, spec, seed: int) -> dict[str, Any]:
+    """What every seed's params file says, one command or either phase: the evaluation, its pins and the seed."""
+    return {
+        "evaluation": evaluation["eval_id"],
+        "step": int(evaluation["checkpoint_step"]),
+        "seed": seed,
+        "task_set": None if spec.task_set is None else str(spec.task_set),
+        "decoding": spec.decoding,
+        "evaluator_version": evaluation["evaluator_version"],
+        "task_set_sha256": evaluation["task_set_sha256"],
+        "output_fields": spec.output_fields,
+    }

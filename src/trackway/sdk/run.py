@@ -439,6 +439,8 @@ class Run:
         preempted, exit code 75, so it is resumed. An attempt that got a notice is never `completed`.
         After `finish()`, a notice is ignored: it ends nothing and resumes nothing.
         """
+        if self._standalone is not None and not self._finished:
+            self._standalone.finishing()  # its ingester takes the last flush as it lands
         if not self._finished:
             self._raise_if_non_finite()  # a loss that went non-finite in the last steps: nan_loss, never completed
         if self._notice is not None and not self._finished:

@@ -422,12 +422,17 @@ def read_complete_lines(path: Path, offset: int) -> tuple[list[bytes], int]:
     return [line for _, line in lines], end
 
 
-def read_complete_lines_at(path: Path, offset: int) -> tuple[list[tuple[int, bytes]], int]:
-    """(byte offset, line) for each complete line after `offset`, and the offset after the last of them."""
+def read_complete_lines_at(path: Path, offset: int, limit: int | None = None) -> tuple[list[tuple[int, bytes]], int]:
+    """(byte offset, line) for each complete line after `offset`, and the offset after the last of them.
+
+    `limit`: read about that many bytes at most (a line longer than it is still read whole).
+    """
     try:
         with open(path, "rb") as f:
             f.seek(offset)
-            data = f.read()
+            data = f.read(-1 if limit is None else limit)
+            if limit is not None and len(data) == limit and b"\n" not in data:
+                data += f.read()
     except FileNotFoundError:
         return [], offset
     end = data.rfind(b"\n")

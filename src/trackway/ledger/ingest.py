@@ -21,19 +21,18 @@ from __future__ import annotations
 
 import json
 import math
-import operator
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from itertools import chain, islice, repeat
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Connection, RowMapping, case, func, select, update
 
 from trackway.ledger import rollups
-from trackway.ledger.checkpoint_mirror import mirror_checkpoint, mirror_restored
+from trackway.ledger.ingest_rows import INT32 as _INT32
+from trackway.ledger.ingest_rows import UPSERT_POINTS, decode_event, keys_of, metrics_rank, point_rows
 from trackway.ledger.schema import attempt_events, attempts, checkpoints, metric_series, spool_cursors
 from trackway.ledger.script_config import merge_script_config
 from trackway.ledger.store import Ledger, dialect_insert
@@ -51,14 +50,6 @@ from trackway.spool import (
     read_json,
 )
 
-_UPSERT_POINTS = (
-    "INSERT INTO metric_points (series_id, step, value, attempt_number, logged_at) VALUES ({p}, {p}, {p}, {p}, {p}) "
-    "ON CONFLICT (series_id, step) DO UPDATE SET value = excluded.value, "
-    "attempt_number = excluded.attempt_number, logged_at = excluded.logged_at "
-    "WHERE excluded.attempt_number >= metric_points.attempt_number"
-)
-_INT32 = 2**31
-_SERIES_STEP = operator.itemgetter(0, 1)
 PREVIEW_CHARS = 200
 
 
@@ -82,8 +73,7 @@ class _Source:
     @property
     def rank(self) -> int:
         """The rank whose metrics file this is (`metrics-r<N>.jsonl`); 0 for any other name, as before ranks were kept."""
-        number = self.path.name.removeprefix(f"{METRICS_PREFIX}r").removesuffix(".jsonl")
-        return int(number) if number.isdigit() and len(number) < 10 else 0
+        return metrics_rank(self.path.name)
 
     @property
     def shown(self) -> str:
@@ -198,7 +188,7 @@ def _save_offset(conn: Connection, attempt_id: str, name: str, offset: int) -> N
 def _decode_lines(conn: Connection, attempt: RowMapping, source: _Source, located: list[tuple[int, bytes]],
                   report: IngestReport, secrets: Sequence[str] = ()) -> list:
     """What each line says; a line that cannot be read is quarantined instead, and the rest go on."""
-    decode = decode_metric_line if source.metrics else _decode_event
+    decode = decode_metric_line if source.metrics else decode_event
     decoded = []
     for offset, line in located:
         if not line.strip():
@@ -292,124 +282,32 @@ def _series_ids(conn: Connection, run_id: str, rank: int, keys: set[str]) -> dic
 def _ingest_metric_lines(conn: Connection, attempt: RowMapping, batches: list, rank: int = 0) -> int:
     if not batches:
         return 0
-    ids = _series_ids(conn, attempt["run_id"], rank, {key for keys, *_ in batches for key in keys})
-    number = repeat(attempt["attempt_number"])
-    series: dict[int, list[tuple[list, list, list]]] = {}  # series id: its (steps, values, times) per line
-    ordered = True  # every series' steps strictly ascending through the lines, as one process logs them
-    low = high = None
-    for keys, steps, times, values in batches:
-        if not steps:
-            continue
-        low = min(steps) if low is None else min(low, min(steps))
-        high = max(steps) if high is None else max(high, max(steps))
-        ascending = all(map(operator.lt, steps, islice(steps, 1, None)))
-        for key, column in zip(keys, values):
-            parts = series.setdefault(ids[key], [])
-            ordered = ordered and ascending and (not parts or parts[-1][0][-1] < steps[0])
-            parts.append((steps, column, times))
-    if not series:
+    ids = _series_ids(conn, attempt["run_id"], rank, keys_of(batches))
+    made = point_rows(batches, ids, attempt["attempt_number"])
+    if made is None:
         return 0
-    # In primary-key order, inserts append to each series instead of hopping across the tree.
-    rows = chain.from_iterable(
-        zip(repeat(series_id), steps, column, number, times)
-        for series_id in sorted(series) for steps, column, times in series[series_id]
-    )
-    if not ordered:
-        # Sorted, stably: a step logged twice keeps its last value last, and the upsert keeps that one.
-        rows = sorted(rows, key=_SERIES_STEP)
     placeholder = "%s" if conn.dialect.name == "postgresql" else "?"
-    rollups.lock(conn, series)
+    rollups.lock(conn, made.lowest)
     cursor = conn.connection.cursor()  # the DBAPI's executemany takes the rows as they are made, one at a time
     try:
-        cursor.executemany(_UPSERT_POINTS.format(p=placeholder), rows)
+        cursor.executemany(UPSERT_POINTS.format(p=placeholder), made.rows)
     finally:
         cursor.close()
     # A chart's kept min/max blocks from the lowest step written on no longer equal their points.
-    rollups.invalidate(conn, {
-        series_id: min(steps[0] if ordered else min(steps) for steps, _, _ in parts)
-        for series_id, parts in series.items()
-    })
+    rollups.invalidate(conn, made.lowest)
     first, last = attempts.c.first_step, attempts.c.last_step
     conn.execute(
         update(attempts)
         .where(attempts.c.attempt_id == attempt["attempt_id"])
         .values(
-            first_step=case((first.is_(None) | (first > low), low), else_=first),
-            last_step=case((last.is_(None) | (last < high), high), else_=last),
+            first_step=case((first.is_(None) | (first > made.low), made.low), else_=first),
+            last_step=case((last.is_(None) | (last < made.high), made.high), else_=last),
         )
     )
-    return sum(len(steps) for parts in series.values() for steps, _, _ in parts)
+    return made.points
 
 
 # -- events ----------------------------------------------------------------------------------------------
-
-
-def _decode_event(line: bytes) -> dict[str, Any]:
-    """One event line as the SDK writes it; ValueError (naming the field) for anything else."""
-    record = json.loads(line)
-    if not isinstance(record, dict):
-        raise ValueError(f"expected a JSON object, got {type(record).__name__}")
-    _require_int(record, "seq", 0, _INT32)
-    _require_int(record, "rank", 0, _INT32, optional=True)
-    if not isinstance(record.get("kind"), str) or not record["kind"]:
-        raise ValueError("field 'kind': expected a non-empty string")
-    t = record.get("t")
-    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
-        raise ValueError("field 't': expected a unix time")
-    datetime.fromtimestamp(float(t), timezone.utc)  # a time out of range raises here, not in the INSERT
-    _check_kind_fields(record)
-    return record
-
-
-def _check_kind_fields(record: dict[str, Any]) -> None:
-    """The fields that ingesting an event of this kind reads, checked before anything is written."""
-    kind = record["kind"]
-    if kind == "checkpoint_committed":
-        # Checked against the columns they land in: PostgreSQL refuses an over-long string.
-        _require_str(record, "name", 64)
-        _require_str(record, "path", None)
-        _require_str(record, "state", 16, optional=True)
-        _require_str(record, "parent", 64, optional=True)
-        _require_int(record, "step", -(2**63), 2**63)
-        _require_int(record, "size_bytes", 0, 2**63, optional=True)
-        if record.get("metrics") is not None and not isinstance(record["metrics"], dict):
-            raise ValueError("field 'metrics': expected an object or null")
-        if record.get("committed_at") is not None:
-            _require_str(record, "committed_at", 64)
-            datetime.fromisoformat(record["committed_at"])
-    elif kind == "started" and record.get("resume_from") is not None and not isinstance(record["resume_from"], str):
-        raise ValueError("field 'resume_from': expected a string or null")
-    elif kind == "init_config" and not isinstance(record.get("config"), dict):
-        raise ValueError("field 'config': expected an object")
-    elif kind == "checkpoint_uploaded":
-        _require_str(record, "url", None)
-        _require_int(record, "step", -(2**63), 2**63)
-    elif kind == "checkpoint_restored":
-        if record.get("name") is not None and not isinstance(record["name"], str):
-            raise ValueError("field 'name': expected a string or null")
-        if record.get("step") is not None:
-            _require_int(record, "step", -(2**63), 2**63)
-        skipped = record.get("fallback_from") or []
-        if not isinstance(skipped, list) or not all(
-            isinstance(item, dict) and isinstance(item.get("name"), str) for item in skipped
-        ):
-            raise ValueError("field 'fallback_from': expected a list of objects with a 'name'")
-
-
-def _require_str(record: dict[str, Any], name: str, longest: int | None, optional: bool = False) -> None:
-    value = record.get(name)
-    if value is None and optional:
-        return
-    if not isinstance(value, str) or (longest is not None and len(value) > longest):
-        raise ValueError(f"field {name!r}: expected a string" + (f" of at most {longest} characters" if longest else ""))
-
-
-def _require_int(record: dict[str, Any], name: str, low: int, high: int, optional: bool = False) -> None:
-    value = record.get(name)
-    if value is None and optional:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value < high:
-        raise ValueError(f"field {name!r}: expected an integer in [{low}, {high})")
 
 
 def _ingest_events(conn: Connection, attempt: RowMapping, records: list[dict[str, Any]],
@@ -433,6 +331,10 @@ def _ingest_events(conn: Connection, attempt: RowMapping, records: list[dict[str
     committed = []
     for record in records:
         kind = record["kind"]
+        if kind in ("checkpoint_committed", "checkpoint_restored"):
+            # Imported here: it brings the checkpoint store's modules, which most ingests (and a short
+            # script's ingester, whose start-up its finish() waits for) never need.
+            from trackway.ledger.checkpoint_mirror import mirror_checkpoint, mirror_restored
         if kind == "checkpoint_committed":
             mirror_checkpoint(conn, attempt["run_id"], attempt["attempt_id"], record)
             committed.append(record["name"])

@@ -26,7 +26,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from sqlalchemy import Connection, Engine, create_engine, event
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
@@ -275,4 +274,10 @@ def _first_line(exc: BaseException) -> str:
 
 def dialect_insert(conn: Connection):
     """The INSERT of this connection's dialect: both SQLite's and PostgreSQL's know ON CONFLICT."""
-    return postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
+    # Imported here: the PostgreSQL dialect module pulls in asyncio, which a process on a SQLite ledger (a
+    # script's ingester, whose start-up a short script's finish() waits for) would pay for at import.
+    if conn.dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+    else:
+        from sqlalchemy.dialects.sqlite import insert
+    return insert

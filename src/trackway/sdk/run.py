@@ -360,6 +360,10 @@ class Run:
 
     def note(self, reason: TerminationReason | str, message: str, **extra: Any) -> None:
         """Write the attempt's own termination note: the most trusted evidence of why it ends."""
+        self._note(reason, message, extra)
+
+    def _note(self, reason: TerminationReason | str, message: str, extra: dict[str, Any], fsync: bool = True) -> None:
+        """`note`; `fsync=False` when the spool is closed (and its files synced) right after, as in `finish()`."""
         reason = TerminationReason(reason)
         payload = {"reason": reason.value, "message": message, "step": self._step, "rank": self.rank, "t": time.time(), **extra}
         path = self.context.spool_dir / NOTE_FILE
@@ -373,16 +377,17 @@ class Run:
             if earlier is None:
                 replace = False  # the first: a rank that wrote in between keeps its word
             elif earlier.get("rank") != self.rank and not (self.rank == 0 and earlier.get("reason") == reason.value):
-                self._writer.event("termination_note", **payload, superseded_by_rank=earlier.get("rank"))
+                self._writer.event("termination_note", fsync, **payload, superseded_by_rank=earlier.get("rank"))
                 return
         try:
             if not write_json_atomic(path, payload, replace=replace):
-                self._writer.event("termination_note", **payload, superseded_by_rank=(read_json(path) or {}).get("rank"))
+                self._writer.event("termination_note", fsync, **payload,
+                                   superseded_by_rank=(read_json(path) or {}).get("rank"))
                 return
         except OSError as exc:
             # A full disk must not turn a clear ending into a traceback: the event below may still land.
             print(f"trackway: could not write the termination note: {exc}", file=sys.stderr, flush=True)
-        self._writer.event("termination_note", **payload)
+        self._writer.event("termination_note", fsync, **payload)
 
     def exit_preempted(self, code: int = EXIT_PREEMPTED) -> NoReturn:
         """End this attempt as preempted, after any checkpoint in flight is durable.
@@ -434,6 +439,8 @@ class Run:
         preempted, exit code 75, so it is resumed. An attempt that got a notice is never `completed`.
         After `finish()`, a notice is ignored: it ends nothing and resumes nothing.
         """
+        if self._standalone is not None and not self._finished:
+            self._standalone.finishing()  # its ingester takes the last flush as it lands
         if not self._finished:
             self._raise_if_non_finite()  # a loss that went non-finite in the last steps: nan_loss, never completed
         if self._notice is not None and not self._finished:
@@ -443,9 +450,10 @@ class Run:
         self._done.set()
         if self._checkpoints is not None:
             self._checkpoints.wait()
+        # Not synced one by one: `_close` syncs the spool's files once, before anything waits on them.
         if self._standalone is not None:
-            self.note(TerminationReason.COMPLETED, f"run.finish() at step {self._step}")
-        self._writer.event("finished", step=self._step)
+            self._note(TerminationReason.COMPLETED, f"run.finish() at step {self._step}", {}, fsync=False)
+        self._writer.event("finished", fsync=False, step=self._step)
         self._close(TerminationReason.COMPLETED, exit_code=0)
         if self._writer.points_lost:
             # A run whose curve has holes must not end as a clean completion: the script exits non-zero.

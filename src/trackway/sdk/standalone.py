@@ -2,15 +2,26 @@
 
 Ids are made locally, the receipt goes to a pending registration file and everything logged to
 the spool, so a ledger that is down costs nothing. The ledger is written by a process of its own,
-the ingester (`main()` below, niced, in its own process group), which `init()` starts: the
-training process never imports the ledger's code and never shares its GIL with an ingest. It
-registers the run and ingests the spool every INGEST_INTERVAL_S while the ledger answers; the
-script's end is recorded when `finish()` (or the exit) says how it ended:
+the ingester (`main()` below, in its own process group), which `init()` starts: the training
+process never imports the ledger's code and never shares its GIL with an ingest. It registers the
+run and ingests the spool every INGEST_INTERVAL_S while the ledger answers; the script's end is
+recorded when `finish()` (or the exit) says how it ended.
+
+Only the ingests made while the script trains are niced (NICE, on a thread of their own: Linux keeps
+a niceness per thread), so that training comes first on a machine short of cores, and they take a
+backlog in slices (SLICE_BYTES of each file a transaction), so that `finish()` waits for one slice
+at most. The start-up (imports, opening the ledger, registering the run) and everything from
+`finish()` on run at the script's own priority: a script in `finish()` trains no more and waits for
+them, and a short script's `finish()` would otherwise wait behind every other process of a loaded
+machine. `finish()` says so before it flushes what the script logged last, so that the ingest of a
+large last flush runs beside the flush rather than after it.
 
     training process                               ingester
       init: receipt -> pending file, spool
-            start the ingester  ── {"start": ...} ──►  register, ingest every INGEST_INTERVAL_S
+            start the ingester  ── {"start": ...} ──►  register; ingest every INGEST_INTERVAL_S (niced)
       log, log, ...                                     (reads what the spool writer flushed)
+      finish()  ──────────── {"finishing": true} ────►  ingest as the spool grows, at the script's priority
+        flush the spool
       finish() / exit  ───────── {"end": code} ──────►  ingest the rest, record the end
                        ◄──────── {"ended": bool} ─────  exits
 
@@ -30,14 +41,18 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trackway.pending import write_pending
-from trackway.settings import Settings, load_settings
 from trackway.spool import NOTE_FILE, read_json
 from trackway.taxonomy import AttemptState, RunKind, RunState, TerminationReason
+
+if TYPE_CHECKING:
+    from trackway.settings import Settings
 
 INGEST_INTERVAL_S = 0.5
 # How long finish() waits for an absent ledger before leaving the rest to the next `trackway` command.
@@ -45,7 +60,9 @@ FINAL_INGEST_PATIENCE_S = float(os.environ.get("TRACKWAY_LEDGER_PATIENCE_S", "10
 # How long past that patience finish() waits for the ingester's answer (a long final ingest) before
 # the script exits anyway; the ingester finishes its work and records the end on its own.
 ANSWER_GRACE_S = 60.0
-NICE = 10  # the ingester's niceness: below the training process on a machine short of cores
+NICE = 10  # the niceness of the ingests made while the script trains: below the training process
+SLICE_BYTES = 256 << 10  # of each spool file, per niced ingest: two metrics lines of 2048 steps × 5 keys
+FINISHING_POLL_S = 0.01  # from "finishing" to "end", how often a quiet spool is looked at again
 
 
 class StandaloneSession:
@@ -65,9 +82,10 @@ class StandaloneSession:
         from trackway.receipts.environment import capture_environment
         from trackway.receipts.placement import host_name
         from trackway.sdk.context import AttemptContext
+        from trackway.settings import load_settings
 
         settings = load_settings()
-        ingester = _start_ingester()  # first: its start-up (imports) overlaps the captures below
+        ingester = _start_ingester(settings.db_url)  # first: its start-up (imports) overlaps the captures below
         run_id = "r" + secrets.token_hex(5)  # as trackway.ledger.records.new_run_id
         run_dir = settings.runs_dir / run_id
         state_dir = run_dir / "attempts" / "1"
@@ -102,6 +120,16 @@ class StandaloneSession:
         blobs = {"config": config_bytes, "environment": capture_environment().canonical, "git_diff": code.dirty_diff}
         pending = write_pending(settings.home, run, attempt, blobs)
         return cls(settings, context, pending, _hand_over(ingester, settings, context, pending))
+
+    def finishing(self) -> None:
+        """Tell the ingester that the script is in `finish()`: from now on it ingests at once, at the script's priority."""
+        if self._ingester is None:
+            return
+        try:
+            self._ingester.stdin.write(b'{"finishing": true}\n')
+            self._ingester.stdin.flush()
+        except (OSError, ValueError):
+            pass  # gone: close() says so
 
     def close(self, exit_code: int | None) -> None:
         """Tell the ingester how the script ended, and wait for it to ingest the rest and record the end."""
@@ -155,12 +183,13 @@ def _secret_values() -> list[str]:
     return list(submitted_env.capture().secret.values())
 
 
-def _start_ingester() -> subprocess.Popen | OSError:
+def _start_ingester(db_url: str) -> subprocess.Popen | OSError:
     """Start the ingester process (it waits for `_hand_over`); the error when it cannot start."""
     root = str(Path(__file__).resolve().parents[2])
+    backend = "sqlite" if db_url.startswith("sqlite:///") else "other"  # what it imports before it is told more
     try:
         return subprocess.Popen(
-            [sys.executable or "python3", "-P", "-c", _BOOT, root],
+            [sys.executable or "python3", "-P", "-c", _BOOT, root, backend],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True,
             # Its own process group, so that a Ctrl-C meant for the script does not kill the ingest of
             # its end; the same session, so that the scheduler weighs its niceness against the script's.
@@ -175,7 +204,8 @@ def _hand_over(
 ) -> subprocess.Popen | None:
     """Give the ingester its attempt; None (said on stderr) when it could not start or is gone."""
     order = {
-        "home": str(settings.home), "db_url": settings.db_url, "cwd": os.getcwd(), "pending": str(pending),
+        "db_url": settings.db_url, "cost_per_gpu_hour": settings.resource("local").cost_per_gpu_hour,
+        "pending": str(pending),
         "attempt_id": context.attempt_id, "spool_dir": str(context.spool_dir), "parent": os.getpid(),
     }
     try:
@@ -217,19 +247,46 @@ def _tell(message: str) -> None:
 
 
 class Ingester:
-    """Registers a standalone run (once), ingests its attempt's spool, and records the attempt's end."""
+    """Registers a standalone run (once), ingests its attempt's spool, and records the attempt's end.
 
-    def __init__(self, settings: Settings, attempt_id: str, pending: Path, spool_dir: Path):
-        self.settings = settings
+    On a SQLite ledger at the newest migration it writes through `sqlite3` alone
+    (`ledger/script_ingest.py`), so that it is ready long before a short script's `finish()`; from
+    the first thing that module declines on, it goes through the ledger's own modules (SQLAlchemy).
+    """
+
+    def __init__(self, db_url: str, cost_per_gpu_hour: float, attempt_id: str, pending: Path, spool_dir: Path):
+        self.db_url = db_url
+        self.cost_per_gpu_hour = cost_per_gpu_hour
         self.attempt_id = attempt_id
         self.spool_dir = spool_dir
         self._pending = pending
         self._ledger = None
+        self._script = None  # the ScriptLedger while it serves; None before it is opened and once it declined
+        self._declined = False
         self._registered = False
         self.last_error: str | None = None
+        self.last_points = 0  # stored by the last sync through sqlite3 (0 through the ledger's own modules)
 
-    def sync(self) -> bool:
-        """Register (once) and ingest; False while the ledger does not answer."""
+    def sync(self, limit: int | None = None) -> bool:
+        """Register (once) and ingest (about `limit` bytes of each file, or all that is new); False while the ledger does not answer."""
+        self.last_points = 0
+        if not self._declined:
+            from trackway.ledger.script_ingest import Declined, ScriptLedger
+
+            try:
+                if self._script is None:
+                    self._script = ScriptLedger.open(self.db_url)
+                if not self._registered:
+                    self._script.register(self._pending)
+                    self._registered = True
+                self.last_points = self._script.ingest(self.attempt_id, self.spool_dir, limit)
+                self.last_error = None
+                return True
+            except Declined:
+                self._decline()
+            except Exception as exc:  # noqa: BLE001 - a ledger that is away (locked, unreadable) is waited for
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                return False
         try:
             from trackway.ledger import open_ledger
             from trackway.ledger.ingest import ingest_attempt
@@ -237,7 +294,7 @@ class Ingester:
             from trackway.ledger.registration import register_pending
 
             if self._ledger is None:
-                self._ledger = open_ledger(self.settings.db_url)
+                self._ledger = open_ledger(self.db_url)
             if not self._registered:
                 register_pending(self._ledger, self._pending)
                 self._registered = True
@@ -250,6 +307,13 @@ class Ingester:
             self.last_error = f"{type(exc).__name__}: {exc}"
             return False
 
+    def _decline(self) -> None:
+        """From now on, the ledger's own modules."""
+        self._declined = True
+        if self._script is not None:
+            self._script.close()
+            self._script = None
+
     def finish(self, exit_code: int | None, record_end: bool) -> bool:
         """The last ingest, waiting up to FINAL_INGEST_PATIENCE_S for the ledger; then (if asked) the end."""
         deadline = time.monotonic() + FINAL_INGEST_PATIENCE_S
@@ -261,11 +325,13 @@ class Ingester:
             time.sleep(0.5)
         if record_end:
             self._record_end(exit_code)
-        self._ledger.dispose()
+        if self._script is not None:
+            self._script.close()
+        if self._ledger is not None:
+            self._ledger.dispose()
         return True
 
     def _record_end(self, exit_code: int | None) -> None:
-        from trackway.ledger.records import get_attempt, record_attempt_end
         from trackway.redaction import known_values
 
         note = read_json(self.spool_dir / NOTE_FILE)
@@ -275,6 +341,21 @@ class Ingester:
             reason, rule = TerminationReason.UNKNOWN, "sdk:no-finish"
             lines = ["the script exited without run.finish() and without an uncaught exception"]
         evidence = json.dumps({"rule": rule, "lines": lines, "exit_code": exit_code, "signal": None})
+        cost = self.cost_per_gpu_hour
+        secrets = known_values(_secret_values())  # the ingester was started with the script's environment
+        if self._script is not None:
+            from trackway.ledger.script_ingest import Declined
+
+            try:
+                self._script.record_end(self.attempt_id, reason, evidence, exit_code, cost, secrets)
+                return
+            except Declined:
+                self._decline()
+        from trackway.ledger import open_ledger
+        from trackway.ledger.records import get_attempt, record_attempt_end
+
+        if self._ledger is None:
+            self._ledger = open_ledger(self.db_url)
         with self._ledger.write() as conn:
             attempt = get_attempt(conn, self.attempt_id)
             record_attempt_end(
@@ -285,8 +366,8 @@ class Ingester:
                 evidence_json=evidence,
                 exit_code=exit_code,
                 signal=None,
-                cost_per_gpu_hour=self.settings.resource("local").cost_per_gpu_hour,
-                secrets=known_values(_secret_values()),  # the ingester was started with the script's environment
+                cost_per_gpu_hour=cost,
+                secrets=secrets,
             )
 
 
@@ -303,42 +384,76 @@ class _Orders:
         deadline = time.monotonic() + timeout
         while b"\n" not in self._buffer and not self.closed:
             left = deadline - time.monotonic()
-            if left <= 0:
-                return None
-            ready, _, _ = select.select([self.fd], [], [], left)
+            ready, _, _ = select.select([self.fd], [], [], max(left, 0.0))  # looked at once even when the time is up
             if ready:
                 chunk = os.read(self.fd, 65536)
                 self.closed = not chunk
                 self._buffer += chunk
+            elif left <= 0:
+                return None
         if b"\n" not in self._buffer:
             return None
         line, self._buffer = self._buffer.split(b"\n", 1)
         return json.loads(line)
 
 
+class _Periodic:
+    """The ingests made while the script trains: every INGEST_INTERVAL_S, niced, on a thread of their own."""
+
+    def __init__(self, ingester: Ingester):
+        self._ingester = ingester
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="trackway-ingest", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        try:
+            # This thread's niceness only (Linux); where it is the process's, the whole ingester is
+            # niced, as it was before the start-up and the last ingest ran at the script's priority.
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, 0) + NICE)
+        except (OSError, AttributeError):
+            pass
+        while not self._stop.wait(INGEST_INTERVAL_S):
+            # A backlog in slices, one transaction each: stop() waits for one slice at most.
+            while self._ingester.sync(SLICE_BYTES) and self._ingester.last_points and not self._stop.is_set():
+                pass
+
+    def stop(self) -> None:
+        """Return once the ingest under way (if any) is done: the caller ingests the rest itself."""
+        self._stop.set()
+        self._thread.join()
+
+
 def main() -> int:
     """The ingester (see the module docstring): orders on stdin, one answer on stdout."""
     answers = os.fdopen(os.dup(sys.stdout.fileno()), "w")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # whatever else prints goes to stderr, not into the answer
-    try:
-        os.nice(NICE)  # training comes first: on a busy machine the ingest waits, not the script
-    except OSError:
-        pass
     signal.signal(signal.SIGTTOU, signal.SIG_IGN)  # a background group may write to the terminal (stderr)
     orders = _Orders(sys.stdin.fileno())
-    import trackway.ledger.ingest  # noqa: F401 - imported while the script captures its receipt
-    import trackway.ledger.registration  # noqa: F401
+    # Imported while the script captures its receipt: for a SQLite ledger, the module that writes
+    # it through sqlite3; for any other, the ledger's own (SQLAlchemy).
+    if sys.argv[2:3] == ["sqlite"]:
+        import trackway.ledger.script_ingest  # noqa: F401
+    else:
+        import trackway.ledger.ingest  # noqa: F401
+        import trackway.ledger.registration  # noqa: F401
 
     start = orders.next(timeout=60.0)
     if not start or "start" not in start:
         return 2
     order = start["start"]
-    settings = load_settings(home=order["home"], db=order["db_url"], cwd=Path(order["cwd"]))
-    ingester = Ingester(settings, order["attempt_id"], Path(order["pending"]), Path(order["spool_dir"]))
-    ingester.sync()  # registered at once, while the script starts
+    # The script's settings, as it read them: the ingester reads none itself (their module alone costs
+    # more than the rest of its start-up).
+    ingester = Ingester(order["db_url"], order["cost_per_gpu_hour"], order["attempt_id"], Path(order["pending"]),
+                        Path(order["spool_dir"]))
+    ingester.sync(SLICE_BYTES)  # registered at once, while the script starts; a backlog is the thread's
+    periodic = _Periodic(ingester)
+    finishing = False
     while True:
-        message = orders.next(timeout=INGEST_INTERVAL_S)
+        wait = INGEST_INTERVAL_S if not finishing else 0.0 if ingester.last_points else FINISHING_POLL_S
+        message = orders.next(timeout=wait)
         if message is not None and "end" in message:
+            periodic.stop()
             ended = ingester.finish(message["end"].get("exit_code"), record_end=True)
             try:
                 answers.write(json.dumps({"ended": ended}) + "\n")
@@ -351,9 +466,14 @@ def main() -> int:
             os._exit(0)
         if orders.closed or os.getppid() != order["parent"]:
             # The script ended without a word (killed): ingest what it flushed; its end is for later.
+            periodic.stop()
             ingester.finish(None, record_end=False)
             return 0
-        ingester.sync()
+        if message is not None and message.get("finishing") and not finishing:
+            periodic.stop()
+            finishing = True
+        if finishing:
+            ingester.sync()  # beside the script's last flush, at its priority
 
 
 if __name__ == "__main__":

@@ -8,6 +8,14 @@ plain save (the order rotates each round, files are removed between runs, untime
   (b) the same with the safetensors payload ≤ 0.8× the plain save;
   (c) the async manager.save's blocking time (what the training thread waits for: the copy into
       host buffers) ≤ 0.1× the plain save.
+Restore (issue 39), against `torch.load(state.pt, weights_only=True)` of the same file, interleaved:
+  (d) `restore_latest(model=, optimizer=)` of that checkpoint (pick, verify every byte against the
+      manifest, load, load_state_dict) read from storage, as a restore after a save reads it (the
+      writer drops the file's pages from the page cache as it writes; a new host has none)
+      ≤ 1.3× torch.load read from storage (both start with the file out of the page cache);
+  (e) the same with the file in the page cache ≤ 1.3× the slower of torch.load and SHA-256 of the
+      file's bytes already in memory: a verified restore cannot beat one sha256 stream, which on a
+      core runs at ~1.5 GB/s, slower than torch.load copies a cached file.
 For reference, untargeted: torch's own copy_ of the state into preallocated tensors (what (c)
 would block with torch's copy in place of the capture's streaming stores), safetensors' own
 save_file + fsync of the same tensors, a synchronous manager.save (capture + protocol save),
@@ -84,9 +92,12 @@ def main() -> None:
     parser.add_argument("--megabytes", type=int, default=240)
     parser.add_argument("--repeat", type=int, default=11)
     parser.add_argument("--dir", type=Path, default=None, help="where to write (default: a temp dir)")
+    parser.add_argument("--restore-only", action="store_true", help="only (d) and (e), the restore figures")
     args = parser.parse_args()
 
     model, optimizer = build_state(args.megabytes)
+    if args.restore_only:
+        sys.exit(0 if all(restore_figures(model, optimizer, args.repeat, args.dir)) else 1)
     as_torch = capture(model, optimizer, buffers=HostBuffers())
     as_safetensors = capture(model, optimizer, buffers=HostBuffers(), format="safetensors")
     flat = {name: t for part in as_safetensors.layout.parts for name, t in zip(part.names, part.tensors)}
@@ -187,6 +198,7 @@ def main() -> None:
     figure("    synchronous manager.save (capture + protocol save)", medians["sync"], baseline=base,
            baseline_name=PLAIN)
     print("    spread: " + ", ".join(f"{name} {_spread(values)}" for name, values in samples.items()), flush=True)
+    met += restore_figures(model, optimizer, args.repeat, args.dir)
     if torch.cuda.is_available():
         gpu_copy(args.megabytes, args.repeat)
     else:
@@ -194,6 +206,66 @@ def main() -> None:
     print(f"    load average at the end {os.getloadavg()[0]:.2f}", flush=True)
     if not all(met):
         sys.exit(1)
+
+
+def restore_figures(model: torch.nn.Module, optimizer: torch.optim.Optimizer, repeat: int, where: Path | None
+                    ) -> list[bool]:
+    """(d) and (e): restore_latest of one checkpoint against torch.load of its state file, cold and cached."""
+    import hashlib
+
+    with tempfile.TemporaryDirectory(dir=where) as tmp:
+        root = Path(tmp) / "restore"
+        with CheckpointManager(root, async_save=False) as manager:
+            manager.save(1, model=model, optimizer=optimizer)
+        state_file = root / "step-00000001" / "state.pt"
+        size = state_file.stat().st_size
+
+        def evict() -> None:
+            fd = os.open(state_file, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # clean pages: dropped from the page cache
+            finally:
+                os.close(fd)
+
+        def restore(cold: bool) -> Callable[[], float]:
+            def run() -> float:
+                if cold:
+                    evict()
+                restored = timed(lambda: CheckpointManager(root).restore_latest(model=model, optimizer=optimizer))
+                assert CheckpointManager(root).list()[0].name == "step-00000001"  # nothing set aside
+                return restored
+
+            return run
+
+        def load(cold: bool) -> Callable[[], float]:
+            def run() -> float:
+                if cold:
+                    evict()
+                return timed(lambda: torch.load(state_file, weights_only=True))
+
+            return run
+
+        data = state_file.read_bytes()
+        samples = interleaved({
+            "restore cold": restore(True), "torch.load cold": load(True),
+            "restore": restore(False), "torch.load": load(False),
+            "sha256": lambda: timed(lambda: hashlib.sha256(data).hexdigest()),
+        }, repeat)
+    medians = {name: statistics.median(values) for name, values in samples.items()}
+    floor = max(medians["torch.load"], medians["sha256"])
+    floor_name = "torch.load" if floor == medians["torch.load"] else "sha256 of the bytes in memory"
+    met = [
+        figure(f"(d) restore_latest of a {size / 1e6:.0f} MB checkpoint, read from storage", medians["restore cold"],
+               baseline=medians["torch.load cold"], baseline_name="torch.load, read from storage", target_ratio=1.3),
+        figure(f"(e) restore_latest of a {size / 1e6:.0f} MB checkpoint, in the page cache", medians["restore"],
+               baseline=floor, baseline_name=floor_name, target_ratio=1.3),
+    ]
+    figure("    (e) against torch.load of the cached file (reference)", medians["restore"],
+           baseline=medians["torch.load"], baseline_name="torch.load")
+    figure("    sha256 of the file's bytes in memory (reference)", medians["sha256"],
+           baseline=medians["torch.load"], baseline_name="torch.load")
+    print("    spread: " + ", ".join(f"{name} {_spread(values)}" for name, values in samples.items()), flush=True)
+    return met
 
 
 def gpu_copy(megabytes: int, repeat: int) -> None:

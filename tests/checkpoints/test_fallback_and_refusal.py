@@ -225,3 +225,29 @@ def test_a_resume_past_a_damaged_checkpoint_is_what_the_receipt_explain_and_list
     again = cli("sql", "select name, state from checkpoints where step = 20", "--json").json()
     assert again == [{"name": aside[0]["name"], "state": "set_aside"}]  # reconciling from storage agrees
 
+
+
+def test_a_byte_flipped_inside_a_tensor_is_caught_as_it_is_read_and_none_of_it_is_loaded(tmp_path: Path) -> None:
+    """The state file is hashed while it is read (not before): a bad byte still reaches no model, and falls back."""
+    from trackway.checkpoints.layout import CheckpointCorrupt
+    from trackway.checkpoints.torch_state import restore
+
+    manager = CheckpointManager(tmp_path, async_save=False)
+    for step, value in ((1, 1.0), (2, 2.0)):  # 2 MB tensors: read straight into storages of their own
+        manager.save(step, model={"w": torch.full((1 << 19,), value)})
+    manager.close()
+    flip_a_byte(tmp_path / "step-00000002")
+
+    model = torch.nn.Module()
+    model.register_buffer("w", torch.zeros(1 << 19))
+    with pytest.raises(CheckpointCorrupt, match=r"does not match its manifest: state\.pt: sha256 \w+… but manifest"):
+        restore(CheckpointStore(tmp_path).get(2), model=model)
+    assert not model.w.any()
+
+    heard: list[dict] = []
+    restored = CheckpointManager(tmp_path, on_restore=heard.append).restore_latest(model=model)
+    assert restored.step == 1 and bool((model.w == 1.0).all())
+    (skipped,) = heard[0]["fallback_from"]
+    assert skipped["name"] == "step-00000002" and skipped["reason"].startswith("state.pt: sha256 ")
+    assert skipped["set_aside_as"].startswith("step-00000002.corrupt-")
+    assert [c.name for c in CheckpointStore(tmp_path).list()] == ["step-00000001"]

@@ -9,6 +9,7 @@
     retention    what to keep, supersede and delete, as a plan that `trackway gc --dry-run` prints
     torch_state  a PyTorch checkpoint's content, loaded with weights_only
     hashing      a payload file hashed (sha256) on a thread of its own while it is written
+    verified_read  a payload file read once for loading, hashed on a thread of its own as it is read
     formats      payload formats ("torch": state.pt, "safetensors": state.safetensors) and their files
     safetensors_state  a state as one safetensors file
     async_save   saving while training continues
@@ -54,10 +55,11 @@ def load(path: str | os.PathLike[str], *, rank: int = 0, map_location: Any = "cp
     """
     from pathlib import Path
 
-    from trackway.checkpoints.formats import expected_state_files, find_state_file
-    from trackway.checkpoints.layout import CheckpointError, parse_step
+    from trackway.checkpoints.formats import expected_state_files, find_state_file, hashed_on_load
+    from trackway.checkpoints.layout import CheckpointCorrupt, CheckpointError, parse_step
     from trackway.checkpoints.store import CheckpointStore
     from trackway.checkpoints.torch_state import load_state
+    from trackway.checkpoints.verify import check_files
 
     given = Path(path).expanduser()
     if given.is_file():
@@ -75,13 +77,19 @@ def load(path: str | os.PathLike[str], *, rank: int = 0, map_location: Any = "cp
         problems = f" ({'; '.join(info.problems)})" if info is not None and info.problems else ""
         raise CheckpointError(f"checkpoint {directory} is {state}, not committed{problems}; only committed "
                               "checkpoints are read")
-    problems = store.verify(info)
-    if problems:
-        raise CheckpointError(f"checkpoint {directory} does not match its manifest: {'; '.join(problems)}")
     listed = (info.manifest or {}).get("files") or {}
     filename = filename or find_state_file(listed, rank)
+    # The state file is hashed as it is read (once, and what is parsed is what was hashed); the rest here.
+    deferred = hashed_on_load(filename) & set(listed)
+    problems = sum(check_files(info.path, info.step, deferred), [])
+    if problems:
+        raise CheckpointError(f"checkpoint {directory} does not match its manifest: {'; '.join(problems)}")
     if filename not in listed:
         raise CheckpointError(
             f"checkpoint {directory} holds no {filename or expected_state_files(rank)} (its files: "
             f"{', '.join(sorted(listed)) or 'none'}); load() reads what run.checkpoints.save() wrote")
-    return load_state(directory / filename, map_location=map_location)
+    try:
+        return load_state(directory / filename, map_location=map_location, listed=listed if deferred else None)
+    except CheckpointCorrupt as exc:
+        raise CheckpointError(f"checkpoint {directory} does not match its manifest: {'; '.join(exc.problems)}") \
+            from None

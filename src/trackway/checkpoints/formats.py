@@ -44,3 +44,9 @@ def find_state_file(files: Iterable[str], rank: int) -> str | None:
 def expected_state_files(rank: int) -> str:
     """`state.pt or state.safetensors`: for messages saying what was looked for."""
     return " or ".join(state_file(rank, f) for f in FORMATS)
+
+
+
+def hashed_on_load(name: str | None) -> set[str]:
+    """The files a loader of state file `name` hashes as it reads them (verified_read.py): none for others."""
+    return {name} if name is not None and name.endswith(FORMATS["torch"]) else set()

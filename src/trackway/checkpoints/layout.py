@@ -74,6 +74,14 @@ class CheckpointRefused(CheckpointError):
     """A committed checkpoint whose content the safe loader refused (it would run code): set it aside, never load it."""
 
 
+class CheckpointCorrupt(CheckpointError):
+    """A file read for loading does not match its manifest entry (`problems` says how): set it aside, load nothing."""
+
+    def __init__(self, message: str, problems: list[str]) -> None:
+        super().__init__(message)
+        self.problems = problems
+
+
 class CheckpointState(str, Enum):
     """Where a step directory stands; only committed and superseded ones may be read."""
 

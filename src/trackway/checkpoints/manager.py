@@ -65,8 +65,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trackway.checkpoints.formats import DEFAULT_FORMAT, check_format, state_file
-from trackway.checkpoints.layout import CheckpointError, CheckpointInfo, CheckpointRefused, CheckpointState
+from trackway.checkpoints.formats import DEFAULT_FORMAT, check_format, find_state_file, hashed_on_load, state_file
+from trackway.checkpoints.layout import (
+    CheckpointCorrupt,
+    CheckpointError,
+    CheckpointInfo,
+    CheckpointRefused,
+    CheckpointState,
+    one_line,
+)
 from trackway.checkpoints.ranks import CollectiveCallError, Ranks
 from trackway.checkpoints.recover import SetAside
 from trackway.checkpoints.store import CheckpointStore
@@ -351,7 +358,9 @@ class CheckpointManager:
         skipped: list[SetAside] = []
         fetch = self._fetch()
         restored = None
-        while (info := self._pick(ranks, skipped, fetch)) is not None:
+        # One process: its state file is hashed as it is read, not before (the loader sets aside what fails).
+        deferred = _hashed_on_load if ranks is None else None
+        while (info := self._pick(ranks, skipped, fetch, deferred)) is not None:
             restored = self._load(info, ranks, skipped, objects, restore_rng, fetch)
             if restored is not None:
                 break
@@ -387,11 +396,13 @@ class CheckpointManager:
         return info
 
     def _pick(
-        self, ranks: Ranks | None, skipped: list[SetAside], fetch: _Fetch | None = None
+        self, ranks: Ranks | None, skipped: list[SetAside], fetch: _Fetch | None = None,
+        deferred: Callable[[CheckpointInfo], set[str]] | None = None,
     ) -> CheckpointInfo | None:
         """The newest committed checkpoint that verifies; what rank 0 set aside on the way goes to `skipped`.
 
         With `fetch`, a newer one in the remote store is downloaded into the cache and chosen.
+        `deferred(info)`: files checked for size only here, because the loader hashes them as it reads.
         """
 
         def choose() -> CheckpointInfo | None:
@@ -399,7 +410,7 @@ class CheckpointManager:
                 if fetch is not None and (fetched := fetch.newer(skipped)) is not None:
                     return fetched
                 before = len(skipped)
-                info, set_aside = self.store.pick_latest()
+                info, set_aside = self.store.pick_latest(deferred=deferred)
                 stuck = info is not None and any(
                     s.kind == "refused" and s.set_aside_as is None and s.name == info.name for s in skipped
                 )
@@ -434,7 +445,15 @@ class CheckpointManager:
         restored, refusal, failure = None, None, None
         try:
             filename = shard_file(info, ranks.rank if ranks is not None else 0)
-            restored = restore(info, **objects, restore_rng=restore_rng, filename=filename)
+            # Alone, the state file was left for the loader to hash as it reads (`_pick`); with several
+            # ranks rank 0 hashed every file before they agreed on this checkpoint.
+            restored = restore(info, **objects, restore_rng=restore_rng, filename=filename, verify=ranks is None)
+        except CheckpointCorrupt as exc:
+            if ranks is not None:
+                raise
+            # As `_pick` sets aside a checkpoint whose files fail: the previous one is tried next.
+            skipped.append(self.store.set_aside(info, one_line(exc.problems), kind="corrupt"))
+            return None
         except CheckpointRefused as exc:
             refusal = str(exc)
         except Exception as exc:
@@ -746,6 +765,10 @@ def _agree_on_load(ranks: Ranks, refusal: str | None, failure: BaseException | N
             raise failure
         raise CheckpointError(f"restoring the checkpoint failed on another rank: {text}")
     return text if kind == "refused" else None
+
+
+def _hashed_on_load(info: CheckpointInfo) -> set[str]:
+    return hashed_on_load(find_state_file((info.manifest or {}).get("files") or {}, 0))
 
 
 def _step_of(info: CheckpointInfo | None) -> int | None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from collections.abc import Callable, Collection
 from contextlib import nullcontext, suppress
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
@@ -80,12 +81,16 @@ def get(root: Path, step: int) -> CheckpointInfo | None:
     )
 
 
-def pick_latest(root: Path, verify_files: bool = True) -> tuple[CheckpointInfo | None, list[SetAside]]:
+def pick_latest(
+    root: Path, verify_files: bool = True, deferred: Callable[[CheckpointInfo], Collection[str]] | None = None
+) -> tuple[CheckpointInfo | None, list[SetAside]]:
     """(the resume target, what was set aside on the way to it, newest first).
 
     Anything committed-looking above the target that fails verification (bad marker; missing,
     truncated or altered file) is set aside as `step-N.corrupt-<UTC time>`, never deleted. A file
     unreadable for another reason (EIO, permissions) raises instead: that is no proof of corruption.
+    `deferred(info)` names files whose hash the caller checks while it reads them (size only here):
+    the caller sets the checkpoint aside as corrupt when one fails.
     """
     skipped: list[SetAside] = []
     for listed in reversed(list_checkpoints(root)):
@@ -93,7 +98,8 @@ def pick_latest(root: Path, verify_files: bool = True) -> tuple[CheckpointInfo |
         info = inspect_dir(listed.path)
         if info is None or not (info.state.readable or info.state is CheckpointState.CORRUPT):
             continue
-        problems, unreadable = check_files(info.path, info.step) if verify_files else (info.problems, ())
+        later = deferred(info) if deferred is not None and info.state.readable else ()
+        problems, unreadable = check_files(info.path, info.step, later) if verify_files else (info.problems, ())
         if unreadable:
             raise CheckpointError(f"cannot verify {info.path}: {'; '.join(unreadable)}")
         if not problems and not (info.manifest or {}).get("files"):

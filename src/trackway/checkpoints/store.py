@@ -9,6 +9,7 @@ states a step directory goes through are in layout.py.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 from trackway.checkpoints import recover, write
@@ -42,9 +43,11 @@ class CheckpointStore:
         """The resume target: the highest step that is committed (or superseded) and verifies (see pick_latest)."""
         return self.pick_latest(verify_files)[0]
 
-    def pick_latest(self, verify_files: bool = True) -> tuple[CheckpointInfo | None, list[SetAside]]:
+    def pick_latest(
+        self, verify_files: bool = True, deferred: Callable[[CheckpointInfo], Collection[str]] | None = None
+    ) -> tuple[CheckpointInfo | None, list[SetAside]]:
         """(the resume target, what was set aside on the way to it, newest first); see recover.pick_latest."""
-        return recover.pick_latest(self.root, verify_files)
+        return recover.pick_latest(self.root, verify_files, deferred)
 
     def set_aside(self, info: CheckpointInfo, reason: str, kind: str = "refused") -> SetAside:
         """Move a checkpoint that must never be read again out of the resume path; see recover.set_aside."""

@@ -385,12 +385,15 @@ def restore(
     restore_rng: bool = True,
     map_location: Any = "cpu",
     filename: str | None = None,
+    verify: bool = True,
 ) -> Restored:
     """Load a committed checkpoint into the objects given; nothing in it can run code (see `load_state`).
 
-    The files' hashes are checked by whoever chose the checkpoint (`latest_committed()` does);
-    here the marker must verify against the manifest, and `filename` is one rank's shard
-    (default: rank 0's, in whichever format it was saved).
+    The marker must verify against the manifest, and `filename` is one rank's shard (default:
+    rank 0's, in whichever format it was saved). With `verify` (the default) a torch state file is
+    hashed as it is read and CheckpointCorrupt raised, nothing loaded, when it does not match the
+    manifest (`verify=False`: the caller has just verified it); safetensors files are verified by
+    whoever chose the checkpoint (`latest_committed()` does), see formats.hashed_on_load.
     """
     info = source if isinstance(source, CheckpointInfo) else _inspect(Path(source))
     if not info.state.readable:
@@ -402,7 +405,8 @@ def restore(
     directory = Path(info.path)
     manifest = info.manifest or {}
     filename = filename or shard_file(info, 0)
-    state = load_state(directory / filename, map_location=map_location)
+    listed = (manifest.get("files") or {}) if verify else None
+    state = load_state(directory / filename, map_location=map_location, listed=listed)
     where = f"{directory.name}/{filename}"
     for key, target in (("model", model), ("optimizer", optimizer), ("scheduler", scheduler), ("scaler", scaler)):
         if target is None:
@@ -439,12 +443,14 @@ def shard_file(info: CheckpointInfo, rank: int) -> str:
     return found
 
 
-def load_state(path: Path, map_location: Any = "cpu") -> dict:
+def load_state(path: Path, map_location: Any = "cpu", listed: dict | None = None) -> dict:
     """The raw state dict of one checkpoint file, refusing anything but tensors and plain values.
 
     `.safetensors` files are read by safetensors (no pickle at all), others by
     `torch.load(weights_only=True)`. A refusal raises CheckpointRefused (nothing in the file
-    ran): the caller sets the checkpoint aside.
+    ran): the caller sets the checkpoint aside. With `listed` (the manifest's files table), a
+    torch file is verified as it is read (verified_read.py): CheckpointCorrupt when it does not
+    match, before anything in it is parsed; safetensors files are not (formats.hashed_on_load).
     """
     path = Path(path)
     if not path.is_file():
@@ -452,9 +458,12 @@ def load_state(path: Path, map_location: Any = "cpu") -> dict:
     if path.suffix == FORMATS["safetensors"]:
         from trackway.checkpoints import safetensors_state
 
-        return safetensors_state.read(path, FORMAT, map_location)
+        return safetensors_state.read(path, FORMAT, map_location)  # hashed by the caller first (hashed_on_load)
     try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
+        if listed is not None:
+            state = _load_verified(path, listed, map_location)
+        else:
+            state = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
         raise CheckpointRefused(
             f"refused to load {path}: {_refusal_reason(exc)}; checkpoints are loaded with "
@@ -465,6 +474,84 @@ def load_state(path: Path, map_location: Any = "cpu") -> dict:
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a trackway PyTorch checkpoint (expected format {FORMAT!r})")
     return state
+
+
+def _load_verified(path: Path, listed: dict, map_location: Any) -> Any:
+    """torch.load(weights_only=True) of a file read once and verified against its manifest entry.
+
+    Each tensor's bytes are read straight into a storage of their own, which the loader hands
+    out as it lies (as torch.load(mmap=True) hands out slices of a mapping): the file is copied
+    once, as torch.load copies it. An unknown torch reads the verified bytes through torch.load.
+    """
+    from trackway.checkpoints.verified_read import read_verified
+
+    entry = listed.get(path.name)
+    if not isinstance(entry, dict):
+        raise CheckpointError(f"checkpoint file {path} is not in its manifest; only listed files are read")
+    verified = read_verified(path, path.name, entry.get("size"), entry.get("sha256"), _zip_records(path), _storage)
+    magic = bytearray(4)
+    verified.take(0, memoryview(magic))
+    if not _LOAD_FROM_STORAGE or magic != b"PK\x03\x04":  # not torch.save's zip: torch.load says what it is
+        return torch.load(verified.file(), map_location=map_location, weights_only=True)
+    reader = torch._C.PyTorchFileReader(verified.file())
+    return torch.serialization._load(reader, map_location, torch.serialization._weights_only_unpickler,
+                                     overall_storage=_Storages(verified), encoding="utf-8")
+
+
+def _load_from_storage_known() -> bool:
+    load = getattr(torch.serialization, "_load", None)
+    if load is None or not hasattr(torch.serialization, "_weights_only_unpickler"):
+        return False
+    names = list(inspect.signature(load).parameters)
+    return names[:5] == ["zip_file", "map_location", "pickle_module", "pickle_file", "overall_storage"]
+
+
+_LOAD_FROM_STORAGE = _load_from_storage_known()
+
+
+def _storage(nbytes: int) -> tuple[torch.UntypedStorage, memoryview]:
+    storage = torch.empty(nbytes, dtype=torch.uint8).untyped_storage()
+    return storage, _raw_bytes(storage.data_ptr(), nbytes)
+
+
+def _zip_records(path: Path) -> list[tuple[int, int]]:
+    """(offset, nbytes) of each tensor record worth a storage of its own in torch.save's zip; [] when unsure."""
+    import struct
+    import zipfile
+
+    records = []
+    try:
+        with open(path, "rb") as f, zipfile.ZipFile(f) as archive:
+            for entry in archive.infolist():
+                if entry.compress_type != zipfile.ZIP_STORED or entry.file_size < _HELD_MIN \
+                        or "/data/" not in f"/{entry.filename}":
+                    continue
+                f.seek(entry.header_offset)
+                header = f.read(30)
+                if len(header) != 30 or header[:4] != b"PK\x03\x04":
+                    continue
+                name_length, extra_length = struct.unpack("<HH", header[26:30])
+                records.append((entry.header_offset + 30 + name_length + extra_length, entry.file_size))
+    except (OSError, ValueError, zipfile.BadZipFile, struct.error):
+        return []
+    return sorted(records)
+
+
+class _Storages:
+    """What torch's loader slices storages from (its `overall_storage`): the verified file's regions, as they lie."""
+
+    def __init__(self, verified: Any) -> None:
+        self.verified = verified
+
+    def __getitem__(self, index: slice) -> torch.UntypedStorage:
+        start, stop = index.start, index.stop
+        owner = self.verified.region(start, stop)
+        if owner is not None:
+            return owner
+        storage = torch.UntypedStorage(stop - start)
+        if stop > start:
+            self.verified.take(start, _raw_bytes(storage.data_ptr(), stop - start))
+        return storage
 
 
 def _inspect(directory: Path) -> CheckpointInfo:

@@ -3,7 +3,8 @@
 Committed iff COMMITTED parses, its manifest_sha256 is sha256(MANIFEST.json) and the manifest's
 step is the directory's (`inspect_dir` reads a directory's state by this rule alone, hashing
 nothing). A committed checkpoint is intact when every file the manifest lists is there with its
-recorded size and sha256 (`check_files`). A file that cannot be read for another reason (EIO,
+recorded size and sha256 (`check_files`; a loader that hashes a file as it reads it checks that one
+itself, verified_read.py). A file that cannot be read for another reason (EIO,
 permissions) is no proof of corruption: it is told apart, so that callers raise rather than set aside.
 """
 
@@ -13,6 +14,7 @@ import hashlib
 import json
 import os
 import stat
+from collections.abc import Collection
 from contextlib import suppress
 from pathlib import Path
 
@@ -71,8 +73,12 @@ def verify(info: CheckpointInfo) -> list[str]:
     return sum(check_files(info.path, info.step), [])
 
 
-def check_files(path: Path, step: int) -> tuple[list[str], list[str]]:
-    """(evidence of corruption, files that could not be read for other reasons)."""
+def check_files(path: Path, step: int, deferred: Collection[str] = ()) -> tuple[list[str], list[str]]:
+    """(evidence of corruption, files that could not be read for other reasons).
+
+    `deferred` files are checked for presence and size only: their reader hashes them as it
+    reads them (verified_read.py) and refuses them there.
+    """
     info = inspect_dir(path, step)
     if info is None or not info.state.readable:
         return list(info.problems if info else ()) or [f"{path} is not committed"], []
@@ -92,7 +98,7 @@ def check_files(path: Path, step: int) -> tuple[list[str], list[str]]:
             continue
         if not stat.S_ISREG(st.st_mode) or st.st_size != size:
             problems.append(f"{rel}: {st.st_size} bytes, manifest says {size}")
-        else:
+        elif rel not in deferred:
             checks.append((rel, target, entry.get("sha256")))
     if problems:
         return problems, unreadable  # a wrong size is proof enough; nothing needs reading

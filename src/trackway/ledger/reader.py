@@ -12,6 +12,7 @@ what the SQLAlchemy `UTCDateTime` type gives (`tests/ledger/test_reader.py` hold
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import zlib
 from collections.abc import Iterator, Sequence
@@ -22,6 +23,7 @@ from typing import Any
 
 from trackway.errors import Ambiguous, InputError, NotFound
 from trackway.ledger.busy_timeout import sqlite_busy_timeout
+from trackway.ledger.event_kinds import SUPERVISOR_RANK
 from trackway.ledger.revision import HEAD_REVISION
 from trackway.taxonomy import AttemptState, RunState
 
@@ -165,6 +167,49 @@ class Reader:
             content = bytes(content)
             return zlib.decompress(content) if compression == "zlib" else content
         raise NotFound(f"blob {digest}: not in the ledger")
+
+    def supervisor_event(self, attempt_id: str, kind: str) -> dict[str, Any] | None:
+        """What the supervisor recorded about an attempt under `kind`, or None."""
+        payload = self.scalar("SELECT payload FROM attempt_events WHERE attempt_id = :attempt_id AND rank = :rank"
+                              " AND kind = :kind", {"attempt_id": attempt_id, "rank": SUPERVISOR_RANK, "kind": kind})
+        return json.loads(payload) if payload is not None else None
+
+    # -- evaluations --------------------------------------------------------------------------------
+
+    def evaluation(self, ref: str) -> dict:
+        """The evaluation whose id is `ref`, or whose seed (scoring or inference run) is the run `ref`."""
+        ref = ref.strip()
+        row = self.first("SELECT * FROM evaluations WHERE eval_id = :ref", {"ref": ref})
+        if row is not None:
+            return row
+        # An evaluation seed's run id (its scoring or inference run's too) addresses its evaluation (`runs --kind eval` lists them).
+        row = self.first(
+            "SELECT evaluations.* FROM evaluations JOIN evaluation_seeds ON evaluation_seeds.eval_id = evaluations.eval_id"
+            " WHERE evaluation_seeds.eval_run_id = :ref OR evaluation_seeds.inference_run_id = :ref LIMIT 1", {"ref": ref})
+        if row is None:
+            raise NotFound(f"evaluation {ref!r}: no evaluation has that id (see `trackway evals RUN`)")
+        return row
+
+    def evaluations_of_run(self, run_id: str, spec_name: str | None = None) -> list[dict]:
+        """The run's evaluations (of one spec), by checkpoint step, then when they were asked for."""
+        params = {"run_id": run_id}
+        sql = "SELECT * FROM evaluations WHERE run_id = :run_id"
+        if spec_name:
+            sql += " AND spec_name = :spec_name"
+            params["spec_name"] = spec_name
+        return self.dicts(sql + " ORDER BY checkpoint_step, created_at", params)
+
+    def seeds_of(self, eval_id: str) -> list[dict]:
+        """An evaluation's seeds by number, each with its scoring run's state and termination reason."""
+        return self.dicts(
+            "SELECT evaluation_seeds.*, runs.state AS run_state, runs.termination_reason AS run_reason"
+            " FROM evaluation_seeds JOIN runs ON runs.run_id = evaluation_seeds.eval_run_id"
+            " WHERE evaluation_seeds.eval_id = :eval_id ORDER BY evaluation_seeds.seed", {"eval_id": eval_id})
+
+    def eval_metrics(self, eval_id: str) -> dict[str, dict]:
+        """Each metric of an evaluation over its seeds: mean, std, min, max and how many seeds."""
+        rows = self.dicts("SELECT * FROM eval_metrics WHERE eval_id = :eval_id", {"eval_id": eval_id})
+        return {r["metric"]: {k: r[k] for k in ("mean", "std", "min", "max", "seeds")} for r in rows}
 
     # -- what a supervisor still has to drive ------------------------------------------------------
 

@@ -3,8 +3,10 @@
 SQLAlchemy Core (`schema.py`) defines the tables and Alembic creates them; reading them back
 needs neither. A SQLite ledger is read through the `sqlite3` module alone, because importing
 SQLAlchemy costs about ten times Python's own start-up, which every `trackway runs` would pay.
-Any other ledger, and any caller already holding a SQLAlchemy connection, runs the same SQL
-through it (`Reader.over(conn)`), so each read has one text whatever the backend.
+A PostgreSQL ledger named by a plain `postgresql[+psycopg]://USER@HOST:PORT/DB` URL is read
+through libpq alone (`libpq.py`), for the same reason: psycopg's own import costs three times a
+whole `trackway runs`. Any other ledger, and any caller already holding a SQLAlchemy connection, runs the
+same SQL through it (`Reader.over(conn)`), so each read has one text whatever the backend.
 
 Rows come back as dicts keyed by column name, with timestamps as aware UTC datetimes, exactly
 what the SQLAlchemy `UTCDateTime` type gives (`tests/ledger/test_reader.py` holds the two equal).
@@ -13,6 +15,7 @@ what the SQLAlchemy `UTCDateTime` type gives (`tests/ledger/test_reader.py` hold
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import zlib
 from collections.abc import Iterator, Sequence
@@ -418,6 +421,34 @@ class _AlchemyReader(Reader):
         return list(result.keys()), (tuple(row) for row in result)
 
 
+class _LibpqReader(Reader):
+    def __init__(self, conn):
+        self.conn = conn
+
+    def _execute(self, sql: str, params: dict[str, Any]) -> tuple[list[str], Iterator[Sequence[Any]]]:
+        columns, rows = self.conn.execute(sql, params)
+        return columns, iter(rows)
+
+
+_PLAIN_POSTGRES = re.compile(
+    r"postgresql(?:\+psycopg)?://(?P<user>[A-Za-z0-9_.-]+)(?::(?P<password>[A-Za-z0-9_.~-]*))?@(?P<host>[A-Za-z0-9_.-]+)"
+    r"(?::(?P<port>[0-9]+))?/(?P<database>[A-Za-z0-9_.-]+)")
+
+
+def plain_postgres(db_url: str) -> dict[str, str | None] | None:
+    """User, password, host, port and database of a plain `postgresql[+psycopg]://USER[:PW]@HOST[:PORT]/DB` URL;
+    None for any other spelling (read through SQLAlchemy, whose URL parser knows them all)."""
+    found = _PLAIN_POSTGRES.fullmatch(db_url)
+    return found.groupdict() if found else None
+
+
+def postgres_conninfo(db_url: str) -> str | None:
+    """The libpq URI psycopg connects with, for a plain PostgreSQL URL (see `plain_postgres`); None otherwise."""
+    if plain_postgres(db_url) is None:
+        return None
+    return "postgresql://" + db_url.split("://", 1)[1]
+
+
 def sqlite_file(db_url: str) -> Path | None:
     """The database file of a plain `sqlite:///PATH` URL; None for any other ledger (read through SQLAlchemy)."""
     prefix = "sqlite:///"
@@ -432,6 +463,11 @@ def sqlite_file(db_url: str) -> Path | None:
 @contextmanager
 def open_reader(db_url: str) -> Iterator[Reader]:
     """A reader over the ledger at `db_url`, in one read transaction (migrated first when it is not current)."""
+    conninfo = postgres_conninfo(db_url)
+    if conninfo is not None:
+        with _postgres_reader(db_url, conninfo) as reader:
+            yield reader
+        return
     path = sqlite_file(db_url)
     if path is None or not path.exists() or not _current(path):
         from trackway.ledger.open import open_ledger
@@ -461,6 +497,55 @@ def open_reader(db_url: str) -> Iterator[Reader]:
         conn.close()
 
 
+@contextmanager
+def _postgres_reader(db_url: str, conninfo: str) -> Iterator[Reader]:
+    """A libpq connection in one transaction, as `Ledger.read()` gives (migrated first when it is not current).
+
+    Without libpq, a server that cannot be reached or a ledger to migrate, the ledger is opened through
+    SQLAlchemy as before (its errors are the ones every command gives).
+    """
+    from trackway.ledger import libpq
+
+    try:
+        conn = libpq.connect(conninfo)
+    except libpq.Error:
+        conn = None
+    if conn is not None and not _postgres_current(conn):
+        conn.close()
+        conn = None
+    if conn is None:
+        from trackway.ledger.open import open_ledger
+
+        ledger = open_ledger(db_url)
+        try:
+            with ledger.read() as alchemy:
+                yield Reader.over(alchemy)
+        finally:
+            ledger.dispose()
+        return
+    try:
+        conn.execute("BEGIN")
+        yield _LibpqReader(conn)
+    except libpq.Error as exc:
+        mapped = _ledger_error(exc, db_url, statement_errors=False)
+        if mapped is None:
+            raise
+        raise mapped from exc
+    finally:
+        conn.close()
+
+
+def _postgres_current(conn) -> bool:
+    """Whether the PostgreSQL ledger is at HEAD_REVISION (a fresh database has no alembic_version yet)."""
+    from trackway.ledger.libpq import Error
+
+    try:
+        _, rows = conn.execute("SELECT version_num FROM alembic_version")
+    except Error:
+        return False
+    return bool(rows) and rows[0][0] == HEAD_REVISION
+
+
 def _connect(path: Path) -> sqlite3.Connection:
     timeout = sqlite_busy_timeout()
     conn = sqlite3.connect(str(path), timeout=timeout, isolation_level=None, check_same_thread=False)
@@ -482,7 +567,7 @@ def _current(path: Path) -> bool:
     return row is not None and row[0] == HEAD_REVISION
 
 
-def _ledger_error(exc: sqlite3.Error, db_url: str, statement_errors: bool = True):
+def _ledger_error(exc: Exception, db_url: str, statement_errors: bool = True):
     """The one line `store` gives for a ledger failure (SQLAlchemy is imported only on this path)."""
     from sqlalchemy.engine import make_url
 

@@ -14,8 +14,13 @@ from trackway.resources.oom_evidence import parse_oom
 from trackway.taxonomy import TerminationReason
 
 
-def memory_facts(reader: Reader, run: Mapping[str, Any], attempt: Mapping[str, Any], evidence: list[str]) -> dict | None:
-    """The memory facts of `attempt`, or None when there are none (no preflight, no GPU peak, no OOM numbers)."""
+def memory_facts(reader: Reader | Any, run: Mapping[str, Any], attempt: Mapping[str, Any], evidence: list[str]) -> dict | None:
+    """The memory facts of `attempt`, or None when there are none (no preflight, no GPU peak, no OOM numbers).
+
+    `reader`: a plain `Reader`, or a SQLAlchemy connection the same SQL runs through.
+    """
+    if not isinstance(reader, Reader):
+        reader = Reader.over(reader)
     facts: dict[str, Any] = {}
     again = _preflight_at_launch(reader, attempt)
     if again is not None or run.get("preflight"):

@@ -26,8 +26,13 @@ from trackway.ledger.reader import Reader
 SOURCE = "checkpoint_path"  # the manifest's extra.source for checkpoints committed from outside (outside_checkpoints.py)
 
 
-def visibility(reader: Reader, run: Mapping[str, Any], attempt: Mapping[str, Any]) -> list[str]:
-    """Plain lines: what the attempt told trackway, and what trackway could not see."""
+def visibility(reader: Reader | Any, run: Mapping[str, Any], attempt: Mapping[str, Any]) -> list[str]:
+    """Plain lines: what the attempt told trackway, and what trackway could not see.
+
+    `reader`: a plain `Reader`, or a SQLAlchemy connection the same SQL runs through.
+    """
+    if not isinstance(reader, Reader):
+        reader = Reader.over(reader)
     patterns = json.loads(run["log_patterns"]) if run["log_patterns"] else []
     paths = json.loads(run["checkpoint_paths"]) if run["checkpoint_paths"] else []
     mine = {"attempt_id": attempt["attempt_id"]}

@@ -56,8 +56,12 @@ _BY_CLASS = {
 }
 
 
+_SEVERITY = re.compile(r"^(?:ERROR|FATAL|PANIC):  ")
+
+
 def _error(message: str, sqlstate: str) -> Error:
-    return _BY_CLASS.get(sqlstate[:2], DatabaseError)(message.strip(), sqlstate)
+    """The error psycopg raises for it: its class by SQLSTATE, its text without libpq's `ERROR:  ` in front."""
+    return _BY_CLASS.get(sqlstate[:2], DatabaseError)(_SEVERITY.sub("", message.strip()), sqlstate)
 
 
 @lru_cache(maxsize=1)
@@ -87,6 +91,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         ("PQconnectdbParams", p, [ctypes.POINTER(s), ctypes.POINTER(s), i]),
         ("PQstatus", i, [p]), ("PQerrorMessage", s, [p]), ("PQfinish", None, [p]),
         ("PQexecParams", p, [p, s, i, ctypes.POINTER(ctypes.c_uint), ctypes.POINTER(s), p, p, i]),
+        ("PQexec", p, [p, s]), ("PQprepare", p, [p, s, s, i, p]), ("PQdescribePrepared", p, [p, s]),
         ("PQresultStatus", i, [p]), ("PQresultErrorMessage", s, [p]), ("PQresultErrorField", s, [p, i]),
         ("PQclear", None, [p]), ("PQntuples", i, [p]), ("PQnfields", i, [p]), ("PQfname", s, [p, i]),
         ("PQftype", ctypes.c_uint, [p, i]), ("PQgetisnull", i, [p, i, i]), ("PQgetvalue", p, [p, i, i]),
@@ -98,14 +103,15 @@ def _declare(lib: ctypes.CDLL) -> None:
 
 
 def connect(conninfo: str) -> Connection | None:
-    """A connection to the database the libpq URI `conninfo` names, in UTC and ISO dates; None without libpq.
+    """A connection to the database the libpq URI `conninfo` names, with ISO dates; None without libpq.
 
     Raises `Error` (an OperationalError) when the server cannot be reached or refuses the connection.
     """
     lib = _library()
     if lib is None:
         return None
-    settings = {"dbname": conninfo, "client_encoding": "UTF8", "options": "-c TimeZone=UTC -c DateStyle=ISO"}
+    # The session's own time zone, as psycopg leaves it: a timestamptz comes back in it, with its offset.
+    settings = {"dbname": conninfo, "client_encoding": "UTF8", "options": "-c DateStyle=ISO"}
     keys = (ctypes.c_char_p * (len(settings) + 1))(*[k.encode() for k in settings], None)
     values = (ctypes.c_char_p * (len(settings) + 1))(*[v.encode() for v in settings.values()], None)
     handle = lib.PQconnectdbParams(keys, values, 1)  # 1: dbname is a URI to expand
@@ -123,8 +129,29 @@ class Connection:
         self._lib = lib
         self._handle = handle
 
+    def script(self, sql: str) -> None:
+        """Run `sql`, one statement or several (the simple protocol), for what it does, not for rows."""
+        self._checked(self._lib.PQexec(self._handle, sql.encode()))
+
+    def result_types(self, sql: str) -> list[int]:
+        """The type OID of each column `sql` returns, from the server's parse of it, without running it."""
+        self._checked(self._lib.PQprepare(self._handle, b"", sql.encode(), 0, None))
+        return self._checked(self._lib.PQdescribePrepared(self._handle, b""), types=True)
+
+    def _checked(self, result: int, types: bool = False) -> Any:
+        lib = self._lib
+        if not result:
+            raise OperationalError((lib.PQerrorMessage(self._handle) or b"").decode("utf-8", "replace"), "08006")
+        try:
+            if lib.PQresultStatus(result) not in (_COMMAND_OK, _TUPLES_OK):
+                message = (lib.PQresultErrorMessage(result) or b"").decode("utf-8", "replace")
+                raise _error(message, (lib.PQresultErrorField(result, _DIAG_SQLSTATE) or b"").decode())
+            return [lib.PQftype(result, j) for j in range(lib.PQnfields(result))] if types else None
+        finally:
+            lib.PQclear(result)
+
     def execute(self, sql: str, params: dict[str, Any] | None = None) -> tuple[list[str], list[tuple]]:
-        """Run one statement; (column names, rows)."""
+        """Run one statement (the extended protocol: never more than one); (column names, rows)."""
         text, names = _numbered(sql)
         typed = [_param(params[name]) for name in names] if names else []
         values = (ctypes.c_char_p * len(typed))(*[value for _, value in typed]) if typed else None
@@ -198,6 +225,9 @@ def _param(value: Any) -> tuple[int, bytes | None]:
         return (1114 if value.tzinfo is None else 1184), value.isoformat().encode()
     if isinstance(value, date):
         return 1082, value.isoformat().encode()
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):  # text[]
+        quoted = ('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in value)
+        return 1009, ("{" + ",".join(quoted) + "}").encode()
     return 0, str(value).encode()
 
 
@@ -222,4 +252,11 @@ _LOADERS = {
     114: json.loads, 3802: json.loads,  # json, jsonb
     1082: lambda raw: date.fromisoformat(raw.decode()),
     1114: _timestamp, 1184: _timestamp,  # timestamp, timestamptz
+    18: _text, 19: _text, 25: _text, 1042: _text, 1043: _text,  # "char", name, text, char(n), varchar
+    2950: lambda raw: __import__("uuid").UUID(raw.decode()),
 }
+
+
+def loads_as_psycopg(oid: int) -> bool:
+    """Whether a column of this type comes back here as psycopg gives it (arrays, intervals and the like do not)."""
+    return oid in _LOADERS

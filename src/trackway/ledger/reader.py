@@ -510,7 +510,7 @@ def _postgres_reader(db_url: str, conninfo: str) -> Iterator[Reader]:
         conn = libpq.connect(conninfo)
     except libpq.Error:
         conn = None
-    if conn is not None and not _postgres_current(conn):
+    if conn is not None and not postgres_current(conn):
         conn.close()
         conn = None
     if conn is None:
@@ -535,7 +535,7 @@ def _postgres_reader(db_url: str, conninfo: str) -> Iterator[Reader]:
         conn.close()
 
 
-def _postgres_current(conn) -> bool:
+def postgres_current(conn) -> bool:
     """Whether the PostgreSQL ledger is at HEAD_REVISION (a fresh database has no alembic_version yet)."""
     from trackway.ledger.libpq import Error
 

@@ -94,8 +94,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         ("PQexec", p, [p, s]), ("PQprepare", p, [p, s, s, i, p]), ("PQdescribePrepared", p, [p, s]),
         ("PQresultStatus", i, [p]), ("PQresultErrorMessage", s, [p]), ("PQresultErrorField", s, [p, i]),
         ("PQclear", None, [p]), ("PQntuples", i, [p]), ("PQnfields", i, [p]), ("PQfname", s, [p, i]),
-        ("PQftype", ctypes.c_uint, [p, i]), ("PQgetisnull", i, [p, i, i]), ("PQgetvalue", p, [p, i, i]),
-        ("PQgetlength", i, [p, i, i]),
+        ("PQftype", ctypes.c_uint, [p, i]), ("PQgetisnull", i, [p, i, i]),
+        ("PQgetvalue", s, [p, i, i]),  # text results hold no NUL byte: c_char_p reads each whole
     ):
         function = getattr(lib, name)
         function.restype = restype
@@ -119,15 +119,16 @@ def connect(conninfo: str) -> Connection | None:
         message = (lib.PQerrorMessage(handle) or b"").decode("utf-8", "replace")
         lib.PQfinish(handle)
         raise OperationalError(message, "08006")
-    return Connection(lib, handle)
+    return Connection(lib, handle, conninfo)
 
 
 class Connection:
     """One libpq connection: statements with `:name` parameters, rows as tuples of psycopg's Python values."""
 
-    def __init__(self, lib: ctypes.CDLL, handle: int):
+    def __init__(self, lib: ctypes.CDLL, handle: int, conninfo: str):
         self._lib = lib
         self._handle = handle
+        self.conninfo = conninfo
 
     def script(self, sql: str) -> None:
         """Run `sql`, one statement or several (the simple protocol), for what it does, not for rows."""
@@ -179,11 +180,9 @@ class Connection:
         for i in range(lib.PQntuples(result)):
             row = []
             for j in range(fields):
-                if lib.PQgetisnull(result, i, j):
-                    row.append(None)
-                else:
-                    raw = ctypes.string_at(lib.PQgetvalue(result, i, j), lib.PQgetlength(result, i, j))
-                    row.append(loaders[j](raw))
+                raw = lib.PQgetvalue(result, i, j)
+                # A NULL reads as b"", as an empty text does: only then is it worth asking which.
+                row.append(None if not raw and lib.PQgetisnull(result, i, j) else loaders[j](raw))
             rows.append(tuple(row))
         return columns, rows
 

@@ -429,6 +429,19 @@ class _LibpqReader(Reader):
         columns, rows = self.conn.execute(sql, params)
         return columns, iter(rows)
 
+    def _chunks(self, sql: str, params: dict[str, Any]) -> Iterator[list[Sequence[Any]]]:
+        # A series of millions of points: psycopg's C loaders, whose import its length pays for, over a call
+        # into libpq per value; its own connection (each read is a statement of its own at READ COMMITTED).
+        import psycopg
+
+        with psycopg.connect(self.conn.conninfo) as conn:
+            cursor = conn.execute(_NAMED.sub(r"%(\1)s", sql.replace("%", "%%")), params)
+            while batch := cursor.fetchmany(CHUNK_POINTS):
+                yield batch
+
+
+# A `:name` parameter as SQLAlchemy's text() finds one (libpq.py numbers them the same way).
+_NAMED = re.compile(r"(?<![:\w\\]):(\w+)(?!:)")
 
 _PLAIN_POSTGRES = re.compile(
     r"postgresql(?:\+psycopg)?://(?P<user>[A-Za-z0-9_.-]+)(?::(?P<password>[A-Za-z0-9_.~-]*))?@(?P<host>[A-Za-z0-9_.-]+)"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import json
 import re
+from collections.abc import Callable
 from datetime import date, datetime
 from decimal import Decimal
 from functools import lru_cache
@@ -132,24 +133,12 @@ class Connection:
 
     def script(self, sql: str) -> None:
         """Run `sql`, one statement or several (the simple protocol), for what it does, not for rows."""
-        self._checked(self._lib.PQexec(self._handle, sql.encode()))
+        self._result(self._lib.PQexec(self._handle, sql.encode()))
 
     def result_types(self, sql: str) -> list[int]:
         """The type OID of each column `sql` returns, from the server's parse of it, without running it."""
-        self._checked(self._lib.PQprepare(self._handle, b"", sql.encode(), 0, None))
-        return self._checked(self._lib.PQdescribePrepared(self._handle, b""), types=True)
-
-    def _checked(self, result: int, types: bool = False) -> Any:
-        lib = self._lib
-        if not result:
-            raise OperationalError((lib.PQerrorMessage(self._handle) or b"").decode("utf-8", "replace"), "08006")
-        try:
-            if lib.PQresultStatus(result) not in (_COMMAND_OK, _TUPLES_OK):
-                message = (lib.PQresultErrorMessage(result) or b"").decode("utf-8", "replace")
-                raise _error(message, (lib.PQresultErrorField(result, _DIAG_SQLSTATE) or b"").decode())
-            return [lib.PQftype(result, j) for j in range(lib.PQnfields(result))] if types else None
-        finally:
-            lib.PQclear(result)
+        self._result(self._lib.PQprepare(self._handle, b"", sql.encode(), 0, None))
+        return self._result(self._lib.PQdescribePrepared(self._handle, b""), self._types)
 
     def execute(self, sql: str, params: dict[str, Any] | None = None) -> tuple[list[str], list[tuple]]:
         """Run one statement (the extended protocol: never more than one); (column names, rows)."""
@@ -157,19 +146,24 @@ class Connection:
         typed = [_param(params[name]) for name in names] if names else []
         values = (ctypes.c_char_p * len(typed))(*[value for _, value in typed]) if typed else None
         types = (ctypes.c_uint * len(typed))(*[oid for oid, _ in typed]) if typed else None
+        result = self._lib.PQexecParams(self._handle, text.encode(), len(typed), types, values, None, None, 0)
+        return self._result(result, self._rows)
+
+    def _result(self, result: int, read: Callable[[int], Any] | None = None) -> Any:
+        """What `read` takes from a result that succeeded (the result freed after); the error it holds raised."""
         lib = self._lib
-        result = lib.PQexecParams(self._handle, text.encode(), len(typed), types, values, None, None, 0)
         if not result:
             raise OperationalError((lib.PQerrorMessage(self._handle) or b"").decode("utf-8", "replace"), "08006")
         try:
-            status = lib.PQresultStatus(result)
-            if status not in (_COMMAND_OK, _TUPLES_OK):
+            if lib.PQresultStatus(result) not in (_COMMAND_OK, _TUPLES_OK):
                 message = (lib.PQresultErrorMessage(result) or b"").decode("utf-8", "replace")
-                sqlstate = (lib.PQresultErrorField(result, _DIAG_SQLSTATE) or b"").decode()
-                raise _error(message, sqlstate)
-            return self._rows(result)
+                raise _error(message, (lib.PQresultErrorField(result, _DIAG_SQLSTATE) or b"").decode())
+            return read(result) if read is not None else None
         finally:
             lib.PQclear(result)
+
+    def _types(self, result: int) -> list[int]:
+        return [self._lib.PQftype(result, j) for j in range(self._lib.PQnfields(result))]
 
     def _rows(self, result: int) -> tuple[list[str], list[tuple]]:
         lib = self._lib

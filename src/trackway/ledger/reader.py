@@ -62,6 +62,11 @@ class Reader:
         """A reader over an open SQLAlchemy connection (its transaction is the caller's)."""
         return _AlchemyReader(conn)
 
+    @staticmethod
+    def of(source) -> Reader:
+        """`source` as a reader: a Reader itself, or a SQLAlchemy connection the same SQL runs through."""
+        return source if isinstance(source, Reader) else _AlchemyReader(source)
+
     # -- execution -------------------------------------------------------------------------------
 
     def dicts(self, sql: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:

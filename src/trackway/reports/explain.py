@@ -105,8 +105,7 @@ def explain(reader: Reader | Any, ref: str, now: datetime | None = None) -> dict
     `reader`: a plain `Reader`, or a SQLAlchemy connection the same SQL runs through.
     """
     now = now or datetime.now(timezone.utc)
-    if not isinstance(reader, Reader):  # a SQLAlchemy connection (the API's, an agent's): the same SQL through it
-        reader = Reader.over(reader)
+    reader = Reader.of(reader)  # a SQLAlchemy connection (the API's, an agent's): the same SQL through it
     attempt = reader.attempt(ref)
     run = reader.run(attempt["run_id"])
     history = reader.attempts(run_id=run["run_id"], limit=None)
@@ -342,8 +341,12 @@ def _timeline_row(a: Mapping[str, Any], run_checkpoints: list[dict[str, Any]]) -
 INCIDENT_KINDS = ("checkpoint_restored", "spool_line_quarantined", "spool_write_failed")
 
 
-def incidents(reader: Reader, attempt_id: str) -> list[str]:
-    """Checkpoints set aside on restore, spool lines quarantined, spool writes that failed: one line each."""
+def incidents(reader: Reader | Any, attempt_id: str) -> list[str]:
+    """Checkpoints set aside on restore, spool lines quarantined, spool writes that failed: one line each.
+
+    `reader`: a plain `Reader`, or a SQLAlchemy connection the same SQL runs through.
+    """
+    reader = Reader.of(reader)
     lines = []
     kinds = ", ".join(f"'{kind}'" for kind in INCIDENT_KINDS)
     for row in reader.dicts(f"SELECT payload FROM attempt_events WHERE attempt_id = :attempt_id AND kind IN ({kinds})"

@@ -19,8 +19,7 @@ def memory_facts(reader: Reader | Any, run: Mapping[str, Any], attempt: Mapping[
 
     `reader`: a plain `Reader`, or a SQLAlchemy connection the same SQL runs through.
     """
-    if not isinstance(reader, Reader):
-        reader = Reader.over(reader)
+    reader = Reader.of(reader)
     facts: dict[str, Any] = {}
     again = _preflight_at_launch(reader, attempt)
     if again is not None or run.get("preflight"):

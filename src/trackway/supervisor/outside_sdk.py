@@ -31,8 +31,7 @@ def visibility(reader: Reader | Any, run: Mapping[str, Any], attempt: Mapping[st
 
     `reader`: a plain `Reader`, or a SQLAlchemy connection the same SQL runs through.
     """
-    if not isinstance(reader, Reader):
-        reader = Reader.over(reader)
+    reader = Reader.of(reader)
     patterns = json.loads(run["log_patterns"]) if run["log_patterns"] else []
     paths = json.loads(run["checkpoint_paths"]) if run["checkpoint_paths"] else []
     mine = {"attempt_id": attempt["attempt_id"]}

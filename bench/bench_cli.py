@@ -4,6 +4,9 @@ Targets (issue 12): `trackway --help` ≤ 6× `python -c pass`; `runs --json`, `
 `sql "select 1"` ≤ 10× `python -c pass` on a ledger with one run, and each less than 20% slower at
 1,000,000 attempts. Every figure is a median of fresh processes, timed interleaved with its
 baselines (`python -c pass`, and for the 1M figures the same command on the small ledger).
+
+Issue 39: `explain RUN` ≤ 1.5× `show RUN` on the same ledger (it had read the ledger through
+SQLAlchemy, 3.7× `show`). TRACKWAY_BENCH_ATTEMPTS sets the large ledger's size (default 1,000,000).
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ def main() -> int:
         for name, words in COMMANDS.items():
             timed[f"small {name}"] = process([*trackway, *words], small)
             timed[f"big {name}"] = process([*trackway, *words], big)
+        timed["small explain RUN"] = process([*trackway, "explain", "bench-run"], small)
         medians = interleaved_medians(timed, repeat=REPEAT)
         floor = medians["pass"]
         ok &= figure("trackway --help", medians["--help"], baseline=floor, baseline_name="python -c pass",
@@ -67,6 +71,8 @@ def main() -> int:
         for name in COMMANDS:
             ok &= figure(f"trackway {name}, {ATTEMPTS:,} attempts", medians[f"big {name}"],
                          baseline=medians[f"small {name}"], baseline_name="ledger of 1 run", target_ratio=1.2)
+        ok &= figure("trackway explain RUN, ledger of 1 run", medians["small explain RUN"],
+                     baseline=medians["small show RUN"], baseline_name="show RUN", target_ratio=1.5)
     return 0 if ok else 1
 
 

@@ -56,8 +56,9 @@ def test_help_summaries_fit_the_terminal_and_say_when_they_are_cut(tmp_path):
     assert explain.rstrip().endswith("..."), "a cut summary must end with an ellipsis"
 
 
-def test_show_and_runs_read_a_sqlite_ledger_without_sqlalchemy(tmp_path):
-    """`show` had come to import SQLAlchemy through the run's criteria (0.29 s instead of 0.10 s a call)."""
+def test_show_runs_and_explain_read_a_sqlite_ledger_without_sqlalchemy(tmp_path):
+    """`show` had come to import SQLAlchemy through the run's criteria (0.29 s instead of 0.10 s a call); `explain`
+    read the ledger through SQLAlchemy (0.33 s, 3.7x `show`)."""
     env = {**os.environ, "TRACKWAY_HOME": str(tmp_path / "home"), "TRACKWAY_BACKGROUND_SUPERVISOR": "0"}
     env.pop("TRACKWAY_DB", None)
     done = subprocess.run([sys.executable, "-m", "trackway", "submit", "--name", "quick", "--expect", "final.loss < 2",
@@ -69,7 +70,7 @@ def test_show_and_runs_read_a_sqlite_ledger_without_sqlalchemy(tmp_path):
         "code = run_app(app, sys.argv[1:]); "
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'sqlalchemy', 'alembic'}), file=sys.stderr)"
     )
-    for command in (["show", "quick"], ["runs"]):
+    for command in (["show", "quick"], ["runs"], ["explain", "quick"], ["explain", "quick/1", "--json"]):
         shown = subprocess.run([sys.executable, "-c", probe, *command], capture_output=True, text=True, env=env,
                                cwd=tmp_path, timeout=120)
         assert shown.returncode == 0 and shown.stderr.strip().splitlines()[-1] == "[]", (command, shown.stderr)

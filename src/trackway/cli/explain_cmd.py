@@ -30,8 +30,8 @@ def explain(
     attempt_ref(ref)
     app = app_context(ctx)
     reconcile(app)
-    with app.ledger.read() as conn:
-        facts = gather(conn, ref)
+    with app.reader() as reader:
+        facts = gather(reader, ref)
     if as_json:
         print_json(facts)
     elif markdown:

@@ -13,14 +13,14 @@ from datetime import datetime, timezone
 
 from sqlalchemy import Connection, RowMapping, func, insert, select
 
-from trackway.errors import InputError, NotFound
+from trackway.errors import InputError
 from trackway.evals.spec import EvalSpec
 from trackway.ledger.blobs import put_blob
+from trackway.ledger.reader import Reader
 from trackway.ledger.schema import (
     attempts,
     eval_metrics,
     eval_seed_metrics,
-    evaluation_seeds,
     evaluations,
     run_eval_specs,
     runs,
@@ -60,24 +60,9 @@ def attach_specs(conn: Connection, run_id: str, specs: Sequence[EvalSpec]) -> No
         )
 
 
-def resolve_evaluation(conn: Connection, ref: str) -> RowMapping:
-    ref = ref.strip()
-    row = conn.execute(select(evaluations).where(evaluations.c.eval_id == ref)).mappings().first()
-    if row is not None:
-        return row
-    # An evaluation seed's run id (its scoring or inference run's too) addresses its evaluation (`runs --kind eval` lists them).
-    row = (
-        conn.execute(
-            select(evaluations)
-            .join(evaluation_seeds, evaluation_seeds.c.eval_id == evaluations.c.eval_id)
-            .where((evaluation_seeds.c.eval_run_id == ref) | (evaluation_seeds.c.inference_run_id == ref))
-        )
-        .mappings()
-        .first()
-    )
-    if row is None:
-        raise NotFound(f"evaluation {ref!r}: no evaluation has that id (see `trackway evals RUN`)")
-    return row
+def resolve_evaluation(conn: Connection, ref: str) -> dict:
+    """The evaluation whose id is `ref`, or whose seed's run is `ref` (the query is `Reader.evaluation`'s)."""
+    return Reader.over(conn).evaluation(ref)
 
 
 def parse_checkpoint_ref(ref: str) -> tuple[str, int | None]:
@@ -93,21 +78,12 @@ def parse_checkpoint_ref(ref: str) -> tuple[str, int | None]:
     return run_ref, int(digits)
 
 
-def evaluations_of_run(conn: Connection, run_id: str, spec_name: str | None = None) -> list[RowMapping]:
-    query = select(evaluations).where(evaluations.c.run_id == run_id)
-    if spec_name:
-        query = query.where(evaluations.c.spec_name == spec_name)
-    return list(conn.execute(query.order_by(evaluations.c.checkpoint_step, evaluations.c.created_at)).mappings())
+def evaluations_of_run(conn: Connection, run_id: str, spec_name: str | None = None) -> list[dict]:
+    return Reader.over(conn).evaluations_of_run(run_id, spec_name)
 
 
-def seeds_of(conn: Connection, eval_id: str) -> list[RowMapping]:
-    query = (
-        select(evaluation_seeds, runs.c.state.label("run_state"), runs.c.termination_reason.label("run_reason"))
-        .join(runs, runs.c.run_id == evaluation_seeds.c.eval_run_id)
-        .where(evaluation_seeds.c.eval_id == eval_id)
-        .order_by(evaluation_seeds.c.seed)
-    )
-    return list(conn.execute(query).mappings())
+def seeds_of(conn: Connection, eval_id: str) -> list[dict]:
+    return Reader.over(conn).seeds_of(eval_id)
 
 
 def seed_metrics_of(conn: Connection, eval_id: str) -> dict[int, dict[str, float]]:
@@ -118,8 +94,7 @@ def seed_metrics_of(conn: Connection, eval_id: str) -> dict[int, dict[str, float
 
 
 def metrics_of(conn: Connection, eval_id: str) -> dict[str, dict]:
-    rows = conn.execute(select(eval_metrics).where(eval_metrics.c.eval_id == eval_id)).mappings()
-    return {r["metric"]: {k: r[k] for k in ("mean", "std", "min", "max", "seeds")} for r in rows}
+    return Reader.over(conn).eval_metrics(eval_id)
 
 
 def spec_record(conn: Connection, evaluation: RowMapping) -> dict:

@@ -3,8 +3,10 @@
 SQLAlchemy Core (`schema.py`) defines the tables and Alembic creates them; reading them back
 needs neither. A SQLite ledger is read through the `sqlite3` module alone, because importing
 SQLAlchemy costs about ten times Python's own start-up, which every `trackway runs` would pay.
-Any other ledger, and any caller already holding a SQLAlchemy connection, runs the same SQL
-through it (`Reader.over(conn)`), so each read has one text whatever the backend.
+A PostgreSQL ledger named by a plain `postgresql[+psycopg]://USER@HOST:PORT/DB` URL is read
+through libpq alone (`libpq.py`), for the same reason: psycopg's own import costs three times a
+whole `trackway runs`. Any other ledger, and any caller already holding a SQLAlchemy connection, runs the
+same SQL through it (`Reader.over(conn)`), so each read has one text whatever the backend.
 
 Rows come back as dicts keyed by column name, with timestamps as aware UTC datetimes, exactly
 what the SQLAlchemy `UTCDateTime` type gives (`tests/ledger/test_reader.py` holds the two equal).
@@ -12,6 +14,8 @@ what the SQLAlchemy `UTCDateTime` type gives (`tests/ledger/test_reader.py` hold
 
 from __future__ import annotations
 
+import json
+import re
 import sqlite3
 import zlib
 from collections.abc import Iterator, Sequence
@@ -22,6 +26,7 @@ from typing import Any
 
 from trackway.errors import Ambiguous, InputError, NotFound
 from trackway.ledger.busy_timeout import sqlite_busy_timeout
+from trackway.ledger.event_kinds import SUPERVISOR_RANK
 from trackway.ledger.revision import HEAD_REVISION
 from trackway.taxonomy import AttemptState, RunState
 
@@ -56,6 +61,11 @@ class Reader:
     def over(conn) -> Reader:
         """A reader over an open SQLAlchemy connection (its transaction is the caller's)."""
         return _AlchemyReader(conn)
+
+    @staticmethod
+    def of(source) -> Reader:
+        """`source` as a reader: a Reader itself, or a SQLAlchemy connection the same SQL runs through."""
+        return source if isinstance(source, Reader) else _AlchemyReader(source)
 
     # -- execution -------------------------------------------------------------------------------
 
@@ -165,6 +175,49 @@ class Reader:
             content = bytes(content)
             return zlib.decompress(content) if compression == "zlib" else content
         raise NotFound(f"blob {digest}: not in the ledger")
+
+    def supervisor_event(self, attempt_id: str, kind: str) -> dict[str, Any] | None:
+        """What the supervisor recorded about an attempt under `kind`, or None."""
+        payload = self.scalar("SELECT payload FROM attempt_events WHERE attempt_id = :attempt_id AND rank = :rank"
+                              " AND kind = :kind", {"attempt_id": attempt_id, "rank": SUPERVISOR_RANK, "kind": kind})
+        return json.loads(payload) if payload is not None else None
+
+    # -- evaluations --------------------------------------------------------------------------------
+
+    def evaluation(self, ref: str) -> dict:
+        """The evaluation whose id is `ref`, or whose seed (scoring or inference run) is the run `ref`."""
+        ref = ref.strip()
+        row = self.first("SELECT * FROM evaluations WHERE eval_id = :ref", {"ref": ref})
+        if row is not None:
+            return row
+        # An evaluation seed's run id (its scoring or inference run's too) addresses its evaluation (`runs --kind eval` lists them).
+        row = self.first(
+            "SELECT evaluations.* FROM evaluations JOIN evaluation_seeds ON evaluation_seeds.eval_id = evaluations.eval_id"
+            " WHERE evaluation_seeds.eval_run_id = :ref OR evaluation_seeds.inference_run_id = :ref LIMIT 1", {"ref": ref})
+        if row is None:
+            raise NotFound(f"evaluation {ref!r}: no evaluation has that id (see `trackway evals RUN`)")
+        return row
+
+    def evaluations_of_run(self, run_id: str, spec_name: str | None = None) -> list[dict]:
+        """The run's evaluations (of one spec), by checkpoint step, then when they were asked for."""
+        params = {"run_id": run_id}
+        sql = "SELECT * FROM evaluations WHERE run_id = :run_id"
+        if spec_name:
+            sql += " AND spec_name = :spec_name"
+            params["spec_name"] = spec_name
+        return self.dicts(sql + " ORDER BY checkpoint_step, created_at", params)
+
+    def seeds_of(self, eval_id: str) -> list[dict]:
+        """An evaluation's seeds by number, each with its scoring run's state and termination reason."""
+        return self.dicts(
+            "SELECT evaluation_seeds.*, runs.state AS run_state, runs.termination_reason AS run_reason"
+            " FROM evaluation_seeds JOIN runs ON runs.run_id = evaluation_seeds.eval_run_id"
+            " WHERE evaluation_seeds.eval_id = :eval_id ORDER BY evaluation_seeds.seed", {"eval_id": eval_id})
+
+    def eval_metrics(self, eval_id: str) -> dict[str, dict]:
+        """Each metric of an evaluation over its seeds: mean, std, min, max and how many seeds."""
+        rows = self.dicts("SELECT * FROM eval_metrics WHERE eval_id = :eval_id", {"eval_id": eval_id})
+        return {r["metric"]: {k: r[k] for k in ("mean", "std", "min", "max", "seeds")} for r in rows}
 
     # -- what a supervisor still has to drive ------------------------------------------------------
 
@@ -373,6 +426,47 @@ class _AlchemyReader(Reader):
         return list(result.keys()), (tuple(row) for row in result)
 
 
+class _LibpqReader(Reader):
+    def __init__(self, conn):
+        self.conn = conn
+
+    def _execute(self, sql: str, params: dict[str, Any]) -> tuple[list[str], Iterator[Sequence[Any]]]:
+        columns, rows = self.conn.execute(sql, params)
+        return columns, iter(rows)
+
+    def _chunks(self, sql: str, params: dict[str, Any]) -> Iterator[list[Sequence[Any]]]:
+        # A series of millions of points: psycopg's C loaders, whose import its length pays for, over a call
+        # into libpq per value; its own connection (each read is a statement of its own at READ COMMITTED).
+        import psycopg
+
+        with psycopg.connect(self.conn.conninfo) as conn:
+            cursor = conn.execute(_NAMED.sub(r"%(\1)s", sql.replace("%", "%%")), params)
+            while batch := cursor.fetchmany(CHUNK_POINTS):
+                yield batch
+
+
+# A `:name` parameter as SQLAlchemy's text() finds one (libpq.py numbers them the same way).
+_NAMED = re.compile(r"(?<![:\w\\]):(\w+)(?!:)")
+
+_PLAIN_POSTGRES = re.compile(
+    r"postgresql(?:\+psycopg)?://(?P<user>[A-Za-z0-9_.-]+)(?::(?P<password>[A-Za-z0-9_.~-]*))?@(?P<host>[A-Za-z0-9_.-]+)"
+    r"(?::(?P<port>[0-9]+))?/(?P<database>[A-Za-z0-9_.-]+)")
+
+
+def plain_postgres(db_url: str) -> dict[str, str | None] | None:
+    """User, password, host, port and database of a plain `postgresql[+psycopg]://USER[:PW]@HOST[:PORT]/DB` URL;
+    None for any other spelling (read through SQLAlchemy, whose URL parser knows them all)."""
+    found = _PLAIN_POSTGRES.fullmatch(db_url)
+    return found.groupdict() if found else None
+
+
+def postgres_conninfo(db_url: str) -> str | None:
+    """The libpq URI psycopg connects with, for a plain PostgreSQL URL (see `plain_postgres`); None otherwise."""
+    if plain_postgres(db_url) is None:
+        return None
+    return "postgresql://" + db_url.split("://", 1)[1]
+
+
 def sqlite_file(db_url: str) -> Path | None:
     """The database file of a plain `sqlite:///PATH` URL; None for any other ledger (read through SQLAlchemy)."""
     prefix = "sqlite:///"
@@ -387,6 +481,11 @@ def sqlite_file(db_url: str) -> Path | None:
 @contextmanager
 def open_reader(db_url: str) -> Iterator[Reader]:
     """A reader over the ledger at `db_url`, in one read transaction (migrated first when it is not current)."""
+    conninfo = postgres_conninfo(db_url)
+    if conninfo is not None:
+        with _postgres_reader(db_url, conninfo) as reader:
+            yield reader
+        return
     path = sqlite_file(db_url)
     if path is None or not path.exists() or not _current(path):
         from trackway.ledger.open import open_ledger
@@ -416,6 +515,55 @@ def open_reader(db_url: str) -> Iterator[Reader]:
         conn.close()
 
 
+@contextmanager
+def _postgres_reader(db_url: str, conninfo: str) -> Iterator[Reader]:
+    """A libpq connection in one transaction, as `Ledger.read()` gives (migrated first when it is not current).
+
+    Without libpq, a server that cannot be reached or a ledger to migrate, the ledger is opened through
+    SQLAlchemy as before (its errors are the ones every command gives).
+    """
+    from trackway.ledger import libpq
+
+    try:
+        conn = libpq.connect(conninfo)
+    except libpq.Error:
+        conn = None
+    if conn is not None and not postgres_current(conn):
+        conn.close()
+        conn = None
+    if conn is None:
+        from trackway.ledger.open import open_ledger
+
+        ledger = open_ledger(db_url)
+        try:
+            with ledger.read() as alchemy:
+                yield Reader.over(alchemy)
+        finally:
+            ledger.dispose()
+        return
+    try:
+        conn.execute("BEGIN")
+        yield _LibpqReader(conn)
+    except libpq.Error as exc:
+        mapped = _ledger_error(exc, db_url, statement_errors=False)
+        if mapped is None:
+            raise
+        raise mapped from exc
+    finally:
+        conn.close()
+
+
+def postgres_current(conn) -> bool:
+    """Whether the PostgreSQL ledger is at HEAD_REVISION (a fresh database has no alembic_version yet)."""
+    from trackway.ledger.libpq import Error
+
+    try:
+        _, rows = conn.execute("SELECT version_num FROM alembic_version")
+    except Error:
+        return False
+    return bool(rows) and rows[0][0] == HEAD_REVISION
+
+
 def _connect(path: Path) -> sqlite3.Connection:
     timeout = sqlite_busy_timeout()
     conn = sqlite3.connect(str(path), timeout=timeout, isolation_level=None, check_same_thread=False)
@@ -437,7 +585,7 @@ def _current(path: Path) -> bool:
     return row is not None and row[0] == HEAD_REVISION
 
 
-def _ledger_error(exc: sqlite3.Error, db_url: str, statement_errors: bool = True):
+def _ledger_error(exc: Exception, db_url: str, statement_errors: bool = True):
     """The one line `store` gives for a ledger failure (SQLAlchemy is imported only on this path)."""
     from sqlalchemy.engine import make_url
 

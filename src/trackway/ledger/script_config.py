@@ -18,12 +18,12 @@ from typing import Any
 from sqlalchemy import Connection, RowMapping, update
 
 from trackway.ledger.blobs import get_blob, put_blob
+from trackway.ledger.event_kinds import CONFLICTS_EVENT
 from trackway.ledger.schema import attempts
 from trackway.ledger.supervisor_events import add_supervisor_event
 from trackway.receipts.canonical import canonical_json
 from trackway.redaction import redact_structure
 
-CONFLICTS_EVENT = "config_conflicts"
 ABSENT = object()
 
 

@@ -8,11 +8,11 @@ from typing import Any
 
 from sqlalchemy import Connection, func, select
 
-from trackway.ledger.schema import attempt_events
+from trackway.ledger.event_kinds import QUEUED_EVENT, SUPERVISOR_RANK
 
-SUPERVISOR_RANK = -1  # attempt_events rows the supervisor wrote, not a training process
-# The queue's latest reason for an attempt its executor holds (Slurm PENDING: Resources, Priority, BeginTime...).
-QUEUED_EVENT = "executor_queued"
+__all__ = ["QUEUED_EVENT", "SUPERVISOR_RANK", "add_supervisor_event", "set_supervisor_event", "supervisor_event"]
+from trackway.ledger.reader import Reader
+from trackway.ledger.schema import attempt_events
 
 
 def add_supervisor_event(conn: Connection, attempt_id: str, kind: str, payload: dict[str, Any]) -> bool:
@@ -50,7 +50,4 @@ def set_supervisor_event(conn: Connection, attempt_id: str, kind: str, payload: 
 
 def supervisor_event(conn: Connection, attempt_id: str, kind: str) -> dict[str, Any] | None:
     """What the supervisor recorded about an attempt under `kind`, or None."""
-    row = conn.execute(select(attempt_events.c.payload).where(
-        attempt_events.c.attempt_id == attempt_id, attempt_events.c.rank == SUPERVISOR_RANK,
-        attempt_events.c.kind == kind)).first()
-    return json.loads(row.payload) if row is not None else None
+    return Reader.over(conn).supervisor_event(attempt_id, kind)

@@ -10,17 +10,12 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timezone
+from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import Connection, RowMapping, select
-
 from trackway import display as d
-from trackway.ledger.blobs import get_blob
-from trackway.ledger.supervisor_events import SUPERVISOR_RANK
-from trackway.resources.placement import PLACED_EVENT
-from trackway.ledger.script_config import CONFLICTS_EVENT
-from trackway.ledger.records import list_attempts, resolve_attempt, resolve_run
-from trackway.ledger.schema import attempt_events, checkpoints, run_eval_specs
+from trackway.ledger.event_kinds import CONFLICTS_EVENT, PLACED_EVENT, QUEUED_EVENT, SUPERVISOR_RANK
+from trackway.ledger.reader import Reader
 from trackway.receipts import submitted_env
 from trackway.settings.run_watchers import described as described_watchers
 from trackway.receipts.config_diff import change_text, changes, flatten
@@ -31,8 +26,8 @@ from trackway.taxonomy import AttemptState, RunState
 from trackway.taxonomy import TerminationReason as R
 
 
-def _blob_json(conn: Connection, sha: str | None) -> Any:
-    return json.loads(get_blob(conn, sha)) if sha else None
+def _blob_json(reader: Reader, sha: str | None) -> Any:
+    return json.loads(reader.blob(sha)) if sha else None
 
 
 def config_diff(before: Any, after: Any) -> list[str]:
@@ -59,22 +54,20 @@ def _sized(entry: dict) -> str:
     return f"{size:,} bytes, {d.short_hash(entry.get('sha256'))}" if isinstance(size, int) else d.short_hash(entry.get("sha256"))
 
 
-def _evaluator_facts(conn: Connection, run: RowMapping) -> dict[str, Any] | None:
+def _evaluator_facts(reader: Reader, run: Mapping[str, Any]) -> dict[str, Any] | None:
     """For an evaluation seed's attempt: the evaluator and task-set versions it ran (checked when it launched)."""
     from trackway.errors import NotFound
-    from trackway.evals.records import resolve_evaluation
-
     try:
-        evaluation = resolve_evaluation(conn, run["run_id"])
+        evaluation = reader.evaluation(run["run_id"])
     except NotFound:
         return None
-    spec = json.loads(get_blob(conn, evaluation["spec_sha256"]))
+    spec = json.loads(reader.blob(evaluation["spec_sha256"]))
     return {"evaluator_version": evaluation["evaluator_version"], "task_set_sha256": evaluation["task_set_sha256"],
             "code": spec.get("code") or [], "image": spec.get("image"), "spec": spec.get("path"),
             "resource": spec.get("resource")}
 
 
-def _code_facts(run: RowMapping, attempt: RowMapping) -> dict[str, Any]:
+def _code_facts(run: Mapping[str, Any], attempt: Mapping[str, Any]) -> dict[str, Any]:
     """The code the attempt ran: repo, branch, commit and diff as captured when it launched, and how it was taken.
 
     An attempt recorded before trackway captured code per attempt carries its run's code, taken at submit.
@@ -106,18 +99,22 @@ def environment_diff(before: Any, after: Any) -> list[str]:
 # -- gathering ---------------------------------------------------------------------------------
 
 
-def explain(conn: Connection, ref: str, now: datetime | None = None) -> dict[str, Any]:
-    """The facts about one attempt (the latest, for a run), its run and every attempt of the run."""
+def explain(reader: Reader | Any, ref: str, now: datetime | None = None) -> dict[str, Any]:
+    """The facts about one attempt (the latest, for a run), its run and every attempt of the run.
+
+    `reader`: a plain `Reader`, or a SQLAlchemy connection the same SQL runs through.
+    """
     now = now or datetime.now(timezone.utc)
-    attempt = resolve_attempt(conn, ref)
-    run = resolve_run(conn, attempt["run_id"])
-    history = list_attempts(conn, run_id=run["run_id"], limit=None)
+    reader = Reader.of(reader)  # a SQLAlchemy connection (the API's, an agent's): the same SQL through it
+    attempt = reader.attempt(ref)
+    run = reader.run(attempt["run_id"])
+    history = reader.attempts(run_id=run["run_id"], limit=None)
     number = attempt["attempt_number"]
     previous = next((a for a in history if a["attempt_number"] == number - 1), None)
     first = history[0] if history and history[0]["attempt_number"] != number else None
-    run_checkpoints = _run_checkpoints(conn, run["run_id"])
+    run_checkpoints = _run_checkpoints(reader, run["run_id"])
     evidence = json.loads(attempt["termination_evidence"]) if attempt["termination_evidence"] else {}
-    config = _config_of(conn, attempt)
+    config = _config_of(reader, attempt)
     facts = {
         "now": now,
         "run": {k: run[k] for k in ("run_id", "name", "project", "model_family", "kind", "state", "command", "workdir",
@@ -125,7 +122,7 @@ def explain(conn: Connection, ref: str, now: datetime | None = None) -> dict[str
         | {"command": json.dumps(redact_argv(json.loads(run["command"]))),  # a run recorded before redaction
            "own_retry_policy": bool(run["retry_policy"]), "attempts": len(history),
            "own_watchers": described_watchers(run.get("watchers")),
-           "experiment": _experiment(conn, run)},
+           "experiment": _experiment(reader, run)},
         "attempt": {
             k: attempt[k]
             for k in (
@@ -141,35 +138,35 @@ def explain(conn: Connection, ref: str, now: datetime | None = None) -> dict[str
             "config_sha256": attempt["config_sha256"],
             "data_manifest_sha256": attempt["data_manifest_sha256"],
             "environment_sha256": attempt["environment_sha256"],
-            "environment": _environment_summary(_blob_json(conn, attempt["environment_sha256"])),
-            "environ": _environ_summary(conn, attempt["environ_sha256"]),
+            "environment": _environment_summary(_blob_json(reader, attempt["environment_sha256"])),
+            "environ": _environ_summary(reader, attempt["environ_sha256"]),
             "code": _code_facts(run, attempt),
-            "evaluator": _evaluator_facts(conn, run) if run["kind"] == "eval" else None,
+            "evaluator": _evaluator_facts(reader, run) if run["kind"] == "eval" else None,
         },
-        "config": _config_facts(conn, attempt, config, previous, first),
-        "data": _data_facts(conn, attempt, previous),
+        "config": _config_facts(reader, attempt, config, previous, first),
+        "data": _data_facts(reader, attempt, previous),
         "placement": {k: attempt[k] for k in ("host", "executor", "executor_job_id", "gpu_count", "gpu_model", "gpu_ids")}
-        | _chosen(attempt, run) | {"scheduler": _placed(conn, attempt["attempt_id"])}
+        | _chosen(attempt, run) | {"scheduler": _placed(reader, attempt["attempt_id"])}
         | {"kind": run["kind"]},
         "compared_with": previous["attempt_id"] if previous is not None else None,
-        "changes": _changes(conn, previous, attempt) if previous is not None else {},
-        "checkpoints": _checkpoint_facts(attempt, run_checkpoints) | {"read_from": _read_from(conn, attempt),
-                                                                      "not_taken_up": _not_taken_up(conn, attempt)},
-        "watchers": _watched(conn, attempt["attempt_id"]),
-        "memory": memory_facts(conn, run, attempt, evidence.get("lines", []) + evidence.get("executor", [])),
-        "incidents": incidents(conn, attempt["attempt_id"]),
+        "changes": _changes(reader, previous, attempt) if previous is not None else {},
+        "checkpoints": _checkpoint_facts(attempt, run_checkpoints) | {"read_from": _read_from(reader, attempt),
+                                                                      "not_taken_up": _not_taken_up(reader, attempt)},
+        "watchers": _watched(reader, attempt["attempt_id"]),
+        "memory": memory_facts(reader, run, attempt, evidence.get("lines", []) + evidence.get("executor", [])),
+        "incidents": incidents(reader, attempt["attempt_id"]),
         "history": [_timeline_row(a, run_checkpoints) for a in history],
-        "evaluations": _evaluations(conn, run, run_checkpoints),
+        "evaluations": _evaluations(reader, run, run_checkpoints),
         "expectations": _expectations(run),
         # An evaluator answers through its output file, never the SDK: its missing heartbeat is no news.
-        "visibility": visibility(conn, run, attempt) if run["kind"] != "eval" else [],
+        "visibility": visibility(reader, run, attempt) if run["kind"] != "eval" else [],
     }
     # Advice is about the run's latest attempt, whichever attempt is explained.
-    latest_config = _config_of(conn, history[-1]) if history else None
-    facts["next_steps"] = _next(conn, run, history, run_checkpoints, latest_config)
+    latest_config = _config_of(reader, history[-1]) if history else None
+    facts["next_steps"] = _next(reader, run, history, run_checkpoints, latest_config)
     evaluated = facts["evaluations"].get("of")
     if run["kind"] == "eval" and evaluated and facts["next_steps"]["person"]:
-        facts["next_steps"]["person"] = _evaluation_advice(conn, evaluated)
+        facts["next_steps"]["person"] = _evaluation_advice(reader, evaluated)
     experiment = facts["run"]["experiment"]
     if experiment and experiment["role"] == "test" and experiment["status"] == "stopped" and not experiment["full_run_id"]:
         # The run itself may have completed; what stopped is the experiment, at this run's gate.
@@ -178,18 +175,17 @@ def explain(conn: Connection, ref: str, now: datetime | None = None) -> dict[str
     return facts
 
 
-def _expectations(run: RowMapping) -> list[dict[str, Any]]:
+def _expectations(run: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The run's own criteria (`submit --expect`) as last judged: each one's state, numbers and why."""
     from trackway.experiments.expectation_verdicts import verdict_of
 
     return verdict_of(dict(run))
 
 
-def _experiment(conn: Connection, run: RowMapping) -> dict[str, Any] | None:
+def _experiment(reader: Reader, run: Mapping[str, Any]) -> dict[str, Any] | None:
     """The experiment this run is the test or full run of, if any."""
-    from trackway.experiments.records import experiment_of_run
-
-    found = experiment_of_run(conn, run["run_id"])
+    found = reader.first("SELECT * FROM experiments WHERE test_run_id = :run_id OR full_run_id = :run_id",
+                         {"run_id": run["run_id"]})
     if found is None:
         return None
     role = "test" if found["test_run_id"] == run["run_id"] else "full"
@@ -199,31 +195,26 @@ def _experiment(conn: Connection, run: RowMapping) -> dict[str, Any] | None:
             "gate": checks if role == "test" else [], "full_run_id": found["full_run_id"]}
 
 
-def _run_checkpoints(conn: Connection, run_id: str) -> list[dict[str, Any]]:
+def _run_checkpoints(reader: Reader, run_id: str) -> list[dict[str, Any]]:
     """The ledger's mirror of the run's checkpoints, oldest step first."""
-    query = (
-        select(checkpoints.c.name, checkpoints.c.step, checkpoints.c.state, checkpoints.c.attempt_id,
-               checkpoints.c.committed_at)
-        .where(checkpoints.c.run_id == run_id)
-        .order_by(checkpoints.c.step)
-    )
-    return [dict(row) for row in conn.execute(query).mappings()]
+    return reader.dicts("SELECT name, step, state, attempt_id, committed_at FROM checkpoints WHERE run_id = :run_id"
+                        " ORDER BY step", {"run_id": run_id})
 
 
-def _config_of(conn: Connection, attempt: RowMapping) -> Any:
+def _config_of(reader: Reader, attempt: Mapping[str, Any]) -> Any:
     # A config may hold a token a person pasted into it: what explain shows (and what gets pasted
     # into an issue) carries it masked.
-    config = _blob_json(conn, attempt["config_sha256"])
+    config = _blob_json(reader, attempt["config_sha256"])
     return None if config is None else redact_structure(config)
 
 
-def _config_facts(conn: Connection, attempt: RowMapping, config: Any, previous: RowMapping | None,
-                  first: RowMapping | None) -> dict[str, Any]:
+def _config_facts(reader: Reader, attempt: Mapping[str, Any], config: Any, previous: Mapping[str, Any] | None,
+                  first: Mapping[str, Any] | None) -> dict[str, Any]:
     """The config the attempt ran with, every value, and the keys that differ from the previous and first attempts."""
-    def against(other: RowMapping | None) -> dict[str, Any] | None:
+    def against(other: Mapping[str, Any] | None) -> dict[str, Any] | None:
         if other is None:
             return None
-        return {"attempt_id": other["attempt_id"], "keys": config_diff(_config_of(conn, other), config)}
+        return {"attempt_id": other["attempt_id"], "keys": config_diff(_config_of(reader, other), config)}
 
     return {
         "sha256": attempt["config_sha256"],
@@ -232,17 +223,17 @@ def _config_facts(conn: Connection, attempt: RowMapping, config: Any, previous: 
         "secret_keys": [] if config is None else sorted(k for k, v in flatten(config).items() if MASK in json.dumps(v)),
         "differs_from_previous": against(previous),
         "differs_from_first": against(first),
-        "from_script": _script_config(conn, attempt["attempt_id"]),
+        "from_script": _script_config(reader, attempt["attempt_id"]),
     }
 
 
-def _data_facts(conn: Connection, attempt: RowMapping, previous: RowMapping | None) -> dict[str, Any]:
+def _data_facts(reader: Reader, attempt: Mapping[str, Any], previous: Mapping[str, Any] | None) -> dict[str, Any]:
     """The data manifest the attempt ran with: every file with its size, and what changed since the previous attempt."""
-    manifest = _blob_json(conn, attempt["data_manifest_sha256"])
+    manifest = _blob_json(reader, attempt["data_manifest_sha256"])
     files = (manifest or {}).get("files", [])
     changes = None
     if previous is not None:
-        changes = data_diff(_blob_json(conn, previous["data_manifest_sha256"]), manifest)
+        changes = data_diff(_blob_json(reader, previous["data_manifest_sha256"]), manifest)
     return {
         "sha256": attempt["data_manifest_sha256"],
         "files": [{"path": f["path"], "size": f.get("size"), "sha256": f.get("sha256")} for f in files],
@@ -251,22 +242,22 @@ def _data_facts(conn: Connection, attempt: RowMapping, previous: RowMapping | No
     }
 
 
-def _changes(conn: Connection, previous: RowMapping, attempt: RowMapping) -> dict[str, list[str]]:
+def _changes(reader: Reader, previous: Mapping[str, Any], attempt: Mapping[str, Any]) -> dict[str, list[str]]:
     """Everything an attempt ran with that differs from the previous attempt, by kind."""
     return {
-        "config": config_diff(_config_of(conn, previous), _config_of(conn, attempt)),
-        "data": data_diff(_blob_json(conn, previous["data_manifest_sha256"]), _blob_json(conn, attempt["data_manifest_sha256"])),
+        "config": config_diff(_config_of(reader, previous), _config_of(reader, attempt)),
+        "data": data_diff(_blob_json(reader, previous["data_manifest_sha256"]), _blob_json(reader, attempt["data_manifest_sha256"])),
         "environment": environment_diff(
-            _blob_json(conn, previous["environment_sha256"]), _blob_json(conn, attempt["environment_sha256"])
+            _blob_json(reader, previous["environment_sha256"]), _blob_json(reader, attempt["environment_sha256"])
         ),
         "environment variables": submitted_env.diff(
-            _blob_json(conn, previous["environ_sha256"]), _blob_json(conn, attempt["environ_sha256"])
+            _blob_json(reader, previous["environ_sha256"]), _blob_json(reader, attempt["environ_sha256"])
         ),
         "code": _code_diff(previous, attempt),
     }
 
 
-def _checkpoint_facts(attempt: RowMapping, run_checkpoints: list[dict[str, Any]]) -> dict[str, Any]:
+def _checkpoint_facts(attempt: Mapping[str, Any], run_checkpoints: list[dict[str, Any]]) -> dict[str, Any]:
     """Resumed from, committed during this attempt, and the newest committed checkpoint of the run."""
     committed = [c for c in run_checkpoints if c["attempt_id"] == attempt["attempt_id"]]
     newest = [c for c in run_checkpoints if c["state"] == "committed"]
@@ -277,63 +268,50 @@ def _checkpoint_facts(attempt: RowMapping, run_checkpoints: list[dict[str, Any]]
     }
 
 
-def _not_taken_up(conn: Connection, attempt: RowMapping) -> str | None:
+def _not_taken_up(reader: Reader, attempt: Mapping[str, Any]) -> str | None:
     """Why the logs say the attempt did not resume from the checkpoint it was given, when they do."""
-    payload = conn.execute(select(attempt_events.c.payload).where(
-        attempt_events.c.attempt_id == attempt["attempt_id"], attempt_events.c.kind == "resume_not_taken_up")).scalar()
+    payload = reader.scalar("SELECT payload FROM attempt_events WHERE attempt_id = :attempt_id"
+                            " AND kind = 'resume_not_taken_up'", {"attempt_id": attempt["attempt_id"]})
     return json.loads(payload)["message"] if payload else None
 
 
-def _read_from(conn: Connection, attempt: RowMapping) -> str | None:
+def _read_from(reader: Reader, attempt: Mapping[str, Any]) -> str | None:
     """Where the resumed checkpoint was read (an object store's URL on a new host), as the SDK's restore said."""
-    payload = conn.execute(
-        select(attempt_events.c.payload).where(
-            attempt_events.c.attempt_id == attempt["attempt_id"], attempt_events.c.kind == "checkpoint_restored"
-        ).order_by(attempt_events.c.rank, attempt_events.c.seq)
-    ).scalars().first()
+    payload = reader.scalar("SELECT payload FROM attempt_events WHERE attempt_id = :attempt_id"
+                            " AND kind = 'checkpoint_restored' ORDER BY rank, seq", {"attempt_id": attempt["attempt_id"]})
     return (json.loads(payload).get("source") or None) if payload else None
 
 
-def _watched(conn: Connection, attempt_id: str) -> list[str]:
+def _watched(reader: Reader, attempt_id: str) -> list[str]:
     """What the supervisor's watchers noticed while the attempt ran."""
-    query = (
-        select(attempt_events.c.payload)
-        .where(
-            attempt_events.c.attempt_id == attempt_id,
-            attempt_events.c.rank == SUPERVISOR_RANK,
-            # Shown with what they are about: the config, where the job was placed, its data and checkpoint.
-            attempt_events.c.kind.not_in((CONFLICTS_EVENT, PLACED_EVENT, "data_changed", "resume_not_taken_up")),
-        )
-        .order_by(attempt_events.c.seq)
-    )
-    return [json.loads(payload)["message"] for payload in conn.execute(query).scalars()]
+    rows = reader.dicts(
+        "SELECT payload FROM attempt_events WHERE attempt_id = :attempt_id AND rank = :rank"
+        # Shown with what they are about: the config, where the job was placed, its data and checkpoint.
+        " AND kind NOT IN (:conflicts, :placed, 'data_changed', 'resume_not_taken_up') ORDER BY seq",
+        {"attempt_id": attempt_id, "rank": SUPERVISOR_RANK, "conflicts": CONFLICTS_EVENT, "placed": PLACED_EVENT})
+    return [json.loads(row["payload"])["message"] for row in rows]
 
 
-def _placed(conn: Connection, attempt_id: str) -> dict[str, Any] | None:
+def _placed(reader: Reader, attempt_id: str) -> dict[str, Any] | None:
     """Where a queued job started, as its executor reported it (Slurm: job id, nodes, partition, QoS, GPUs)."""
-    payload = conn.execute(
-        select(attempt_events.c.payload).where(
-            attempt_events.c.attempt_id == attempt_id, attempt_events.c.kind == PLACED_EVENT
-        ).order_by(attempt_events.c.seq)
-    ).scalars().first()
+    payload = reader.scalar("SELECT payload FROM attempt_events WHERE attempt_id = :attempt_id AND kind = :placed"
+                            " ORDER BY seq", {"attempt_id": attempt_id, "placed": PLACED_EVENT})
     return json.loads(payload) if payload else None
 
 
-def _script_config(conn: Connection, attempt_id: str) -> dict[str, Any]:
+def _script_config(reader: Reader, attempt_id: str) -> dict[str, Any]:
     """Whether the script handed trackway.init() a config (merged into the receipt), and where it overrode."""
     kinds = {
-        kind: payload
-        for kind, payload in conn.execute(
-            select(attempt_events.c.kind, attempt_events.c.payload).where(
-                attempt_events.c.attempt_id == attempt_id, attempt_events.c.kind.in_(("init_config", CONFLICTS_EVENT))
-            )
-        )
+        row["kind"]: row["payload"]
+        for row in reader.dicts("SELECT kind, payload FROM attempt_events WHERE attempt_id = :attempt_id"
+                                " AND kind IN ('init_config', :conflicts)",
+                                {"attempt_id": attempt_id, "conflicts": CONFLICTS_EVENT})
     }
     conflicts = json.loads(kinds[CONFLICTS_EVENT])["conflicts"] if CONFLICTS_EVENT in kinds else []
     return {"merged": "init_config" in kinds, "conflicts": redact_structure(conflicts)}
 
 
-def _timeline_row(a: RowMapping, run_checkpoints: list[dict[str, Any]]) -> dict[str, Any]:
+def _timeline_row(a: Mapping[str, Any], run_checkpoints: list[dict[str, Any]]) -> dict[str, Any]:
     """One attempt as one row of the run's timeline: who started it, where, what it did, how it ended, what followed."""
     evidence = json.loads(a["termination_evidence"]) if a["termination_evidence"] else {}
     return {
@@ -363,16 +341,17 @@ def _timeline_row(a: RowMapping, run_checkpoints: list[dict[str, Any]]) -> dict[
 INCIDENT_KINDS = ("checkpoint_restored", "spool_line_quarantined", "spool_write_failed")
 
 
-def incidents(conn: Connection, attempt_id: str) -> list[str]:
-    """Checkpoints set aside on restore, spool lines quarantined, spool writes that failed: one line each."""
+def incidents(reader: Reader | Any, attempt_id: str) -> list[str]:
+    """Checkpoints set aside on restore, spool lines quarantined, spool writes that failed: one line each.
+
+    `reader`: a plain `Reader`, or a SQLAlchemy connection the same SQL runs through.
+    """
+    reader = Reader.of(reader)
     lines = []
-    query = (
-        select(attempt_events.c.payload)
-        .where(attempt_events.c.attempt_id == attempt_id, attempt_events.c.kind.in_(INCIDENT_KINDS))
-        .order_by(attempt_events.c.at, attempt_events.c.rank, attempt_events.c.seq)
-    )
-    for payload in conn.execute(query).scalars():
-        event = json.loads(payload)
+    kinds = ", ".join(f"'{kind}'" for kind in INCIDENT_KINDS)
+    for row in reader.dicts(f"SELECT payload FROM attempt_events WHERE attempt_id = :attempt_id AND kind IN ({kinds})"
+                            " ORDER BY at, rank, seq", {"attempt_id": attempt_id}):
+        event = json.loads(row["payload"])
         line = _incident_line(event)
         if line:
             lines.append(line)
@@ -396,8 +375,8 @@ def _incident_line(event: dict[str, Any]) -> str | None:
     return None
 
 
-def _environ_summary(conn: Connection, sha: str | None) -> dict[str, Any] | None:
-    description = _blob_json(conn, sha)
+def _environ_summary(reader: Reader, sha: str | None) -> dict[str, Any] | None:
+    description = _blob_json(reader, sha)
     if description is None:
         return None
     return {
@@ -426,18 +405,15 @@ def _environment_summary(description: dict[str, Any] | None) -> str:
     return ", ".join(parts)
 
 
-def _phase_facts(conn: Connection, run: RowMapping, evaluation: RowMapping) -> dict[str, Any] | None:
+def _phase_facts(reader: Reader, run: Mapping[str, Any], evaluation: Mapping[str, Any]) -> dict[str, Any] | None:
     """For a phase of a two-phase evaluation's seed: the outputs it made or read, the other phase's cost, the judge."""
     from trackway.evals.phases import INFERENCE, run_phase
-    from trackway.ledger.schema import evaluation_seeds
-
     phase = run_phase(run)
     if phase is None:
         return None
-    seed = conn.execute(select(evaluation_seeds).where(
-        evaluation_seeds.c.eval_id == evaluation["eval_id"],
-        (evaluation_seeds.c.eval_run_id == run["run_id"]) | (evaluation_seeds.c.inference_run_id == run["run_id"]),
-    )).mappings().first()
+    seed = reader.first("SELECT * FROM evaluation_seeds WHERE eval_id = :eval_id"
+                        " AND (eval_run_id = :run_id OR inference_run_id = :run_id)",
+                        {"eval_id": evaluation["eval_id"], "run_id": run["run_id"]})
     facts: dict[str, Any] = {"phase": phase, "inference_run_id": seed["inference_run_id"] if seed else None,
                              "inference_outputs": seed["inference_outputs"] if seed else None,
                              "inference_manifest_sha256": seed["inference_manifest_sha256"] if seed else None}
@@ -448,7 +424,7 @@ def _phase_facts(conn: Connection, run: RowMapping, evaluation: RowMapping) -> d
         lines.append(f"its outputs: committed at {outputs} (manifest {manifest})" if outputs
                      else "its outputs: none committed (the scoring phase starts once they are)")
     else:
-        other = list_attempts(conn, facts["inference_run_id"], limit=None) if facts["inference_run_id"] else []
+        other = reader.attempts(facts["inference_run_id"], limit=None) if facts["inference_run_id"] else []
         gpu_h = sum(a["gpu_seconds"] or 0.0 for a in other) / 3600
         lines.append(f"scores the inference outputs committed at {d.text_or(outputs)} (manifest {manifest}), made by "
                      f"run {d.text_or(facts['inference_run_id'])} in {len(other)} attempt(s), {gpu_h:.3f} GPU-h; "
@@ -463,15 +439,13 @@ def _phase_facts(conn: Connection, run: RowMapping, evaluation: RowMapping) -> d
     return facts
 
 
-def _evaluations(conn: Connection, run: RowMapping, run_checkpoints: list[dict[str, Any]]) -> dict[str, Any]:
+def _evaluations(reader: Reader, run: Mapping[str, Any], run_checkpoints: list[dict[str, Any]]) -> dict[str, Any]:
     """For a training run: the specs attached, each evaluation's state and headline metric, checkpoints not
     evaluated; for an evaluation seed: what it evaluates. `lines` says it for people."""
     from trackway.errors import NotFound
-    from trackway.evals.records import evaluations_of_run, metrics_of, resolve_evaluation, seeds_of
-
     if run["kind"] == "eval":
         try:
-            evaluation = resolve_evaluation(conn, run["run_id"])
+            evaluation = reader.evaluation(run["run_id"])
         except NotFound:
             return {"of": None, "lines": ["an evaluation run whose evaluation is not recorded"]}
         env = json.loads(run["env"]) if run["env"] else {}
@@ -479,18 +453,16 @@ def _evaluations(conn: Connection, run: RowMapping, run_checkpoints: list[dict[s
                 f"({evaluation['spec_name']}, {evaluation['state']}): checkpoint {evaluation['checkpoint_name']} of run "
                 f"{evaluation['run_id']}, evaluator {evaluation['evaluator_version']}, "
                 f"task set {d.short_hash(evaluation['task_set_sha256'])}")
-        phase = _phase_facts(conn, run, evaluation)
+        phase = _phase_facts(reader, run, evaluation)
         if phase is None:
             return {"of": dict(evaluation), "lines": [line]}
         return {"of": dict(evaluation), "phase": phase, "lines": [f"the {phase['phase']} phase of {line}", *phase["lines"]]}
-    specs = [dict(row) for row in conn.execute(
-        select(run_eval_specs.c.name, run_eval_specs.c.trigger).where(run_eval_specs.c.run_id == run["run_id"])
-        .order_by(run_eval_specs.c.name)
-    ).mappings()]
+    specs = reader.dicts("SELECT name, trigger FROM run_eval_specs WHERE run_id = :run_id ORDER BY name",
+                         {"run_id": run["run_id"]})
     results = []
-    for evaluation in evaluations_of_run(conn, run["run_id"]):
-        metrics = metrics_of(conn, evaluation["eval_id"])
-        reasons = sorted({s["termination_reason"] for s in seeds_of(conn, evaluation["eval_id"])
+    for evaluation in reader.evaluations_of_run(run["run_id"]):
+        metrics = reader.eval_metrics(evaluation["eval_id"])
+        reasons = sorted({s["termination_reason"] for s in reader.seeds_of(evaluation["eval_id"])
                           if s["state"] == "failed" and s["termination_reason"]})
         results.append({k: evaluation[k] for k in ("eval_id", "checkpoint_name", "checkpoint_step", "spec_name", "state",
                                                     "primary_metric", "created_at", "ended_at", "evaluator_version")}
@@ -525,7 +497,7 @@ def _evaluation_lines(facts: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _code_diff(before: RowMapping, after: RowMapping) -> list[str]:
+def _code_diff(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
     lines = []
     if before["code_commit"] != after["code_commit"]:
         lines.append(f"commit {d.short_hash(before['code_commit'], 'none')} → {d.short_hash(after['code_commit'], 'none')}")
@@ -538,7 +510,7 @@ def _code_diff(before: RowMapping, after: RowMapping) -> list[str]:
 # -- what happens next -------------------------------------------------------------------------
 
 
-def _next(conn: Connection, run: RowMapping, history: list[RowMapping], run_checkpoints: list[dict[str, Any]],
+def _next(reader: Reader, run: Mapping[str, Any], history: list[Mapping[str, Any]], run_checkpoints: list[dict[str, Any]],
           config: Any) -> dict[str, str | None]:
     """What trackway will do with the run, and what a person should change (only advice that can apply)."""
     state = RunState(run["state"])
@@ -548,9 +520,7 @@ def _next(conn: Connection, run: RowMapping, history: list[RowMapping], run_chec
     start = f"from {newest['name']}, the newest committed checkpoint" if newest else "from the start: no checkpoint was committed"
     rule = f" (rule `{decision['rule']}`)" if decision else ""
     if state is RunState.QUEUED and last is not None and last["state"] == AttemptState.QUEUED.value:
-        from trackway.ledger.supervisor_events import QUEUED_EVENT, supervisor_event
-
-        said = supervisor_event(conn, last["attempt_id"], QUEUED_EVENT) or {}
+        said = reader.supervisor_event(last["attempt_id"], QUEUED_EVENT) or {}
         why = said.get("message") or f"{last['executor']}'s queue gave no reason"
         return {"trackway": f"{last['attempt_id']} waits in {last['executor']}'s queue ({why}); it starts when the "
                             f"scheduler places it, {start}", "person": None}
@@ -639,18 +609,16 @@ def _stopped_at_the_gate(experiment: dict[str, Any]) -> dict[str, str | None]:
     }
 
 
-def _evaluation_advice(conn: Connection, evaluation: dict[str, Any]) -> str:
+def _evaluation_advice(reader: Reader, evaluation: dict[str, Any]) -> str:
     """What a person does after an evaluation seed failed: fix the evaluator and ask again, which evaluates the
     fixed version as an evaluation of its own (resuming the seed would file its result under the old version)."""
-    from trackway.evals.records import evaluations_of_run
-
-    training = resolve_run(conn, evaluation["run_id"])
+    training = reader.run(evaluation["run_id"])
     checkpoint = f"{training['name'] or training['run_id']}@{evaluation['checkpoint_step']}"
-    spec_path = json.loads(get_blob(conn, evaluation["spec_sha256"])).get("path") or "SPEC"
+    spec_path = json.loads(reader.blob(evaluation["spec_sha256"])).get("path") or "SPEC"
     advice = (f"fix the evaluator (the evidence shows where it failed), then ask for the evaluation again: "
               f"`trackway eval {checkpoint} --spec {spec_path}`; the fixed evaluator is a new version, evaluated as "
               "an evaluation of its own")
-    done = [e for e in evaluations_of_run(conn, evaluation["run_id"], evaluation["spec_name"])
+    done = [e for e in reader.evaluations_of_run(evaluation["run_id"], evaluation["spec_name"])
             if e["checkpoint_step"] == evaluation["checkpoint_step"] and e["state"] == "completed"
             and e["evaluator_version"] != evaluation["evaluator_version"]]
     if done:

@@ -7,18 +7,21 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import Connection
-
-from trackway.resources.calibration import measured_peak
+from trackway.ledger.reader import Reader
+from trackway.resources.memory_peak import measured_peak
 from trackway.resources.memory_model import GIB
 from trackway.resources.oom_evidence import parse_oom
 from trackway.taxonomy import TerminationReason
 
 
-def memory_facts(conn: Connection, run: Mapping[str, Any], attempt: Mapping[str, Any], evidence: list[str]) -> dict | None:
-    """The memory facts of `attempt`, or None when there are none (no preflight, no GPU peak, no OOM numbers)."""
+def memory_facts(reader: Reader | Any, run: Mapping[str, Any], attempt: Mapping[str, Any], evidence: list[str]) -> dict | None:
+    """The memory facts of `attempt`, or None when there are none (no preflight, no GPU peak, no OOM numbers).
+
+    `reader`: a plain `Reader`, or a SQLAlchemy connection the same SQL runs through.
+    """
+    reader = Reader.of(reader)
     facts: dict[str, Any] = {}
-    again = _preflight_at_launch(conn, attempt)
+    again = _preflight_at_launch(reader, attempt)
     if again is not None or run.get("preflight"):
         # The attempt's own when `resume --set` changed its config: the submitted one would judge another config.
         recorded = json.loads(again or run["preflight"])
@@ -34,7 +37,7 @@ def memory_facts(conn: Connection, run: Mapping[str, Any], attempt: Mapping[str,
             "ratio": target["at"]["max"]["ratio"] if target else None,
             "when": "at this attempt's launch, for its config" if again is not None else "at submit",
         }
-    peak = measured_peak(conn, run["run_id"], attempt["attempt_id"])
+    peak = measured_peak(reader, run["run_id"], attempt["attempt_id"])
     if peak is not None:
         facts["measured"] = {"reserved_gib": peak.reserved / GIB, "allocated_gib": peak.allocated / GIB,
                              "device": peak.device}
@@ -45,20 +48,15 @@ def memory_facts(conn: Connection, run: Mapping[str, Any], attempt: Mapping[str,
     return facts or None
 
 
-def _preflight_at_launch(conn: Connection, attempt: Mapping[str, Any]) -> str | None:
+def _preflight_at_launch(reader: Reader, attempt: Mapping[str, Any]) -> str | None:
     """The preflight of the config this attempt ran, when `resume --set` changed it (on this attempt or an earlier one)."""
-    from sqlalchemy import select
-
-    from trackway.ledger.schema import attempt_events, attempts
     from trackway.resources.run_preflight import PREFLIGHT_AT_LAUNCH_EVENT
 
-    payload = conn.execute(
-        select(attempt_events.c.payload)
-        .join(attempts, attempts.c.attempt_id == attempt_events.c.attempt_id)
-        .where(attempts.c.run_id == attempt["run_id"], attempts.c.attempt_number <= attempt["attempt_number"],
-               attempt_events.c.kind == PREFLIGHT_AT_LAUNCH_EVENT)
-        .order_by(attempts.c.attempt_number.desc())
-    ).scalars().first()
+    payload = reader.scalar(
+        "SELECT attempt_events.payload FROM attempt_events JOIN attempts ON attempts.attempt_id = attempt_events.attempt_id"
+        " WHERE attempts.run_id = :run_id AND attempts.attempt_number <= :number AND attempt_events.kind = :kind"
+        " ORDER BY attempts.attempt_number DESC",
+        {"run_id": attempt["run_id"], "number": attempt["attempt_number"], "kind": PREFLIGHT_AT_LAUNCH_EVENT})
     return json.loads(payload).get("preflight") if payload else None
 
 

@@ -9,55 +9,21 @@ measured reserved / (estimate − context), and scales everything but the contex
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from sqlalchemy import Connection, insert, select
 
-from trackway.ledger.schema import attempt_events, attempts, memory_calibrations
+from trackway.ledger.reader import Reader
+from trackway.ledger.schema import memory_calibrations
+from trackway.resources import memory_peak
+from trackway.resources.memory_peak import MeasuredPeak
 from trackway.resources.memory_model import GIB
 from trackway.resources.preflight import Correction
 
 
-@dataclass(frozen=True)
-class MeasuredPeak:
-    """The largest peak any device of any attempt of a run recorded."""
-
-    reserved: int
-    allocated: int
-    device: str
-    total: int | None
-    attempt_id: str
-
-
 def measured_peak(conn: Connection, run_id: str, attempt_id: str | None = None) -> MeasuredPeak | None:
-    """The highest `max_memory_reserved` (with that device's allocated peak) of the run's attempts, or of one;
-    None when none was recorded."""
-    query = (
-        select(attempt_events.c.attempt_id, attempt_events.c.payload)
-        .join(attempts, attempts.c.attempt_id == attempt_events.c.attempt_id)
-        .where(attempts.c.run_id == run_id, attempt_events.c.kind == "cuda_memory")
-    )
-    if attempt_id is not None:
-        query = query.where(attempt_events.c.attempt_id == attempt_id)
-    rows = conn.execute(query).all()
-    best: MeasuredPeak | None = None
-    for attempt_id, payload in rows:
-        for device in _devices(payload):
-            if best is None or device["max_reserved_bytes"] > best.reserved:
-                best = MeasuredPeak(int(device["max_reserved_bytes"]), int(device.get("max_allocated_bytes") or 0),
-                                    str(device.get("name") or f"cuda:{device.get('device', '?')}"),
-                                    device.get("total_bytes"), attempt_id)
-    return best
-
-
-def _devices(payload: str | None) -> list[dict]:
-    try:
-        devices = json.loads(payload or "{}").get("devices") or []
-    except (json.JSONDecodeError, AttributeError):
-        return []
-    return [d for d in devices if isinstance(d, dict) and isinstance(d.get("max_reserved_bytes"), (int, float))]
+    """The run's highest measured GPU memory peak (or one attempt's); the query is `memory_peak.measured_peak`'s."""
+    return memory_peak.measured_peak(Reader.over(conn), run_id, attempt_id)
 
 
 def correction_for(conn: Connection, model_family: str | None, precision: str) -> Correction | None:

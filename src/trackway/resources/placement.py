@@ -22,9 +22,6 @@ from trackway.resources.selection import AUTO, Need, NoResourceFits, Selection, 
 from trackway.settings import CONFIG_FILE_NAME, Settings, load_settings
 from trackway.taxonomy import TerminationReason
 
-# The supervisor event recording where a queued job started, as its executor reported it.
-PLACED_EVENT = "placed"
-
 
 def requested(run: Mapping[str, Any]) -> str:
     """What the run asked for; runs recorded before selection existed asked for their `resource` by name."""

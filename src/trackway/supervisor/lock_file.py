@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from trackway.errors import InputError
-from trackway.ledger.reader import sqlite_file
+from trackway.ledger.reader import plain_postgres, sqlite_file
 from trackway.settings import Settings
 
 
@@ -59,6 +59,8 @@ def sqlite_database(db_url: str) -> str | None:
     path = sqlite_file(db_url)
     if path is not None:
         return db_url[len("sqlite:///"):]
+    if plain_postgres(db_url) is not None:
+        return None
     from sqlalchemy.engine import make_url
 
     url = make_url(db_url)
@@ -70,6 +72,12 @@ def _identity(db_url: str) -> str:
     database = sqlite_database(db_url)
     if database is not None:
         return "sqlite:" + str(Path(database).expanduser().resolve())
+    plain = plain_postgres(db_url)
+    if plain is not None:  # what make_url renders for it, without importing SQLAlchemy (a test holds the two equal)
+        # `URL.set(password=None)` below leaves the password in: a name kept as it always was.
+        password = f":{plain['password']}" if plain["password"] is not None else ""
+        port = f":{plain['port']}" if plain["port"] else ""
+        return f"postgresql://{plain['user']}{password}@{plain['host']}{port}/{plain['database']}"
     from sqlalchemy.engine import make_url
 
     url = make_url(db_url)

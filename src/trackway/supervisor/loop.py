@@ -25,6 +25,7 @@ from trackway.executors.node_sampler import newest_sample
 from trackway.executors.registry import get_executor
 from trackway.ledger import Ledger
 from trackway.ledger.ingest import ingest_attempt, spool_dir_of
+from trackway.ledger.event_kinds import PLACED_EVENT
 from trackway.ledger.supervisor_events import QUEUED_EVENT, add_supervisor_event, set_supervisor_event
 from trackway.ledger.metrics import recent_points
 from trackway.ledger.registration import register_all_pending
@@ -33,7 +34,7 @@ from trackway.ledger.records import active_attempts, get_attempt, record_attempt
 from trackway.settings import Settings
 from trackway.supervisor.classify import Classification, Evidence, classify
 from trackway.supervisor.launch import pieces_asked, run_secret_values, start_attempt
-from trackway.resources.placement import PLACED_EVENT, project_settings, resource_after_oom
+from trackway.resources.placement import project_settings, resource_after_oom
 from trackway.supervisor.policy import Decision
 from trackway.supervisor.retry import decide_after_end, due_retries
 from trackway.supervisor.log_metrics import LogReport, NonFiniteLoss, ingest_log_metrics, logged_gpu_utilization

@@ -54,8 +54,8 @@ from trackway.ledger import Ledger
 from trackway.ledger.checkpoint_mirror import mirror_checkpoint
 from trackway.ledger.schema import attempts, checkpoints, metric_points, metric_series
 from trackway.spool import read_json, write_json_atomic
+from trackway.supervisor.outside_sdk import SOURCE
 
-SOURCE = "checkpoint_path"  # the manifest's extra.source for checkpoints committed from outside
 PAYLOAD = "payload"  # the declared files live under step-N/payload/<relative path>
 ASIDE = ".trackway-aside-"
 RESTORING = ".trackway-restore"

@@ -17,43 +17,42 @@ paths). Where each fact is stored:
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, RowMapping, func, select
+from trackway.ledger.reader import Reader
 
-from trackway.ledger.schema import attempt_events, checkpoints, metric_points, metric_series
-from trackway.supervisor.outside_checkpoints import SOURCE
+SOURCE = "checkpoint_path"  # the manifest's extra.source for checkpoints committed from outside (outside_checkpoints.py)
 
 
-def visibility(conn: Connection, run: RowMapping, attempt: RowMapping) -> list[str]:
-    """Plain lines: what the attempt told trackway, and what trackway could not see."""
+def visibility(reader: Reader | Any, run: Mapping[str, Any], attempt: Mapping[str, Any]) -> list[str]:
+    """Plain lines: what the attempt told trackway, and what trackway could not see.
+
+    `reader`: a plain `Reader`, or a SQLAlchemy connection the same SQL runs through.
+    """
+    reader = Reader.of(reader)
     patterns = json.loads(run["log_patterns"]) if run["log_patterns"] else []
     paths = json.loads(run["checkpoint_paths"]) if run["checkpoint_paths"] else []
+    mine = {"attempt_id": attempt["attempt_id"]}
     events = {
-        row.kind: json.loads(row.payload)
-        for row in conn.execute(
-            select(attempt_events.c.kind, attempt_events.c.payload, attempt_events.c.rank)
-            .where(attempt_events.c.attempt_id == attempt["attempt_id"])
-            .order_by(attempt_events.c.rank, attempt_events.c.seq)
-        )
+        row["kind"]: json.loads(row["payload"])
+        for row in reader.dicts("SELECT kind, payload, rank FROM attempt_events WHERE attempt_id = :attempt_id"
+                                " ORDER BY rank, seq", mine)
     }
-    sdk = conn.execute(
-        select(func.count()).where(attempt_events.c.attempt_id == attempt["attempt_id"], attempt_events.c.rank >= 0)
-    ).scalar_one() > 0
+    sdk = reader.scalar("SELECT count(*) FROM attempt_events WHERE attempt_id = :attempt_id AND rank >= 0", mine) > 0
     lines: list[str] = []
     if not sdk:
         lines.append(
             "no trackway SDK seen in this attempt: no heartbeat (a hang is not detected as stalled), "
             "no termination note (the reason comes from the exit status and the log)"
         )
-    keys = conn.execute(
-        select(metric_series.c.key, func.count(), func.min(metric_points.c.step), func.max(metric_points.c.step))
-        .join(metric_points, metric_points.c.series_id == metric_series.c.series_id)
-        .where(metric_series.c.run_id == run["run_id"], metric_points.c.attempt_number == attempt["attempt_number"])
-        .group_by(metric_series.c.key)
-        .order_by(metric_series.c.key)
-    ).all()
+    keys = [(row["key"], row["points"], row["first"], row["last"]) for row in reader.dicts(
+        "SELECT metric_series.key, count(*) AS points, min(metric_points.step) AS first, max(metric_points.step) AS last"
+        " FROM metric_series JOIN metric_points ON metric_points.series_id = metric_series.series_id"
+        " WHERE metric_series.run_id = :run_id AND metric_points.attempt_number = :number"
+        " GROUP BY metric_series.key ORDER BY metric_series.key",
+        {"run_id": run["run_id"], "number": attempt["attempt_number"]})]
     points = sum(row[1] for row in keys)
     if patterns:
         what = ", ".join(f"{row[0]} (steps {row[2]}..{row[3]})" for row in keys) if keys else "none matched"
@@ -63,7 +62,7 @@ def visibility(conn: Connection, run: RowMapping, attempt: RowMapping) -> list[s
     if "nan_in_log" in events:
         lines.append(f"non-finite loss in the log: {events['nan_in_log'].get('message', '')}")
     if paths:
-        outside = [row for row in _run_checkpoints(conn, run["run_id"]) if _is_outside(row["path"])]
+        outside = [row for row in _run_checkpoints(reader, run["run_id"]) if _is_outside(row["path"])]
         mine = [row for row in outside if row["attempt_id"] == attempt["attempt_id"]]
         newest = max(outside, key=lambda row: row["step"]) if outside else None
         lines.append(
@@ -89,11 +88,9 @@ def visibility(conn: Connection, run: RowMapping, attempt: RowMapping) -> list[s
     return lines
 
 
-def _run_checkpoints(conn: Connection, run_id: str) -> list[RowMapping]:
-    query = select(checkpoints.c.step, checkpoints.c.name, checkpoints.c.path, checkpoints.c.attempt_id).where(
-        checkpoints.c.run_id == run_id, checkpoints.c.committed_at.is_not(None)
-    )
-    return list(conn.execute(query).mappings())
+def _run_checkpoints(reader: Reader, run_id: str) -> list[dict]:
+    return reader.dicts("SELECT step, name, path, attempt_id FROM checkpoints WHERE run_id = :run_id"
+                        " AND committed_at IS NOT NULL", {"run_id": run_id})
 
 
 def _is_outside(path: str) -> bool:

@@ -45,7 +45,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from trackway.errors import InputError, LedgerError, LedgerUnavailable, ReadOnlyViolation
-from trackway.ledger.reader import open_reader, sqlite_file
+from trackway.ledger.reader import open_reader, postgres_conninfo, sqlite_file
 from trackway.ledger.sql.functions import sqlite_functions
 from trackway.ledger.sql.remembered import checked
 from trackway.ledger.sql.rules import (
@@ -96,6 +96,10 @@ def run_readonly_query(
         sql = checked(query, "sqlite", remember_in)
         with open_reader(ledger) as reader:  # migrated if need be; one read transaction
             return _execute_sqlite(reader.conn, sql, timeout_s, ledger, max_rows, on_start)
+    if isinstance(ledger, str) and postgres_conninfo(ledger) is not None:
+        result = _over_libpq(ledger, query, timeout_s, remember_in, max_rows, on_start)
+        if result is not None:
+            return result
     if isinstance(ledger, str):
         from trackway.ledger.open import open_ledger
 
@@ -300,7 +304,13 @@ def _reader_role(ledger: Ledger, cursor) -> str:
     database, user = cursor.fetchone()
     names = list(reader_role_names(database))
     cursor.execute(_READER_ROLE_QUERY, {"names": names, "strong": list(_SERVER_READING_ROLES)})
-    found = cursor.fetchall()
+    name = _chosen_role(cursor.fetchall(), names, user, database)
+    _reader_roles[ledger.engine] = name
+    return name
+
+
+def _chosen_role(found: list, names: list[str], user: str, database: str) -> str:
+    """The first reader role the session may become that reads the ledger, or LedgerError saying why none."""
     for name, too_strong, reachable, reads_ledger, reads_tokens in found:
         if too_strong or reads_tokens:
             why = ("it may read the server's API tokens (REVOKE SELECT ON api_tokens FROM it)" if not too_strong
@@ -310,7 +320,6 @@ def _reader_role(ledger: Ledger, cursor) -> str:
                 f"the ledger only (docs/guide/sql.md, \"trackway sql on PostgreSQL\")"
             )
         if reachable and reads_ledger:
-            _reader_roles[ledger.engine] = name
             return name
     raise LedgerError(_no_reader(names[0], user, database, found))
 
@@ -349,6 +358,65 @@ def _execute_postgresql(ledger: Ledger, sql: str, timeout_s: float, max_rows: in
             conn.rollback()
     kept, truncated = _kept(rows, max_rows)
     return QueryResult(columns=columns, rows=kept, executed_sql=sql, truncated=truncated)
+
+
+def _over_libpq(url: str, query: str, timeout_s: float, remember_in: Path | None, max_rows: int,
+                on_start: Callable[[], None] | None) -> QueryResult | None:
+    """`_execute_postgresql` through libpq alone (ledger/libpq.py): no SQLAlchemy, no psycopg to import.
+
+    None, and the query is left to the psycopg path, without libpq, when the server cannot be reached
+    or the ledger is not current, and for a result with a column psycopg loads to what libpq.py does
+    not (an array, an interval): the types are asked of the server before the query runs.
+    """
+    from trackway.ledger import libpq
+    from trackway.ledger.reader import postgres_current
+
+    try:
+        conn = libpq.connect(postgres_conninfo(url))
+    except libpq.Error:
+        return None
+    if conn is None:
+        return None
+    try:
+        if not postgres_current(conn):
+            return None
+        sql = checked(query, "postgresql", remember_in)
+        conn.script("BEGIN READ ONLY")
+        role = _libpq_reader_role(conn)
+        try:
+            conn.script(f"SET LOCAL ROLE {_identifier(role)}; SET LOCAL statement_timeout = "
+                        f"{max(1, round(timeout_s * 1000))}; SET LOCAL cursor_tuple_fraction = 1")
+        except libpq.Error as exc:  # dropped or revoked since it was looked up
+            raise LedgerError(f"trackway sql: cannot run as role {role}: {first_line(exc)}") from None
+        try:
+            if not all(libpq.loads_as_psycopg(oid) for oid in conn.result_types(sql)):
+                return None
+            if on_start is not None:
+                on_start()
+            if _DECLARABLE.match(sql):  # DECLARE: the server keeps what is not fetched
+                conn.execute(f'DECLARE "trackway_sql" CURSOR FOR {sql}')
+                columns, rows = conn.execute(f'FETCH FORWARD {max_rows + 1} FROM "trackway_sql"')
+            else:
+                columns, rows = conn.execute(sql)
+        except libpq.Error as exc:
+            raise _postgresql_failure(exc, timeout_s) from None
+    finally:
+        conn.close()  # the transaction is rolled back
+    kept, truncated = _kept(rows, max_rows)
+    return QueryResult(columns=columns, rows=kept, executed_sql=sql, truncated=truncated)
+
+
+def _identifier(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _libpq_reader_role(conn) -> str:
+    """`_reader_role` over a libpq connection (one process, one query: nothing to remember between)."""
+    database, user = conn.execute("SELECT current_database(), session_user")[1][0]
+    names = list(reader_role_names(database))
+    _, found = conn.execute(_READER_ROLE_QUERY.replace("%(strong)s", ":strong").replace("%(names)s", ":names"),
+                            {"names": names, "strong": list(_SERVER_READING_ROLES)})
+    return _chosen_role(found, names, user, database)
 
 
 def _enter_reader_role(ledger: Ledger, cursor, timeout_s: float) -> None:

@@ -58,17 +58,20 @@ def pg_template() -> Iterator[str]:
     admin.dispose()
 
 
+@pytest.fixture(scope="session")
+def pg_pool(pg_template: str) -> Iterator[DatabasePool]:
+    """Copies of the template made ahead of the tests that need them (tests/pg_pool.py)."""
+    pool = DatabasePool(PG_ADMIN_URL, pg_template)
+    yield pool
+    pool.close()
+
+
 @pytest.fixture
-def pg_url(pg_template: str) -> Iterator[str]:
+def pg_url(pg_pool: DatabasePool) -> Iterator[str]:
     """A fresh, migrated PostgreSQL database for one test."""
-    name = f"trackway_t_{uuid.uuid4().hex[:10]}"
-    admin = _pg_admin()
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}" TEMPLATE "{pg_template}"'))
+    name = pg_pool.take()
     yield make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    admin.dispose()
+    pg_pool.give_back(name)
 
 
 @pytest.fixture
@@ -191,6 +194,7 @@ def slurm_node(slurm_cluster, tmp_path_factory) -> Iterator[None]:
 
 # Real SSH hosts (sshd on loopback and in network namespaces), for every test that asks for one.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from pg_pool import DatabasePool  # noqa: E402
 from ssh_hosts import loopback_host, netns_hosts, ssh_key  # noqa: E402,F401
 
 

@@ -50,7 +50,7 @@ def effective_config_path(settings: Settings, run_id: str) -> Path | None:
     try:
         numbers = sorted((int(entry.name) for entry in os.scandir(run_dir / "attempts") if entry.name.isdigit()),
                          reverse=True)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # no attempt yet, or its directory could not be made
         numbers = []
     for number in numbers:
         path = run_dir / "attempts" / str(number) / "config.json"

@@ -158,7 +158,8 @@ def recording_floor(db: Path, runs_dir: Path, repeat: int = 5) -> float:
     """Median seconds to read every attempt's exit.json and update as many rows in one sqlite3 transaction."""
     exits = sorted(runs_dir.glob("*/attempts/*/exit.json"))
     samples = []
-    with sqlite3.connect(db, timeout=30) as conn:
+    # Autocommit: the transaction timed is the one this function begins.
+    with sqlite3.connect(db, timeout=30, isolation_level=None) as conn:
         conn.execute("CREATE TEMP TABLE floor (attempt TEXT PRIMARY KEY, ended_at TEXT, exit_code INTEGER)")
         conn.executemany("INSERT INTO floor (attempt) VALUES (?)", [(str(path.parent),) for path in exits])
         for _ in range(repeat):

@@ -2,13 +2,16 @@
 
 Targets (issues 4 and 12): notice → first new step of the resumed attempt ≤ 5 s plus model load
 (the script here loads no model), with the supervisor ticking at its default 1 s interval.
-Receipt latency: 500 concurrent short runs on the local executor, driven by `trackway supervise`
-in its own process as a user runs it; for every attempt, the time from its process's end (the
-shim's `exit.json`) to its receipt being readable in the ledger, polled every 50 ms from outside.
-Target: the slowest receipt within 2 s (one 1 s interval plus one pass), so that no end waits
-behind a backlog. Baseline for the first figure, measured in the same run: starting the same
-script cold with `subprocess` and waiting for its first step (what a restart costs without any
-supervisor).
+Receipt latency (issue 39): 1,000 runs on the local executor that all end at once, driven by
+`trackway supervise` in its own process as a user runs it; for every attempt, the time from its
+process's end (the shim's `exit.json`) to its receipt being readable in the ledger, polled every
+50 ms from outside. The target is p99 ≤ 1 s on a quiet machine; on this shared 2-core machine
+the load of the moment moves it several-fold (the other helpers' work: loads of 2 to 22 were seen
+within one hour), so the figure is a ratio to a floor measured in the same run, after the ends: the same
+1,000 exit.json files read and 1,000 rows updated in one sqlite3 transaction (the least any
+supervisor does per end), median of 5. Baseline for the first figure, measured in the same run:
+starting the same script cold with `subprocess` and waiting for its first step (what a restart
+costs without any supervisor).
 """
 
 from __future__ import annotations
@@ -16,7 +19,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import random
 import signal
 import sqlite3
 import statistics
@@ -39,7 +41,10 @@ from trackway.supervisor.launch import start_attempt  # noqa: E402
 from trackway.supervisor.submit import RunSpec, submit_run  # noqa: E402
 from trackway.supervisor.loop import Supervisor  # noqa: E402
 
-RUNS = int(os.environ.get("BENCH_RUNS", "500"))
+RUNS = int(os.environ.get("BENCH_RUNS", "1000"))
+# p99 over the floor (see the module docstring): 1 s over a quiet machine's floor, taken as about 50 ms
+# until a quiet run measures it (the lead calibrates this).
+RECEIPT_TARGET_RATIO = 20.0
 SCRIPT = textwrap.dedent(
     """
     import sys, time, trackway
@@ -101,16 +106,15 @@ def notice_to_resume(tmp: Path) -> tuple[float, float]:
     return resumed - notice, baseline
 
 
-def receipt_latencies(tmp: Path) -> list[float]:
-    """Seconds from each attempt's end to its receipt in the ledger, for RUNS concurrent runs."""
+def receipt_latencies(tmp: Path) -> tuple[list[float], float]:
+    """Seconds from each attempt's end to its receipt in the ledger, for RUNS runs ending at once; and the floor."""
     env = {**os.environ, "TRACKWAY_HOME": str(tmp / "home500"), "TRACKWAY_DB": f"sqlite:///{tmp / 'ledger500.db'}",
            "TRACKWAY_BACKGROUND_SUPERVISOR": "0"}
     os.environ.update(env)
     settings = load_settings()
     ledger = open_ledger(settings.db_url)
     launcher = Supervisor(ledger, settings)
-    rng = random.Random(0)
-    print(f"starting {RUNS} runs of `sleep` (3-20 s) under `trackway supervise` ...", flush=True)
+    print(f"starting {RUNS} runs of `sleep 5` that end at once, under `trackway supervise` ...", flush=True)
     supervise = subprocess.Popen([sys.executable, "-m", "trackway", "supervise"], env=env,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     # Every run waits on a shared lock the bench holds until all are launched, so that the
@@ -119,7 +123,7 @@ def receipt_latencies(tmp: Path) -> list[float]:
     hold = os.open(gate, os.O_RDWR | os.O_CREAT, 0o600)
     fcntl.flock(hold, fcntl.LOCK_EX)
     for i in range(RUNS):
-        work = ["sleep", f"{rng.uniform(3, 20):.1f}"] if i % 10 else ["sh", "-c", "sleep 4; exit 3"]
+        work = ["sleep", "5"] if i % 10 else ["sh", "-c", "sleep 5; exit 3"]
         run_id = submit_run(ledger, settings, RunSpec(command=["flock", "-s", str(gate), *work], cwd=tmp))
         start_attempt(ledger, settings, run_id, launcher.executor("local"))
     ledger.dispose()
@@ -147,7 +151,26 @@ def receipt_latencies(tmp: Path) -> list[float]:
             supervise.wait()
     if len(seen) < RUNS:
         raise SystemExit(f"only {len(seen)} of {RUNS} receipts were recorded in 120 s: {supervise.stderr.read()[-500:]}")
-    return list(seen.values())
+    return list(seen.values()), recording_floor(tmp / "ledger500.db", settings.runs_dir)
+
+
+def recording_floor(db: Path, runs_dir: Path, repeat: int = 5) -> float:
+    """Median seconds to read every attempt's exit.json and update as many rows in one sqlite3 transaction."""
+    exits = sorted(runs_dir.glob("*/attempts/*/exit.json"))
+    samples = []
+    # Autocommit: the transaction timed is the one this function begins.
+    with sqlite3.connect(db, timeout=30, isolation_level=None) as conn:
+        conn.execute("CREATE TEMP TABLE floor (attempt TEXT PRIMARY KEY, ended_at TEXT, exit_code INTEGER)")
+        conn.executemany("INSERT INTO floor (attempt) VALUES (?)", [(str(path.parent),) for path in exits])
+        for _ in range(repeat):
+            started = time.perf_counter()
+            rows = [(ended["ended_at"], ended["exit_code"], str(path.parent))
+                    for path in exits for ended in (json.loads(path.read_bytes()),)]
+            conn.execute("BEGIN IMMEDIATE")
+            conn.executemany("UPDATE floor SET ended_at = ?, exit_code = ? WHERE attempt = ?", rows)
+            conn.execute("COMMIT")
+            samples.append(time.perf_counter() - started)
+    return statistics.median(samples)
 
 
 def main() -> int:
@@ -155,10 +178,13 @@ def main() -> int:
         resume_s, baseline_s = notice_to_resume(Path(tmp))
         ok = figure("preemption notice → resumed attempt's first new step", resume_s, target=5.0, baseline=baseline_s,
                     baseline_name="cold start of the script")
-        latencies = sorted(receipt_latencies(Path(tmp)))
-    figure(f"attempt end → receipt in the ledger, median of {RUNS} runs", statistics.median(latencies))
-    figure(f"attempt end → receipt in the ledger, p99 of {RUNS} runs", latencies[int(0.99 * (len(latencies) - 1))])
-    ok &= figure(f"attempt end → receipt in the ledger, slowest of {RUNS} runs", latencies[-1], target=2.0)
+        latencies, floor = receipt_latencies(Path(tmp))
+        latencies.sort()
+    figure(f"attempt end → receipt in the ledger, median of {RUNS} ending at once", statistics.median(latencies))
+    ok &= figure(f"attempt end → receipt in the ledger, p99 of {RUNS} ending at once",
+                 latencies[int(0.99 * (len(latencies) - 1))], baseline=floor,
+                 baseline_name="reading the exit.json files, one executemany", target_ratio=RECEIPT_TARGET_RATIO)
+    figure(f"attempt end → receipt in the ledger, slowest of {RUNS} ending at once", latencies[-1])
     return 0 if ok else 1
 
 

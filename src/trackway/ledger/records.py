@@ -8,9 +8,10 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, RowMapping, func, insert, select, update
+from sqlalchemy import Connection, RowMapping, bindparam, func, insert, select, update
 
 from trackway.errors import NotFound
 from trackway.ledger.reader import Reader
@@ -119,6 +120,20 @@ def run_state_for(reason: TerminationReason) -> RunState:
     return RunState.FAILED
 
 
+@dataclass(frozen=True)
+class AttemptEndRecord:
+    """One attempt's end as `record_attempt_ends` writes it (see `record_attempt_end` for the fields)."""
+
+    attempt: Mapping[str, Any]
+    ended_at: Any
+    reason: TerminationReason
+    evidence_json: str
+    exit_code: int | None
+    signal: int | None
+    cost_per_gpu_hour: float
+    secrets: Sequence[str] = ()
+
+
 def record_attempt_end(
     conn: Connection,
     attempt: Mapping[str, Any],
@@ -135,52 +150,98 @@ def record_attempt_end(
 
     `secrets`: the run's own secret values, masked in the evidence (see `redacted_evidence`).
     """
-    started_at = attempt["started_at"] or ended_at
-    wall = max(0.0, (ended_at - started_at).total_seconds())
-    gpus = max(1, attempt["gpu_count"] or 0)
-    gpu_seconds = wall * gpus
-    useful = split_useful_seconds(conn, attempt["attempt_id"], reason, started_at, ended_at) * gpus
-    changed = conn.execute(
-        update(attempts)
-        .where(attempts.c.attempt_id == attempt["attempt_id"], attempts.c.state != AttemptState.ENDED.value)
-        .values(
-            state=AttemptState.ENDED.value,
-            ended_at=ended_at,
-            gpu_seconds=gpu_seconds,
-            useful_gpu_seconds=useful,
-            wasted_gpu_seconds=gpu_seconds - useful,
-            cost_usd=gpu_seconds / 3600 * cost_per_gpu_hour,
-            exit_code=exit_code,
-            signal=signal,
-            termination_reason=reason.value,
-            termination_evidence=redacted_evidence(evidence_json, secrets),
-        )
-    ).rowcount
-    if not changed:
-        return None
-    update_run(
-        conn,
-        attempt["run_id"],
-        state=run_state_for(reason).value,
-        termination_reason=reason.value,
-        ended_at=ended_at,
-    )
-    return gpu_seconds
+    end = AttemptEndRecord(attempt, ended_at, reason, evidence_json, exit_code, signal, cost_per_gpu_hour, secrets)
+    return record_attempt_ends(conn, [end]).get(attempt["attempt_id"])
 
 
-def split_useful_seconds(conn: Connection, attempt_id: str, reason: TerminationReason, started_at, ended_at) -> float:
+# Ids bound in one IN list: far below SQLite's 32,766 variables and PostgreSQL's 65,535 parameters.
+IN_CHUNK = 900
+
+
+def chunks(values: Sequence[Any], size: int = IN_CHUNK):
+    for start in range(0, len(values), size):
+        yield values[start:start + size]
+
+
+# Built once: a tick that records a thousand ends binds these a thousand times in one executemany each,
+# instead of building, hashing and compiling a statement per end.
+_END_ATTEMPT = (
+    update(attempts)
+    .where(attempts.c.attempt_id == bindparam("end_attempt_id"), attempts.c.state != AttemptState.ENDED.value)
+    .values(state=AttemptState.ENDED.value, ended_at=bindparam("ended_at"), gpu_seconds=bindparam("gpu_seconds"),
+            useful_gpu_seconds=bindparam("useful_gpu_seconds"), wasted_gpu_seconds=bindparam("wasted_gpu_seconds"),
+            cost_usd=bindparam("cost_usd"), exit_code=bindparam("exit_code"), signal=bindparam("signal"),
+            termination_reason=bindparam("termination_reason"),
+            termination_evidence=bindparam("termination_evidence"))
+)
+_END_RUN = (
+    update(runs).where(runs.c.run_id == bindparam("end_run_id"))
+    .values(state=bindparam("state"), termination_reason=bindparam("termination_reason"),
+            ended_at=bindparam("ended_at"))
+)
+
+
+def record_attempt_ends(conn: Connection, ends: Sequence[AttemptEndRecord]) -> dict[str, float]:
+    """Write many attempts' ends and their runs' states in a few statements; gpu_seconds of each one written.
+
+    An attempt already ended (another process recorded it first) is left as it is and is not in the
+    result. Its rows are locked first (PostgreSQL), so two writers never both take one for open.
+    Each end is what `record_attempt_end` writes: at most one end per run in one call.
+    """
+    if not ends:
+        return {}
+    ids = [end.attempt["attempt_id"] for end in ends]
+    still_open: set[str] = set()
+    last_commit: dict[str, Any] = {}
+    for part in chunks(ids):
+        still_open.update(conn.execute(
+            select(attempts.c.attempt_id)
+            .where(attempts.c.attempt_id.in_(part), attempts.c.state != AttemptState.ENDED.value)
+            .with_for_update()).scalars())
+        failed = [end.attempt["attempt_id"] for end in ends
+                  if end.attempt["attempt_id"] in part and end.reason is not TerminationReason.COMPLETED]
+        if failed:
+            last_commit.update((attempt_id, committed) for attempt_id, committed in conn.execute(
+                select(checkpoints.c.attempt_id, func.max(checkpoints.c.committed_at))
+                .where(checkpoints.c.attempt_id.in_(failed)).group_by(checkpoints.c.attempt_id)))
+    written: dict[str, float] = {}
+    attempt_rows, run_rows = [], []
+    for end in ends:
+        attempt = end.attempt
+        attempt_id = attempt["attempt_id"]
+        if attempt_id not in still_open:
+            continue
+        started_at = attempt["started_at"] or end.ended_at
+        wall = max(0.0, (end.ended_at - started_at).total_seconds())
+        gpus = max(1, attempt["gpu_count"] or 0)
+        gpu_seconds = wall * gpus
+        useful = _useful_seconds(end.reason, started_at, end.ended_at, last_commit.get(attempt_id)) * gpus
+        attempt_rows.append({
+            "end_attempt_id": attempt_id, "ended_at": end.ended_at, "gpu_seconds": gpu_seconds,
+            "useful_gpu_seconds": useful, "wasted_gpu_seconds": gpu_seconds - useful,
+            "cost_usd": gpu_seconds / 3600 * end.cost_per_gpu_hour, "exit_code": end.exit_code, "signal": end.signal,
+            "termination_reason": end.reason.value,
+            "termination_evidence": redacted_evidence(end.evidence_json, end.secrets),
+        })
+        run_rows.append({"end_run_id": attempt["run_id"], "state": run_state_for(end.reason).value,
+                         "termination_reason": end.reason.value, "ended_at": end.ended_at})
+        written[attempt_id] = gpu_seconds
+    if attempt_rows:
+        conn.execute(_END_ATTEMPT, attempt_rows)
+        conn.execute(_END_RUN, run_rows)
+    return written
+
+
+def _useful_seconds(reason: TerminationReason, started_at, ended_at, last_commit) -> float:
     """Wall seconds of an attempt that were not wasted.
 
     A completed attempt's time is all useful. Otherwise, work after the attempt's last committed
-    checkpoint is lost or redone by the next attempt, so only the time up to that commit counts;
-    an attempt that committed nothing was all waste.
+    checkpoint (`last_commit`) is lost or redone by the next attempt, so only the time up to that
+    commit counts; an attempt that committed nothing was all waste.
     """
     wall = max(0.0, (ended_at - started_at).total_seconds())
     if reason is TerminationReason.COMPLETED:
         return wall
-    last_commit = conn.execute(
-        select(func.max(checkpoints.c.committed_at)).where(checkpoints.c.attempt_id == attempt_id)
-    ).scalar()
     if last_commit is None:
         return 0.0
     return min(wall, max(0.0, (last_commit - started_at).total_seconds()))

@@ -688,10 +688,19 @@ def _submitted_command(settings: Settings, run) -> list[str]:
         raise InputError(str(exc)) from None
 
 
-def run_secret_values(conn, settings: Settings, run) -> tuple[str, ...]:
+def run_secret_values(conn, settings: Settings, run, descriptions: dict[str, Any] | None = None) -> tuple[str, ...]:
     """The values the run holds that its records must never show: its secret variables' and the words its
-    command hides, for `redaction` to mask wherever the run's output repeats them."""
-    description = json.loads(get_blob(conn, run["environ_sha256"])) if run["environ_sha256"] else None
+    command hides, for `redaction` to mask wherever the run's output repeats them.
+
+    `descriptions`: submitted environments already read, by digest (runs submitted alike share one), added to.
+    """
+    digest = run["environ_sha256"]
+    if descriptions is not None and digest in descriptions:
+        description = descriptions[digest]
+    else:
+        description = json.loads(get_blob(conn, digest)) if digest else None
+        if descriptions is not None:
+            descriptions[digest] = description
     values = submitted_env.kept_values(description, settings.runs_dir)
     values += submitted_argv.hidden(json.loads(run["command"]), settings.runs_dir / run["run_id"])
     return known_values(values)

@@ -12,31 +12,28 @@ import math
 import re
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Protocol
 
 from sqlalchemy import RowMapping, or_, select, update
 
-from trackway.errors import InputError, TrackwayError
+from trackway.errors import InputError, LedgerError, TrackwayError
 from trackway.executors.base import Executor, JobHandle, JobPhase, JobStatus
 from trackway.executors.node_sampler import newest_sample
 from trackway.executors.registry import get_executor
 from trackway.ledger import Ledger
-from trackway.ledger.ingest import ingest_attempt, spool_dir_of
 from trackway.ledger.event_kinds import PLACED_EVENT
+from trackway.ledger.ingest import ingest_attempt, spool_dir_of, spool_offsets
 from trackway.ledger.supervisor_events import QUEUED_EVENT, add_supervisor_event, set_supervisor_event
 from trackway.ledger.metrics import recent_points
 from trackway.ledger.registration import register_all_pending
 from trackway.ledger.schema import attempt_events, attempts, runs
-from trackway.ledger.records import active_attempts, get_attempt, record_attempt_end, resolve_run, update_run
+from trackway.ledger.records import active_attempts, resolve_run, update_run
 from trackway.settings import Settings
-from trackway.supervisor.classify import Classification, Evidence, classify
-from trackway.supervisor.launch import pieces_asked, run_secret_values, start_attempt
-from trackway.resources.placement import project_settings, resource_after_oom
-from trackway.supervisor.policy import Decision
-from trackway.supervisor.retry import decide_after_end, due_retries
+from trackway.supervisor.endings import AttemptEnd, attempts_by_id, notices_without_finish, prepare_end, record_ends, runs_by_id
+from trackway.supervisor.launch import run_secret_values, start_attempt
+from trackway.supervisor.retry import due_retries
 from trackway.supervisor.log_metrics import LogReport, NonFiniteLoss, ingest_log_metrics, logged_gpu_utilization
 from trackway.supervisor.outside_checkpoints import OutsideCheckpoints
 from trackway.supervisor.watchers import (
@@ -58,8 +55,6 @@ from trackway.receipts.placement import gpu_utilization
 from trackway.spool import read_heartbeats, read_json, write_json_atomic
 from trackway.taxonomy import AttemptState, RunKind, RunState, TerminationReason
 
-LOG_TAIL_BYTES = 64 * 1024
-LOG_TAIL_LINES = 200
 # A launch this old that never reached its executor was interrupted (submit waits ~10 s at most).
 STALE_LAUNCH_S = 120
 # A run queued this long without any attempt lost its submitter between recording the run and
@@ -74,20 +69,13 @@ GPU_STATE_FILE = "gpu-watch.json"  # since when every GPU read low, and the last
 # The newest loss points the trend watchers read: a window and the history its noise is measured on
 # (supervisor/trends.py groups a long window's points, so more would change little and cost a read).
 TREND_POINTS = 4000
-
-
-@dataclass(frozen=True)
-class AttemptEnd:
-    """One attempt end that a tick recorded."""
-
-    attempt_id: str
-    run_id: str
-    reason: TerminationReason
-    rule: str
-    exit_code: int | None
-    signal: int | None
-    gpu_seconds: float
-    decision: Decision
+LOG_TAIL_BYTES = 64 * 1024
+LOG_TAIL_LINES = 200
+# Ends recorded in one write transaction: a burst's first receipts are readable long before its last,
+# and each batch's statements are one executemany each, not one per end.
+END_BATCH = 500
+# The run columns a script without the SDK is watched by (log patterns, checkpoint paths, workdir), cached per run.
+OUTSIDE_SDK_COLUMNS = ("run_id", "workdir", "log_patterns", "checkpoint_paths")
 
 
 def read_log_tail(path: Path, max_bytes: int = LOG_TAIL_BYTES, max_lines: int = LOG_TAIL_LINES) -> list[str]:
@@ -193,13 +181,7 @@ class Supervisor:
         # is recorded oldest first, so none waits for the whole burst.
         ended = sorted(((attempt, status) for attempt, status in polled if status.phase.is_terminal()),
                        key=lambda pair: pair[1].ended_at.timestamp() if pair[1].ended_at else math.inf)
-        for attempt, status in ended:
-            if ends and time.monotonic() > deadline:
-                self.backlog = True
-                break
-            end = self._end(attempt, status)
-            if end is not None:
-                ends.append(end)
+        ends += self._end_all(ended, deadline)
         self._cursor = ""
         for attempt, status in polled:
             if status.phase is not JobPhase.RUNNING:
@@ -318,22 +300,90 @@ class Supervisor:
                 if add_supervisor_event(conn, attempt["attempt_id"], kind, {"message": message}):
                     self.findings.append((attempt["attempt_id"], message))
 
-    def _end(self, attempt, status: JobStatus) -> AttemptEnd | None:
-        """Record the end of an attempt its executor reports ended: what it said last, then the receipt."""
-        # Ingest after polling: an attempt seen ended has written all it will write.
-        report = ingest_attempt(self.ledger, attempt, secrets=self._run_secrets(attempt["run_id"]))
-        run = self._run_outside_sdk(attempt["run_id"])
-        logged = self._ingest_log(attempt, run)
-        if logged.nan is not None:
-            # It ended before a tick saw the NaN (exit 0 included): the end is the NaN's, not `completed`.
-            self._mark_stop(attempt, "nan_in_log", logged.nan.why(), at=logged.nan.at)
-        self._note_resume_not_taken_up(attempt)
-        self._look_at_checkpoint_paths(run, attempt, final=True, exit_code=status.exit_code)
-        self.outside_checkpoints.forget(attempt["attempt_id"])
-        self._resume_checked.discard(attempt["attempt_id"])
+    def _end_all(self, ended: list[tuple[Any, JobStatus]], deadline: float) -> list[AttemptEnd]:
+        """Record the ends its executors report, oldest first, in batches: each batch's receipts in one transaction.
+
+        At least one batch, then until `deadline` (the rest is the next tick's: `backlog`). One end per
+        run in a batch: a second end of one run waits for the next batch, decided after the first.
+        An attempt whose end cannot be prepared (its files unreadable, a bug) leaves the others to be
+        recorded, and is raised after them.
+        """
+        ends: list[AttemptEnd] = []
+        failure: Exception | None = None
+        todo = list(ended)
+        while todo:
+            if ends and time.monotonic() > deadline:
+                self.backlog = True
+                break
+            batch, later, runs_in = [], [], set()
+            for attempt, status in todo:
+                if len(batch) < END_BATCH and attempt["run_id"] not in runs_in:
+                    batch.append((attempt, status))
+                    runs_in.add(attempt["run_id"])
+                else:
+                    later.append((attempt, status))
+            todo = later
+            prepared = []
+            for attempt, status, note, run, notice in self._gathered(batch):
+                try:
+                    prepared.append(prepare_end(self.ledger, self.settings, attempt, status, note, run,
+                                                self._run_secrets(run["run_id"]), notice,
+                                                read_log_tail(Path(attempt["log_path"]))))
+                except Exception as exc:  # noqa: BLE001 - raised once the others are recorded
+                    failure = failure or exc
+            try:
+                ends += record_ends(self.ledger, self.settings, prepared)
+            except LedgerError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the others were recorded (see endings.record_ends)
+                failure = failure or exc
+        if failure is not None:
+            raise failure
+        return ends
+
+    def _gathered(self, batch: list[tuple[Any, JobStatus]]) -> list[tuple[Any, JobStatus, dict | None, dict, bool]]:
+        """What each ended attempt wrote last brought in, then its row, its run and its notice read, for all at once.
+
+        (attempt as it is now, status, the SDK's note, run, a preemption notice without `finish()`).
+        """
+        self._read_all(batch)
+        noted = []
+        for attempt, status in batch:
+            # Ingest after polling: an attempt seen ended has written all it will write.
+            report = ingest_attempt(self.ledger, attempt, self._read_offsets, self._run_secrets(attempt["run_id"]))
+            run = self._run_outside_sdk(attempt["run_id"])
+            logged = self._ingest_log(attempt, run)
+            if logged.nan is not None:
+                # It ended before a tick saw the NaN (exit 0 included): the end is the NaN's, not `completed`.
+                self._mark_stop(attempt, "nan_in_log", logged.nan.why(), at=logged.nan.at)
+            self._note_resume_not_taken_up(attempt)
+            self._look_at_checkpoint_paths(run, attempt, final=True, exit_code=status.exit_code)
+            self.outside_checkpoints.forget(attempt["attempt_id"])
+            self._resume_checked.discard(attempt["attempt_id"])
+            noted.append((attempt, status, report.note))
+        ids = [attempt["attempt_id"] for attempt, _ in batch]
         with self.ledger.read() as conn:
-            attempt = get_attempt(conn, attempt["attempt_id"])
-        return self._record_end(attempt, status, report.note)
+            now = attempts_by_id(conn, ids)
+            runs_now = runs_by_id(conn, [attempt["run_id"] for attempt, _ in batch])
+            notices = notices_without_finish(conn, [attempt["attempt_id"] for attempt, status in batch
+                                                    if status.exit_code == 0])
+        return [(now[attempt["attempt_id"]], status, note, runs_now[attempt["run_id"]], attempt["attempt_id"] in notices)
+                for attempt, status, note in noted if attempt["attempt_id"] in now]
+
+    def _read_all(self, batch: list[tuple[Any, JobStatus]]) -> None:
+        """Fill, in one read, the per-run and per-attempt caches that ingesting and recording ends read one by one."""
+        run_ids = {attempt["run_id"] for attempt, _ in batch}
+        unread = [attempt["attempt_id"] for attempt, _ in batch if attempt["attempt_id"] not in self._read_offsets]
+        if not unread and run_ids <= self._secrets.keys() and run_ids <= self._outside_sdk.keys():
+            return
+        with self.ledger.read() as conn:
+            found = runs_by_id(conn, run_ids - (self._secrets.keys() & self._outside_sdk.keys()))
+            descriptions: dict = {}
+            for run_id, run in found.items():
+                if run_id not in self._secrets:
+                    self._secrets[run_id] = run_secret_values(conn, self.settings, run, descriptions)
+                self._outside_sdk.setdefault(run_id, {key: run[key] for key in OUTSIDE_SDK_COLUMNS})
+            self._read_offsets.update(spool_offsets(conn, unread))
 
     def start_evaluations(self, deadline: float | None = None) -> list[str]:
         """Request the evaluations new checkpoints call for, then start queued evaluation seeds.
@@ -496,8 +546,7 @@ class Supervisor:
         if run_id not in self._outside_sdk:
             with self.ledger.read() as conn:
                 self._outside_sdk[run_id] = conn.execute(
-                    select(runs.c.run_id, runs.c.workdir, runs.c.log_patterns, runs.c.checkpoint_paths)
-                    .where(runs.c.run_id == run_id)
+                    select(*(runs.c[key] for key in OUTSIDE_SDK_COLUMNS)).where(runs.c.run_id == run_id)
                 ).mappings().one()
         return self._outside_sdk[run_id]
 
@@ -719,97 +768,16 @@ class Supervisor:
         return self._secrets[run_id]
 
     def _record_end(self, attempt: RowMapping, status: JobStatus, note: dict | None) -> AttemptEnd | None:
+        """Record one end on its own (an interrupted launch); a tick's polled ends go through `_end_all`."""
         with self.ledger.read() as conn:
-            ran = resolve_run(conn, attempt["run_id"])
-            is_eval = ran["kind"] == RunKind.EVAL.value
-            # Before the write lock: the values are read from the run's files.
-            secrets = run_secret_values(conn, self.settings, ran)
-        output = committed = None
-        phase = None
-        if is_eval:
-            from trackway.evals.phases import run_phase
-
-            phase = run_phase(ran)
-        if is_eval and status.exit_code == 0:
-            from trackway.evals.outputs import OUTPUT_FILE, read_output
-            from trackway.evals.phases import INFERENCE, commit_inference_outputs, judge_answers
-
-            state_dir = Path(attempt["state_dir"])
-            if phase == INFERENCE:
-                # Committed before scoring starts, and before the write lock: the outputs are files to move and hash.
-                committed = commit_inference_outputs(self.settings.runs_dir / ran["run_id"], state_dir, ran["run_id"],
-                                                     attempt["attempt_id"], int(attempt["attempt_number"]))
-            else:
-                output = read_output(state_dir / OUTPUT_FILE)
-                output.judge_answers = judge_answers(state_dir)
-        evidence = Evidence(
-            exit_code=status.exit_code,
-            signal=status.signal,
-            timed_out=status.timed_out,
-            cancelled=status.cancelled,
-            vanished=status.phase is JobPhase.VANISHED,
-            executor_reason=status.reason,
-            executor_lines=status.evidence,
-            log_tail=read_log_tail(Path(attempt["log_path"])),
-            made_progress=attempt["last_step"] is not None,
-            last_step=_reached_step(attempt),
-            sdk_note=note,
-            stopped_by=_stop_marker(Path(attempt["state_dir"])),
-            evaluation=is_eval,
-            phase=phase,
-            output_problem=(output.problem if output is not None else committed.problem if committed is not None
-                            else None),
-            unfinished_notice=status.exit_code == 0 and _notice_without_finish(self.ledger, attempt["attempt_id"]),
-        )
-        verdict: Classification = classify(evidence)
-        ended_at = status.ended_at or datetime.now(timezone.utc)
-        if attempt["started_at"] is None and status.started_at is not None:
-            attempt = {**attempt, "started_at": status.started_at}
-        if status.never_started:
-            # The time it waited in a queue is no compute: none was held, none is charged. (An attempt still
-            # `queued` here may have run between two polls: its executor's own start time says so, not its state.)
-            attempt = {**attempt, "started_at": ended_at}
-        moves_to = None
-        if verdict.reason is TerminationReason.OOM:
-            # Before the write lock: finding a roomier resource may ask a cluster, which may be slow to answer.
-            with self.ledger.read() as conn:
-                ran = resolve_run(conn, attempt["run_id"])
-            if pieces_asked(project_settings(self.settings, ran), ran):
-                ran = {**ran, "in_pieces": True}  # a roomier resource takes it in pieces too
-            moves_to = resource_after_oom(self.settings, ran, attempt)
-        with self.ledger.write() as conn:
             run = resolve_run(conn, attempt["run_id"])
-            gpu_seconds = record_attempt_end(
-                conn,
-                attempt,
-                ended_at=ended_at,
-                reason=verdict.reason,
-                evidence_json=verdict.evidence_json(evidence, secrets),
-                exit_code=status.exit_code,
-                signal=status.signal,
-                # Priced where it ran, as the run's own project declares that resource.
-                cost_per_gpu_hour=project_settings(self.settings, run).resource(
-                    attempt["resource"] or run["resource"]).cost_per_gpu_hour,
-                secrets=secrets,
-            )
-            if gpu_seconds is None:
-                return None
-            decision = decide_after_end(conn, self.settings, run, attempt["attempt_id"], moves_to)
-            if is_eval:
-                from trackway.evals.progress import after_eval_attempt
-
-                after_eval_attempt(conn, self.settings, run["run_id"], verdict.reason, decision.action == "resume", output,
-                                   committed)
-        return AttemptEnd(
-            attempt_id=attempt["attempt_id"],
-            run_id=attempt["run_id"],
-            reason=verdict.reason,
-            rule=verdict.rule,
-            exit_code=status.exit_code,
-            signal=status.signal,
-            gpu_seconds=gpu_seconds,
-            decision=decision,
-        )
+            # Before the write lock: the values are read from the run's files.
+            secrets = run_secret_values(conn, self.settings, run)
+            notice = status.exit_code == 0 and bool(notices_without_finish(conn, [attempt["attempt_id"]]))
+        prepared = prepare_end(self.ledger, self.settings, attempt, status, note, run, secrets, notice,
+                               read_log_tail(Path(attempt["log_path"])))
+        ends = record_ends(self.ledger, self.settings, [prepared])
+        return ends[0] if ends else None
 
 
 def orphaned_runs(conn, recorded_before: datetime) -> list[tuple[str, str]]:
@@ -828,35 +796,3 @@ def orphaned_runs(conn, recorded_before: datetime) -> list[tuple[str, str]]:
         .order_by(runs.c.created_at)
     )
     return [(row.run_id, row.executor) for row in conn.execute(query)]
-
-
-def _reached_step(attempt) -> int | None:
-    """The run's step when the attempt ended: its last logged step, else the step it resumed from.
-
-    A resumed attempt that fails before logging anything failed right after its checkpoint's step:
-    that is the step an earlier attempt failed at too, when the failure repeats.
-    """
-    if attempt["last_step"] is not None:
-        return attempt["last_step"]
-    match = re.fullmatch(r"step-(\d+)", attempt["resumed_from_checkpoint"] or "")
-    return int(match[1]) if match else None
-
-
-def _stop_marker(state_dir: Path) -> tuple[str, str] | None:
-    marker = read_json(state_dir / STOP_MARKER)
-    return (str(marker.get("kind", "stalled")), str(marker.get("why", ""))) if marker else None
-
-
-def _notice_without_finish(ledger: Ledger, attempt_id: str) -> bool:
-    """Whether the attempt's SDK recorded a preemption notice that no `run.finish()` followed."""
-    with ledger.read() as conn:
-        kinds = set(
-            conn.execute(
-                select(attempt_events.c.kind).where(
-                    attempt_events.c.attempt_id == attempt_id,
-                    attempt_events.c.rank >= 0,
-                    attempt_events.c.kind.in_(("preemption_notice", "finished")),
-                )
-            ).scalars()
-        )
-    return "preemption_notice" in kinds and "finished" not in kinds

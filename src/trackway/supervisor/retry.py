@@ -7,13 +7,16 @@ launches it when due (see `start_attempt(from_queue=True)` for why it is launche
 from __future__ import annotations
 
 import json
+import os
 import tomllib
 from datetime import datetime, timedelta, timezone
+from collections.abc import Sequence
 from pathlib import Path
 
-from sqlalchemy import Connection, RowMapping, func, select, update
+from sqlalchemy import Connection, RowMapping, bindparam, select, update
 
 from trackway.errors import InputError
+from trackway.ledger.records import chunks
 from trackway.ledger.schema import attempts, runs
 from trackway.settings import Settings
 from trackway.supervisor.classify import DiskFull
@@ -43,11 +46,16 @@ def run_policy(settings: Settings, run: RowMapping) -> RetryPolicy:
 def effective_config_path(settings: Settings, run_id: str) -> Path | None:
     """The config the run's next attempt gets: the newest attempt's (after `resume --set`), else the run's."""
     run_dir = settings.runs_dir / run_id
-    per_attempt = sorted(
-        (int(p.parent.name), p) for p in run_dir.glob("attempts/*/config.json") if p.parent.name.isdigit()
-    )
-    if per_attempt:
-        return per_attempt[-1][1]
+    # os.scandir, not Path.glob: every end of a burst asks this, and the glob cost more than the decision.
+    try:
+        numbers = sorted((int(entry.name) for entry in os.scandir(run_dir / "attempts") if entry.name.isdigit()),
+                         reverse=True)
+    except (FileNotFoundError, NotADirectoryError):  # no attempt yet, or its directory could not be made
+        numbers = []
+    for number in numbers:
+        path = run_dir / "attempts" / str(number) / "config.json"
+        if os.path.exists(path):
+            return path
     path = run_dir / "config.json"
     return path if path.is_file() else None
 
@@ -75,46 +83,66 @@ def decide_after_end(
 
     `moves_to`: the resource an OOM retry would move to, if any (see `next_fingerprint`).
     """
-    rows = list(
-        conn.execute(
-            select(attempts).where(attempts.c.run_id == run["run_id"]).order_by(attempts.c.attempt_number)
-        ).mappings()
-    )
-    history = [outcome_of(row) for row in rows if row["termination_reason"]]
-    spent = conn.execute(
-        select(func.coalesce(func.sum(attempts.c.gpu_seconds), 0.0)).where(attempts.c.run_id == run["run_id"])
-    ).scalar_one()
-    run_ref = run["name"] or run["run_id"]
-    try:
-        policy = run_policy(settings, run)
-    except InputError as exc:
-        # A policy stored before validation tightened, or a trackway.toml edited since: stopping costs
-        # no GPU time; guessing what was meant might.
-        decision = Decision("stop", "retry policy invalid", f"{exc}; fix it, then `trackway resume {run_ref}`")
-    else:
-        decision = decide(
-            policy,
-            history,
-            next_memory_fingerprint=next_fingerprint(settings, run, rows[-1] if rows else None, moves_to),
-            run_gpu_seconds=float(spent),
-            run_ref=run_ref,
-            pieces=pieces_of(run, rows) if policy.in_pieces else None,
-        )
-    conn.execute(
-        update(attempts).where(attempts.c.attempt_id == attempt_id).values(retry_decision=json.dumps(decision.as_record()))
-    )
-    if decision.action == "resume":
-        conn.execute(
-            update(runs)
-            .where(runs.c.run_id == run["run_id"])
-            .values(
-                state=RunState.QUEUED.value,
-                ended_at=None,
-                termination_reason=None,  # the run has not ended: its attempt's reason is on the attempt
-                not_before=datetime.now(timezone.utc) + timedelta(seconds=decision.delay_s),
+    return decide_after_ends(conn, settings, [(run, attempt_id, moves_to)])[attempt_id]
+
+
+_DECISION = update(attempts).where(attempts.c.attempt_id == bindparam("decided_id")).values(
+    retry_decision=bindparam("retry_decision"))
+_QUEUE = update(runs).where(runs.c.run_id == bindparam("queued_id")).values(
+    # The run has not ended: its attempt's reason is on the attempt.
+    state=RunState.QUEUED.value, ended_at=None, termination_reason=None, not_before=bindparam("not_before"))
+
+
+def decide_after_ends(
+    conn: Connection, settings: Settings, ended: Sequence[tuple[RowMapping, str, str | None]]
+) -> dict[str, Decision]:
+    """`decide_after_end` for many ends at once, (run, attempt id, moves_to) each, one end per run: by attempt id.
+
+    The runs' attempts are read in one query and the decisions written in one statement each.
+    """
+    rows_of: dict[str, list] = {}
+    run_ids = [run["run_id"] for run, _, _ in ended]
+    for part in chunks(run_ids):
+        for row in conn.execute(select(attempts).where(attempts.c.run_id.in_(part))
+                                .order_by(attempts.c.run_id, attempts.c.attempt_number)).mappings():
+            rows_of.setdefault(row["run_id"], []).append(row)
+    policies: dict[str | None, RetryPolicy] = {}
+    decisions: dict[str, Decision] = {}
+    decided, queued = [], []
+    now = datetime.now(timezone.utc)
+    for run, attempt_id, moves_to in ended:
+        rows = rows_of.get(run["run_id"], [])
+        history = [outcome_of(row) for row in rows if row["termination_reason"]]
+        spent = sum(row["gpu_seconds"] or 0.0 for row in rows)
+        run_ref = run["name"] or run["run_id"]
+        # Runs submitted alike share a policy: trackway.toml's [retry] parsed once, not once per end.
+        policy = policies.get(run["retry_policy"])
+        if policy is None:
+            try:
+                policy = policies[run["retry_policy"]] = run_policy(settings, run)
+            except InputError as exc:
+                # A policy stored before validation tightened, or a trackway.toml edited since: stopping costs
+                # no GPU time; guessing what was meant might.
+                policy = None
+                decision = Decision("stop", "retry policy invalid", f"{exc}; fix it, then `trackway resume {run_ref}`")
+        if policy is not None:
+            decision = decide(
+                policy,
+                history,
+                next_memory_fingerprint=next_fingerprint(settings, run, rows[-1] if rows else None, moves_to),
+                run_gpu_seconds=float(spent),
+                run_ref=run_ref,
+                pieces=pieces_of(run, rows) if policy.in_pieces else None,
             )
-        )
-    return decision
+        decisions[attempt_id] = decision
+        decided.append({"decided_id": attempt_id, "retry_decision": json.dumps(decision.as_record())})
+        if decision.action == "resume":
+            queued.append({"queued_id": run["run_id"], "not_before": now + timedelta(seconds=decision.delay_s)})
+    if decided:
+        conn.execute(_DECISION, decided)
+    if queued:
+        conn.execute(_QUEUE, queued)
+    return decisions
 
 
 def pieces_of(run: RowMapping, rows: list) -> Pieces | None:

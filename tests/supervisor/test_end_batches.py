@@ -1,0 +1,103 @@
+"""Ends recorded together (supervisor/endings.py): every receipt whole, and one attempt's failure loses no other's.
+
+The attempts run on an executor of this file's that reports the ends a test gives it, as the local
+executor reports an `exit.json`: what is exercised is the supervisor's recording, on a real ledger.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from trackway.executors.base import Executor, JobHandle, JobPhase, JobStatus, Submission
+from trackway.ledger import open_ledger
+from trackway.ledger.records import list_attempts, resolve_run
+from trackway.settings import load_settings
+from trackway.supervisor.launch import start_attempt
+from trackway.supervisor.loop import Supervisor
+from trackway.supervisor.submit import RunSpec, submit_run
+
+
+class Given(Executor):
+    """Jobs that run until the test ends them: `ended[job id] = exit code`."""
+
+    name = "local"
+
+    def __init__(self):
+        self.ended: dict[str, int] = {}
+
+    def submit(self, request):
+        Path(request.log_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(request.log_path).write_text("step 0\nTraceback (most recent call last):\nValueError: bad batch\n")
+        return Submission(JobHandle(self.name, request.attempt_id, Path(request.state_dir)), host="here", gpu_ids=[],
+                          gpu_model=None, started_at=datetime.now(timezone.utc), pid=None)
+
+    def poll(self, handle):
+        code = self.ended.get(handle.job_id)
+        if code is None:
+            return JobStatus(phase=JobPhase.RUNNING)
+        return JobStatus(phase=JobPhase.ENDED, exit_code=code, ended_at=datetime.now(timezone.utc))
+
+    def cancel(self, handle):
+        raise NotImplementedError
+
+    def logs(self, handle):
+        return Path(handle.state_dir) / "output.log"
+
+
+@pytest.fixture
+def project(tmp_path, sqlite_url):
+    executor = Given()
+    settings = load_settings(home=tmp_path / "home", db=sqlite_url, cwd=tmp_path)
+    ledger = open_ledger(sqlite_url)
+    supervisor = Supervisor(ledger, settings, executor_for=lambda name: executor)
+    attempts = []
+    for _ in range(5):
+        run_id = submit_run(ledger, settings, RunSpec(command=[sys.executable, "train.py"], cwd=tmp_path))
+        attempts.append(start_attempt(ledger, settings, run_id, executor))
+    return executor, ledger, supervisor, attempts
+
+
+def test_ends_of_one_tick_each_get_their_whole_receipt(project):
+    executor, ledger, supervisor, attempts = project
+    for number, attempt_id in enumerate(attempts):
+        executor.ended[attempt_id] = 0 if number % 2 else 1
+    ends = supervisor.tick()
+    assert sorted(end.attempt_id for end in ends) == sorted(attempts)
+    with ledger.read() as conn:
+        rows = {row["attempt_id"]: row for row in list_attempts(conn, limit=None)}
+        runs = {attempt_id: resolve_run(conn, attempt_id.split("/")[0]) for attempt_id in attempts}
+    for number, attempt_id in enumerate(attempts):
+        row = rows[attempt_id]
+        assert row["state"] == "ended" and row["ended_at"] is not None
+        assert row["termination_reason"] == ("completed" if number % 2 else "code_error")
+        assert json.loads(row["retry_decision"])["action"]
+        evidence = json.loads(row["termination_evidence"])
+        assert evidence["exit_code"] == (0 if number % 2 else 1)
+        if not number % 2:
+            assert any("ValueError: bad batch" in line for line in evidence["lines"])
+        assert runs[attempt_id]["state"] == ("completed" if number % 2 else "failed")
+    assert supervisor.tick() == []  # recorded once
+
+
+def test_an_end_that_cannot_be_read_leaves_every_other_receipt_recorded(project):
+    executor, ledger, supervisor, attempts = project
+    broken = attempts[2]
+    with ledger.read() as conn:
+        log = Path(next(row for row in list_attempts(conn, limit=None) if row["attempt_id"] == broken)["log_path"])
+    log.unlink()
+    log.mkdir()  # its log cannot be read as a file
+    for attempt_id in attempts:
+        executor.ended[attempt_id] = 0
+    with pytest.raises(IsADirectoryError):
+        supervisor.tick()
+    with ledger.read() as conn:
+        states = {row["attempt_id"]: row["state"] for row in list_attempts(conn, limit=None)}
+    assert [states[a] for a in attempts if a != broken] == ["ended"] * 4
+    assert states[broken] != "ended"  # not lost: the next tick tries it again
+    log.rmdir()
+    assert [end.attempt_id for end in supervisor.tick()] == [broken]

@@ -3,20 +3,17 @@
 from __future__ import annotations
 
 import csv
-import io
-import json
 import sys
 
 import typer
 
 from trackway.cli.context import app_context
 from trackway.cli.jsonout import print_json
+from trackway.cli.metrics_stream import POINT_FIELDS, RANK_FIELDS, stream_csv, stream_json
 from trackway.errors import InputError, NotFound
 from trackway.ledger.reader import parse_rank
 from trackway.validation import limit as check_limit
 
-POINT_FIELDS = ("key", "step", "value", "attempt_number", "logged_at")
-RANK_FIELDS = ("key", "rank", "step", "value", "attempt_number", "logged_at")  # with --rank all
 ALL_RANKS = "all"
 
 
@@ -53,10 +50,9 @@ def metrics(
             whose = f" from rank {ranks[0]}" if ranks != [0] and not every_rank else ""
             raise NotFound(f"--key {key}: no such metric{whose} for run {run}; {has}")
         if (as_json or as_csv) and not limit:
-            # Every point: streamed a chunk at a time, as the driver hands them over.
-            series = ((name, r, chunk) for r in ranks for name in ([key] if key is not None else keys[r])
-                      for chunk in reader.series_chunks(run_id, name, r))
-            (_stream_json if as_json else _stream_csv)(series, every_rank)
+            # Every point: streamed a chunk at a time (spelled by SQLite on a SQLite ledger).
+            series = [(name, r) for r in ranks for name in ([key] if key is not None else keys[r])]
+            (stream_json if as_json else stream_csv)(reader, run_id, series, every_rank)
             return
         whole_run_summary = key is None and not limit and not (as_json or as_csv)
         if whole_run_summary:  # aggregated by the database: millions of points move as a few rows
@@ -113,47 +109,6 @@ def _write_csv(chunks, fields=POINT_FIELDS) -> None:
     writer.writerow(fields)
     for chunk in chunks:
         writer.writerows(chunk)
-
-
-# A point is (step, value, attempt_number, logged_at): ints and floats whose `%r` is exactly what `json`
-# and `csv` write for them (the shortest text that reads back as the same float). Formatting a chunk
-# with one template is three times faster than a dict per point through the JSON encoder; a chunk
-# holding a value the template would spell differently (None, NaN, ±inf) goes the general way.
-_SPELLED_OTHERWISE = ('"value":None', '"value":nan', '"value":inf', '"value":-inf')
-
-
-def _stream_json(series, with_rank: bool = False) -> None:
-    out = sys.stdout
-    written = False
-    out.write("[")
-    for name, rank, chunk in series:
-        ranked = f',"rank":{rank:d}' if with_rank else ""
-        template = ('{"key":' + json.dumps(name, ensure_ascii=False) + ranked
-                    + ',"step":%d,"value":%r,"attempt_number":%d,"logged_at":%r}')
-        text = ",\n".join(map(template.__mod__, chunk))
-        if any(word in text for word in _SPELLED_OTHERWISE):
-            fields, head = (RANK_FIELDS, (name, rank)) if with_rank else (POINT_FIELDS, (name,))
-            text = ",\n".join(json.dumps(dict(zip(fields, (*head, *point))), separators=(",", ":"),
-                                          ensure_ascii=False) for point in chunk)
-        out.write((",\n" if written else "\n") + text)
-        written = True
-    out.write("\n]\n" if written else "]\n")
-
-
-def _stream_csv(series, with_rank: bool = False) -> None:
-    out = sys.stdout
-    writer = csv.writer(out)
-    writer.writerow(RANK_FIELDS if with_rank else POINT_FIELDS)
-    for name, rank, chunk in series:
-        head = (name, rank) if with_rank else (name,)
-        quoted = io.StringIO()
-        csv.writer(quoted).writerow(head)
-        template = quoted.getvalue().rstrip("\r\n") + ",%d,%r,%d,%r\r\n"
-        text = "".join(map(template.__mod__, chunk))
-        if "None" in text:  # csv writes a missing value as an empty field
-            writer.writerows((*head, *point) for point in chunk)
-            continue
-        out.write(text)
 
 
 def _g(value: float | None) -> str:

@@ -352,6 +352,18 @@ class Reader:
             {"run_id": run_id, "key": key, "rank": rank},
         )
 
+    def series_text(self, run_id: str, key: str, rank: int, line: str, sep: str,
+                    params: dict[str, Any]) -> Iterator[str | list[str | tuple]] | None:
+        """Every point of one key as text the database spells, by step, a chunk at a time; None where it cannot.
+
+        `line` is an SQL expression over step, value, attempt_number and logged_at (with `params`)
+        giving one point's text, NULL for a point it leaves to the caller. A chunk comes as its lines joined
+        by `sep`, or, where some are NULL, as a list of text (lines and separators) and the
+        points (step, value, attempt_number, logged_at) to spell between them, in step order.
+        Only a SQLite ledger is read this way.
+        """
+        return None
+
     def _chunks(self, sql: str, params: dict[str, Any]) -> Iterator[list[Sequence[Any]]]:
         """The rows of `sql` in lists of up to CHUNK_POINTS."""
         _, rows = self._execute(sql, params)
@@ -405,6 +417,50 @@ class _SqliteReader(Reader):
         cursor = self.conn.execute(sql, params)
         while batch := cursor.fetchmany(CHUNK_POINTS):
             yield batch
+
+    def series_text(self, run_id: str, key: str, rank: int, line: str, sep: str,
+                    params: dict[str, Any]) -> Iterator[str | list[str | tuple]]:
+        series_id = self.scalar("SELECT series_id FROM metric_series WHERE run_id = :run_id AND key = :key"
+                                " AND rank = :rank", {"run_id": run_id, "key": key, "rank": rank})
+        return iter(()) if series_id is None else self._series_text(series_id, line, sep, params)
+
+    def _series_text(self, series_id: int, line: str, sep: str, params: dict[str, Any]) -> Iterator[str | list[str | tuple]]:
+        # A chunk is one query resuming after the last step seen (one read transaction holds them
+        # together), its lines joined inside SQLite: Python handles one string per chunk, no row.
+        # The LIMIT keeps SQLite from flattening the points into the aggregate, which would copy
+        # `line` into each use: it is computed once a point. group_concat appends in the order the
+        # subquery hands rows over, the primary key's (series_id, step): a range scan, nothing
+        # sorted. A point without a line leaves a NUL in the text and its step in a list, and is
+        # read again by that step.
+        def points(start: str) -> str:
+            return (f"SELECT step, {line} AS line, value, attempt_number, logged_at FROM metric_points"
+                    f" WHERE series_id = :series_id{start} ORDER BY step LIMIT {CHUNK_POINTS}")
+
+        def chunk(start: str) -> str:
+            return (f"SELECT group_concat(coalesce(line, :hole), :sep), max(step), count(*) - count(line),"
+                    f" group_concat(CASE WHEN line IS NULL THEN step END) FROM ({points(start)})")
+
+        holes = ("SELECT step, value, attempt_number, logged_at FROM metric_points WHERE series_id = :series_id"
+                 " AND step IN (SELECT value FROM json_each(:steps)) ORDER BY step")
+        args = {**params, "series_id": series_id, "sep": sep, "hole": "\0", "after": None, "steps": None}
+        start = ""
+        while True:
+            text, last, unspelled, steps = self.conn.execute(chunk(start), args).fetchone()
+            if last is None:
+                return
+            if not unspelled:
+                yield text
+            else:
+                args["steps"] = f"[{steps}]"
+                missing = self.conn.execute(holes, args).fetchall()
+                parts = text.split("\0")
+                if len(parts) != len(missing) + 1:  # a NUL of the key's own: each point by itself
+                    lines = self.conn.execute(points(start), args).fetchall()
+                    parts = [(spelled if spelled is not None else tuple(point), sep) for _, spelled, *point in lines]
+                    yield [part for pair in parts for part in pair][:-1]
+                else:
+                    yield [parts[0], *(part for pair in zip(missing, parts[1:]) for part in pair)]
+            args["after"], start = last, " AND step > :after"
 
 
 def _fetched(cursor: sqlite3.Cursor) -> Iterator[Sequence[Any]]:

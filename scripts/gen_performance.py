@@ -41,7 +41,7 @@ def human(value: float, unit: str) -> str:
 
 def cell(text: str) -> str:
     """Text safe inside one Markdown table cell."""
-    return text.replace("|", "\\|").replace("\n", " ")
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|").replace("\n", " ")
 
 
 def row_cells(row: dict[str, Any]) -> list[str]:
@@ -86,7 +86,7 @@ def render(results: dict[str, Any]) -> str:
     failed = results.get("failed", [])
     lines.append("")
     if missed or failed:
-        lines.append(f"Missed in that run: {len(missed)} figure{'s' if len(missed) != 1 else ''}"
+        lines.append(f"Missed: {len(missed)} figure{'s' if len(missed) != 1 else ''}"
                      + (f"; benches that failed outright: {', '.join(failed)}" if failed else "") + ".")
     else:
         lines.append("Every target was met in that run.")

@@ -1,7 +1,9 @@
-"""The local shim: the one process per local attempt that runs the command and writes down how it ended.
+"""The local shim: the one process per attempt that runs the command and writes down how it ended.
 
-`LocalExecutor.submit()` starts `python -m trackway.executors.local_shim STATE_DIR` detached; the
-shim forks once more (so that it is nobody's zombie), reads `STATE_DIR/launch.json`, and leaves:
+The SSH executor's agent starts `python local_shim.py STATE_DIR` detached on its host (the Slurm
+executor runs it in the foreground, below); the local executor runs the same `Shim` inside its
+host shim, one process for every attempt (see `local_host`). The shim forks once more (so that it
+is nobody's zombie), reads `STATE_DIR/launch.json`, and leaves:
 
     job.json     as soon as the command runs (or failed to start): shim and child pids, create times, pgid,
                  tree_token

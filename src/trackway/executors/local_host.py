@@ -471,6 +471,11 @@ class HostedShim(Shim):
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self.owner_pid = self.host.zygote.keeper(launch, theirs.fileno(), out_w, err_w)
+        except BaseException:
+            for fd in (out_r, err_r):
+                os.close(fd)
+            mine.close()
+            raise
         finally:
             theirs.close()
             os.close(out_w)
@@ -486,9 +491,14 @@ class HostedShim(Shim):
         log = _Log(Path(self.launch["log_path"]))
         self.log = log
         answer = self._answer()
+        if answer is None or answer[:1] == b"E":
+            for fd in (out_r, err_r):
+                os.close(fd)
         if answer is None:
-            self._cannot_start(log, "the executor shim's keeper process died before starting it")
-            self._reply({"job": read_json(self.state_dir / "job.json")})
+            # Whether the command started is not known (the keeper may have died just after): nothing
+            # is written down, and the submitter kills any command of the job.json that turns up.
+            self._reply({"error": f"the attempt's keeper process (pid {self.owner_pid}) died before saying whether"
+                                  " the command started"})
             return 0
         if answer[:1] == b"E":
             self._cannot_start(log, answer[1:].decode(errors="replace"))

@@ -1,7 +1,9 @@
-"""The local executor: attempts on this machine, each run by a detached shim, its state kept in files.
+"""The local executor: attempts on this machine, each run by the home's host shim, its state kept in files.
 
 Per attempt, `state_dir` holds `launch.json` (written by `submit()`), then `job.json`, `exit.json`
 and `shim.err` (written by the shim, see `local_shim`), and `cancel.json` once someone cancelled.
+One host process per trackway home runs every attempt, each with a small keeper process of its
+own that stands for it (job.json's `shim_pid`): see `local_host` for why and how.
 Everything `poll()`, `cancel()` and `logs()` need is read from there, so any process can ask about
 any attempt: a CLI that detached, or a supervisor restarted after a kill -9.
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from collections.abc import Callable, Iterable
 from datetime import datetime
@@ -29,6 +32,7 @@ from trackway.executors.base import (
     Submission,
     full_disk_evidence,
 )
+from trackway.executors.local_host import HostUnavailable, request_start
 from trackway.executors.local_shim import (
     LeaseFiles,
     StartFailed,
@@ -37,7 +41,7 @@ from trackway.executors.local_shim import (
     read_json,
     same_process,
     settle_orphans,
-    start_detached,
+    signal_group,
     stop_job,
     write_json_atomic,
 )
@@ -45,7 +49,9 @@ from trackway.receipts.placement import GpuInfo
 from trackway.receipts.placement import gpu_inventory as host_gpu_inventory
 
 SHIM_START_TIMEOUT_S = 10.0
+# What stops a job whose shim is gone (`--kill-tree`, see local_shim).
 SHIM = [sys.executable, "-m", "trackway.executors.local_shim"]
+HOST = [sys.executable, "-m", "trackway.executors.local_host"]
 
 
 def choose_gpus(inventory: Iterable[GpuInfo], leased: set[int], n: int) -> list[int]:
@@ -115,8 +121,8 @@ class LocalExecutor(Executor):
             gpu_ids, gpus = [], "none asked"
         launch = self._launch_record(request, inventory, gpu_ids)
         return "\n".join([
-            f"executor local: a detached shim on this machine runs the command, started with "
-            f"`{shlex.join([*SHIM, str(request.state_dir)])}`",
+            f"executor local: the host shim on this machine runs the command (started with "
+            f"`{shlex.join([*HOST, str(self.home)])}` if none runs), a keeper process standing for the attempt",
             f"command: {shlex.join(launch['command'])}",
             f"working directory: {launch['cwd']}",
             f"GPUs: {gpus}",
@@ -287,8 +293,12 @@ class LocalExecutor(Executor):
                     self.leases.path(index).unlink(missing_ok=True)
 
     def _start_shim(self, state_dir: Path) -> dict:
-        """Start the shim detached and wait until it reports the command started (or failed to)."""
+        """Have the host shim start the command and wait until it reports it started (or failed to)."""
         try:
-            return start_detached([*SHIM, str(state_dir)], state_dir, SHIM_START_TIMEOUT_S)
-        except StartFailed as exc:
+            return request_start(self.home, state_dir, SHIM_START_TIMEOUT_S)
+        except (StartFailed, HostUnavailable) as exc:
+            # Nothing may start after the caller gave up: a command started late is killed.
+            late = read_json(state_dir / "job.json")
+            if late is not None and late.get("pgid"):
+                signal_group(late["pgid"], signal.SIGKILL)
             raise ExecutorError(f"local shim {exc}") from None

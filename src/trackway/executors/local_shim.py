@@ -1,7 +1,9 @@
-"""The local shim: the one process per local attempt that runs the command and writes down how it ended.
+"""The local shim: the one process per attempt that runs the command and writes down how it ended.
 
-`LocalExecutor.submit()` starts `python -m trackway.executors.local_shim STATE_DIR` detached; the
-shim forks once more (so that it is nobody's zombie), reads `STATE_DIR/launch.json`, and leaves:
+The SSH executor's agent starts `python local_shim.py STATE_DIR` detached on its host (the Slurm
+executor runs it in the foreground, below); the local executor runs the same `Shim` inside its
+host shim, one process for every attempt (see `local_host`). The shim forks once more (so that it
+is nobody's zombie), reads `STATE_DIR/launch.json`, and leaves:
 
     job.json     as soon as the command runs (or failed to start): shim and child pids, create times, pgid,
                  tree_token
@@ -626,6 +628,9 @@ class Shim:
         self.timed_out = False
         self.term_at: float | None = None
         self.kill_sent = False
+        # The process that stands for the attempt (job.json's shim_pid, the GPU leases' holder): this
+        # one here; a keeper process for an attempt the host shim runs (see local_host).
+        self.owner_pid = os.getpid()
         self.create_time = process_create_time(os.getpid())
         self.reserved = False
         self.log: _Log | None = None
@@ -644,7 +649,7 @@ class Shim:
         # its own) stays below the shim when its launcher dies, so the shim can end it too.
         become_subreaper()
         if self.leases is not None and self.gpu_ids:
-            owner = {"pid": os.getpid(), "create_time": self.create_time, "state_dir": str(self.state_dir),
+            owner = {"pid": self.owner_pid, "create_time": self.create_time, "state_dir": str(self.state_dir),
                      "attempt_id": self.launch.get("attempt_id")}
             self.evidence.extend(self.leases.hand_over(self.gpu_ids, self.state_dir, owner))
 
@@ -736,7 +741,7 @@ class Shim:
         deadline = started + float(self.time_limit_s) if self.time_limit_s is not None else None
         samples = None if NodeSamples is None else NodeSamples(
             self.state_dir / "spool", lambda: self._job_processes(pgid), self.gpu_ids, log.note)
-        while not _has_exited(child.pid):
+        while not self._child_exited(child.pid):
             now = time.monotonic()
             if samples is not None:
                 samples.maybe()
@@ -770,11 +775,17 @@ class Shim:
                 wake_at.append(deadline)
             if self.term_at is not None and not self.kill_sent:
                 wake_at.append(self.term_at + self.grace_s)
-            timeout = max(0.0, min(wake_at) - time.monotonic())
-            # Signals (SIGCHLD, SIGTERM) write to wake_r, so this returns as soon as anything happens.
-            if select.select([wake_r], [], [], timeout)[0]:
-                os.read(wake_r, 512)
-            self._reap_orphans(child.pid)
+            self._idle(max(0.0, min(wake_at) - time.monotonic()), wake_r, child.pid)
+
+    def _child_exited(self, pid: int) -> bool:
+        return _has_exited(pid)
+
+    def _idle(self, timeout: float, wake_r: int, child_pid: int) -> None:
+        """Wait up to `timeout` for a signal, then reap what the shim adopted."""
+        # Signals (SIGCHLD, SIGTERM) write to wake_r, so this returns as soon as anything happens.
+        if select.select([wake_r], [], [], timeout)[0]:
+            os.read(wake_r, 512)
+        self._reap_orphans(child_pid)
 
     def _await_scheduler_kill(self, why: str, log: _Log) -> None:
         """A batch job's SIGTERM: the scheduler sent it to every process of the job, the command included.
@@ -872,7 +883,7 @@ class Shim:
                 except ChildProcessError:
                     pass
 
-    def _cannot_start(self, log: _Log, exc: BaseException) -> int:
+    def _cannot_start(self, log: _Log, exc: BaseException | str) -> int:
         note = f"cannot start command: {exc}"
         log.note(note)
         self.evidence.append(note)
@@ -880,9 +891,9 @@ class Shim:
         self._finish(exit_code=CANNOT_START_EXIT_CODE, signum=None)
         return CANNOT_START_EXIT_CODE if self.foreground else 0
 
-    def _write_job(self, child_pid: int | None, child_create_time: float | None, started_at: datetime) -> None:
+    def _write_job(self, child_pid: int | None, child_create_time: float | None, started_at: datetime) -> dict:
         job = {
-            "shim_pid": os.getpid(),
+            "shim_pid": self.owner_pid,
             "create_time": self.create_time,
             "child_pid": child_pid,
             "child_create_time": child_create_time,
@@ -895,11 +906,12 @@ class Shim:
         if self.foreground:
             job["batch_env"] = {name: os.environ[name] for name in BATCH_ENV if name in os.environ}
         write_json_atomic(self.state_dir / "job.json", job)
+        return job
 
     def _finish(self, exit_code: int | None, signum: int | None) -> None:
         # Leases go first: whoever sees exit.json may submit again at once and expect the GPUs free.
         if self.leases is not None and self.gpu_ids:
-            self.leases.release(self.gpu_ids, os.getpid())
+            self.leases.release(self.gpu_ids, self.owner_pid)
         lost = self.log.losses() if self.log is not None else None
         if lost is not None:
             self.evidence.append(lost)

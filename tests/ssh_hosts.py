@@ -103,9 +103,14 @@ class SshHost:
             "MaxSessions 100",
             # The executor's control master multiplexes every call over one connection.
             "AllowTcpForwarding no",
+            # Every login runs root's ~/.bashrc, whose `pyenv init` rehashes under a lock file shared by all
+            # hosts (one home); a session killed mid-rehash (reclaim) leaves the lock, and each later login
+            # would wait 60 s for it (../shared/notes/remote-hosts.md). A stale lock now costs a second.
+            "SetEnv PYENV_REHASH_TIMEOUT=1",
             "",
         ]))
         Path("/run/sshd").mkdir(exist_ok=True)
+        _drop_stale_rehash_lock()  # one an earlier run's reclaimed host left
         self.pid_file.unlink(missing_ok=True)
         subprocess.run(self._in_ns([SSHD, "-f", str(self.config), "-E", str(self.log)]), check=True)
         try:
@@ -171,10 +176,23 @@ class SshHost:
                 with _gone():
                     proc.send_signal(signal.SIGKILL)
         shutil.rmtree(self.work, ignore_errors=True)
+        _drop_stale_rehash_lock()
 
     def close(self) -> None:
         self.reclaim()
         self.stop_sshd()
+
+
+PYENV_REHASH_LOCK = Path.home() / ".pyenv" / "shims" / ".pyenv-shim"
+
+
+def _drop_stale_rehash_lock(older_than_s: float = 5.0) -> None:
+    """Remove pyenv's rehash lock when a killed login left it (a live rehash holds it well under a second)."""
+    try:
+        if time.time() - PYENV_REHASH_LOCK.stat().st_mtime > older_than_s:
+            PYENV_REHASH_LOCK.unlink()
+    except FileNotFoundError:
+        pass
 
 
 class _gone:  # noqa: N801 - a context manager

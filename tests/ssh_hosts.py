@@ -105,7 +105,7 @@ class SshHost:
             "AllowTcpForwarding no",
             # Every login runs root's ~/.bashrc, whose `pyenv init` rehashes under a lock file shared by all
             # hosts (one home); a session killed mid-rehash (reclaim) leaves the lock, and each later login
-            # would wait 60 s for it (../shared/notes/remote-hosts.md). A stale lock now costs a second.
+            # would wait 60 s for it. A stale lock now costs a second.
             "SetEnv PYENV_REHASH_TIMEOUT=1",
             "",
         ]))

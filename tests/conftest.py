@@ -199,7 +199,7 @@ from ssh_hosts import loopback_host, netns_hosts, ssh_key  # noqa: E402,F401
 
 
 # Nothing the suite started outlives it (tests/leftovers.py).
-from leftovers import pytest_sessionfinish  # noqa: E402,F401
+from leftovers import pytest_sessionfinish, pytest_testnodedown  # noqa: E402,F401
 
 # The slowest test files first, so that no long file is handed to a worker last, and their seconds measured
 # when asked (tests/slowest_first.py).

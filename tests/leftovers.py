@@ -1,7 +1,9 @@
-"""Nothing a test session started outlives it: a pytest hook, used by tests/conftest.py and by its own test.
+"""Nothing a test session started outlives it: pytest hooks, used by tests/conftest.py and by its own test.
 
 Processes are found by the session's temporary directory in their command line or working directory
-(sshd test hosts, training scripts, shims, background supervisors all run from there).
+(sshd test hosts, training scripts, shims, background supervisors all run from there). Under xdist each
+worker checks its own, and the controller fails the run with what any worker found: a worker's own
+exit status never reaches the run's.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import sys
 import time
 
 import psutil
+import pytest
 
 LEFTOVER_GRACE_S = 15.0
 
@@ -19,6 +22,9 @@ def pytest_sessionfinish(session, exitstatus):
     """Every process started from this session's temporary directories (sshd test hosts, training scripts, shims,
     background supervisors) must have ended with its test: one still alive after a short grace is killed, named,
     and fails the run, so that the next suite on the machine does not inherit it."""
+    found_by_workers = getattr(session.config, "_leftover_processes", None)
+    if found_by_workers:
+        _fail(session, found_by_workers)
     factory = getattr(session.config, "_tmp_path_factory", None)
     if factory is None:
         return
@@ -55,6 +61,22 @@ def pytest_sessionfinish(session, exitstatus):
         except psutil.Error:
             continue
     if said:
-        sys.stderr.write("processes this test session started were still alive at its end (killed now):\n  "
-                         + "\n  ".join(said) + "\n")
-        session.exitstatus = 1
+        _fail(session, said)
+
+
+def _fail(session, said: list[str]) -> None:
+    sys.stderr.write("processes this test session started were still alive at its end (killed now):\n  "
+                     + "\n  ".join(said) + "\n")
+    session.exitstatus = 1
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker: told to the controller (pytest_testnodedown)
+        workeroutput["leftover_processes"] = said
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """In the controller: a worker that found processes left alive fails the run."""
+    said = getattr(node, "workeroutput", {}).get("leftover_processes")
+    if said:
+        node.config._leftover_processes = [*getattr(node.config, "_leftover_processes", []), *said]
+

@@ -39,3 +39,14 @@ def test_a_session_that_leaves_a_process_alive_fails_naming_it_and_the_process_i
 def test_a_session_that_ends_what_it_starts_passes(tmp_path):
     done = run_session(tmp_path, "ends")
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_under_xdist_a_worker_that_finds_a_process_alive_fails_the_run(tmp_path):
+    (tmp_path / "test_leaky.py").write_text(LEAKY)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "leftovers",
+                           "-p", "no:kmock", "-n", "1", "--basetemp", str(tmp_path / "base"), "-k", "leaves",
+                           str(tmp_path / "test_leaky.py")],
+                          capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "time.sleep(120)" in done.stderr

@@ -14,6 +14,7 @@ from waiting import wait_for
 
 from trackway.ledger import open_ledger
 from trackway.server.app import create_app
+from trackway.server.reads import close_sql_workers
 from trackway.server.auth import Access
 from trackway.server.guard import allowed_hosts
 from trackway.settings import load_settings
@@ -38,14 +39,23 @@ def _schema(home: Path, sqlite_url: str):
     # With a token, as clients call it; the ASGI client's Host is `testserver`.
     app = create_app(configured, Access(FUZZ_TOKEN), Path.cwd(), hosts=allowed_hosts("127.0.0.1", ["testserver"]))
     # Generated jobs would start real processes, and the event stream never ends: both have their own tests.
-    return (schemathesis.openapi.from_asgi("/openapi.json", app)
-            .exclude(method="POST", path="/api/jobs").exclude(path="/api/events"))
+    return app, (schemathesis.openapi.from_asgi("/openapi.json", app)
+                 .exclude(method="POST", path="/api/jobs").exclude(path="/api/events"))
 
 
 def test_no_generated_request_is_a_server_error_and_every_answer_matches_the_schema(home, sqlite_url, monkeypatch):
     monkeypatch.setenv("TRACKWAY_DB", sqlite_url)
-    operations = [result.ok() for result in _schema(home, sqlite_url).get_all_operations()]
+    app, schema = _schema(home, sqlite_url)
+    operations = [result.ok() for result in schema.get_all_operations()]
     assert len(operations) == 16  # every operation but the two excluded
+    try:
+        _fuzz(operations)
+    finally:
+        # The ASGI client runs no lifespan: the SQL workers /api/sql started end here, as at a server's shutdown.
+        close_sql_workers(app)
+
+
+def _fuzz(operations) -> None:
     for operation in operations:
         @given(case=operation.as_strategy())
         @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck), database=None)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +63,18 @@ class State:
             log.warning("no background supervisor: %s; jobs wait for `trackway supervise`", exc)
 
 
+@contextlib.asynccontextmanager
+async def _lifespan(app: FastAPI, agents: dict[str, Any]) -> AsyncIterator[None]:
+    """The agents' MCP apps run while the server does; its SQL worker processes end with it."""
+    from trackway.server import agent_endpoint
+
+    try:
+        async with agent_endpoint.running(agents):
+            yield
+    finally:
+        reads.close_sql_workers(app)
+
+
 def create_app(settings: Settings, access: Access, workdir: Path, hosts: frozenset[str] = LOOPBACK_NAMES,
                max_body: int = DEFAULT_MAX_BODY) -> FastAPI:
     """The API over `settings`' ledger; `hosts`: the names a request's Host may carry (server/guard.py)."""
@@ -75,7 +89,7 @@ def create_app(settings: Settings, access: Access, workdir: Path, hosts: frozens
         summary="Training runs that leave tracks: jobs, attempts, metrics, checkpoints, evaluations, experiments.",
         version="1",
         default_response_class=LedgerJSON,
-        lifespan=(lambda _app: agent_endpoint.running(agents)) if agents else None,
+        lifespan=lambda app: _lifespan(app, agents),
     )
     app.state.settings = settings
     for name in ("ledger", "supervisor", "workdir", "after_submit"):

@@ -194,3 +194,11 @@ def _sql_workers(app):
         if getattr(app.state, "sql_workers", None) is None:
             app.state.sql_workers = SqlWorkers()
         return app.state.sql_workers
+
+
+def close_sql_workers(app) -> None:
+    """Stop the app's SQL workers, if a query started any: at the server's shutdown, not at the worker's EOF."""
+    with _workers_lock:
+        workers, app.state.sql_workers = getattr(app.state, "sql_workers", None), None
+    if workers is not None:
+        workers.close()

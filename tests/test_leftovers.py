@@ -20,7 +20,7 @@ def test_ends_what_it_starts(tmp_path):
 
 def run_session(tmp_path: Path, select: str) -> subprocess.CompletedProcess[str]:
     (tmp_path / "test_leaky.py").write_text(LEAKY)
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent), "TRACKWAY_TEST_LEFTOVER_GRACE_S": "1"}
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "leftovers",
                            "-p", "no:kmock", "--basetemp", str(tmp_path / "base"), "-k", select,
                            str(tmp_path / "test_leaky.py")],
@@ -43,7 +43,7 @@ def test_a_session_that_ends_what_it_starts_passes(tmp_path):
 
 def test_under_xdist_a_worker_that_finds_a_process_alive_fails_the_run(tmp_path):
     (tmp_path / "test_leaky.py").write_text(LEAKY)
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent), "TRACKWAY_TEST_LEFTOVER_GRACE_S": "1"}
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "leftovers",
                            "-p", "no:kmock", "-n", "1", "--basetemp", str(tmp_path / "base"), "-k", "leaves",
                            str(tmp_path / "test_leaky.py")],

@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "agent_loop.py"
 
 
+@pytest.mark.slow  # 30 s of real runs; the agent's tools are in the suite (tests/agents/)
 def test_the_example_agent_reaches_a_verdict_on_every_hypothesis_and_its_runs_are_its_own(tmp_path):
     environ = {**os.environ, "TRACKWAY_BACKGROUND_SUPERVISOR": "0", "OMP_NUM_THREADS": "1"}
     environ.pop("TRACKWAY_DB", None)

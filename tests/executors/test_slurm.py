@@ -258,6 +258,7 @@ def test_time_limit_is_timeout_after_the_usr1_notice(slurm, make_request):
     print(f"\ntime limit: --time=1 job ended TIMEOUT {took:.1f} s after submit; notices {notices}")
 
 
+@pytest.mark.slow  # GraceTime's 20 s; a preemption on Slurm runs in the suite (test_executor_contract.py)
 def test_preemption_sends_usr1_then_sigterm_and_ends_preempted(slurm, make_request, tmp_path):
     ours = slurm.submit(make_request(python(NOTICE_TRAP), gpus=2, grace_s=30))
     wait_for(lambda: slurm.logs(ours.handle).exists() and out_lines(slurm.logs(ours.handle)), "our job to run",

@@ -51,6 +51,7 @@ def _committed(settings, run_id: str) -> list[Path]:
     return sorted(p for p in root.iterdir() if (p / "COMMITTED").exists())
 
 
+@pytest.mark.slow  # HF Trainer's callback runs in the suite in test_hf_a_notice_after_training_ended_resumes_nothing
 def test_hf_trainer_under_torchrun_two_ranks_preempted_resumes_same_loss(home, sqlite_url, monkeypatch, tmp_path):
     pytest.importorskip("transformers", reason="the `frameworks` extra is not installed")
 
@@ -85,8 +86,10 @@ ACCELERATE_LAUNCHERS = {
 
 
 @pytest.mark.parametrize("launcher", [
-    "accelerate-launch-2",  # the representative case: accelerate's own multi-process launch
-    pytest.param("python-1", marks=pytest.mark.slow),
+    # accelerate's own multi-process launch is a trial (`make trials`): torchrun's two ranks are in the suite
+    # (test_plain_sdk_under_torchrun_…), and one process is accelerate's path through the SDK at the least cost.
+    pytest.param("accelerate-launch-2", marks=pytest.mark.slow),
+    "python-1",
     pytest.param("torchrun-2", marks=pytest.mark.slow),
 ])
 def test_accelerate_preempted_mid_epoch_resumes_same_loss(home, sqlite_url, monkeypatch, launcher):

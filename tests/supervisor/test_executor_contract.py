@@ -273,6 +273,10 @@ def test_a_time_limit_ends_as_timeout_and_resumes_from_a_newer_checkpoint(projec
     assert attempts[1]["resumed_from_checkpoint"] is not None  # work done before the limit was kept
 
 
+# On Slurm this takes 40 s of the scheduler's own pace (`make trials`); adoption on Slurm is in the suite:
+# tests/executors/test_slurm.py::test_adopt_finds_a_job_whose_id_was_never_recorded.
+@pytest.mark.parametrize("project", ["local", pytest.param("slurm", marks=pytest.mark.slow), "ssh", "kubernetes"],
+                         indirect=True)
 def test_a_supervisor_killed_mid_job_is_replaced_and_the_job_adopted_not_duplicated(project):
     run_id = project.submit([sys.executable, "-c", "import time\nprint('working', flush=True)\ntime.sleep(6)\nprint('done')"])
     env = {**os.environ, "TRACKWAY_HOME": str(project.settings.home), "TRACKWAY_DB": project.settings.db_url}

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from waiting import wait_for
 
 PY = sys.executable
@@ -118,6 +120,7 @@ MINUTE = ('[resources.lab]\nexecutor = "slurm"\npartition = "test"\ngpus_per_nod
           'sbatch = ["--mem=1G"]\n[[resources.lab.qos]]\nname = "minute"\nmax_hours = 0.0166\n')
 
 
+@pytest.mark.slow  # whole-minute Slurm limits: about 2.5 min of waiting (`make trials`)
 def test_a_run_in_pieces_runs_each_on_the_longest_tier_and_resumes_from_its_checkpoint_to_the_end(slurm_node,
                                                                                                      cli_sqlite, home):
     Path("trackway.toml").write_text(MINUTE)

@@ -150,6 +150,8 @@ def test_rescore_scores_stored_outputs_with_a_new_scorer_version_and_refuses_ano
 
 
 def test_a_judge_that_cannot_be_reached_is_infra_transient_for_the_scoring_phase_only(cli_sqlite, eval_dir):
+    # The default backoff of an infra_transient resume is 30 s: what is tested is which phase is retried, not the wait.
+    Path("trackway.toml").write_text("[retry.reasons.infra_transient]\nbackoff_seconds = 1\n")
     assert cli_sqlite("submit", "--name", "train", "--", PY, NEUTRAL, "30").code == 0
     spec = two_phase_spec(eval_dir, scorer_args=("--unreachable-attempts", "1"), seeds="[0]")
     done = cli_sqlite("eval", "train@20", "--spec", str(spec))

@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test docs bench bench-peers clean
+.PHONY: demo test trials docs bench bench-peers clean
 
 # The C source too: its extension is built by the install (pip install -e rebuilds it).
 $(STAMP): pyproject.toml src/trackway/checkpoints/_stream_copy.c
@@ -27,7 +27,16 @@ test: $(STAMP)
 	bash scripts/ensure-slurm.sh
 	bash scripts/ensure-sshd.sh
 	bash scripts/ensure-chromium.sh
-	TRACKWAY_BACKGROUND_SUPERVISOR=0 $(PY) -m pytest -n 2 --dist loadfile
+	TRACKWAY_BACKGROUND_SUPERVISOR=0 $(PY) -m pytest -n 2 --dist loadfile -m "not slow"
+
+# The slow fault trials the suite leaves out (tests marked `slow`: whole-minute Slurm limits, every framework's
+# launchers, ...), run as the suite runs; `make bench` runs them too (bench/bench_trials.py).
+trials: $(STAMP)
+	bash scripts/ensure-postgres.sh
+	bash scripts/ensure-slurm.sh
+	bash scripts/ensure-sshd.sh
+	bash scripts/ensure-chromium.sh
+	$(PY) bench/bench_trials.py
 
 # The design pages (docs/) as a site under build/docs; --strict: a broken link or an unlisted page fails.
 # First the reference pages are written again from the code (docs/reference/: the CLI from the Typer app,
@@ -41,6 +50,7 @@ bench: $(STAMP)
 	bash scripts/ensure-postgres.sh
 	bash scripts/ensure-slurm.sh
 	bash scripts/ensure-sshd.sh
+	bash scripts/ensure-chromium.sh
 	$(PY) bench/run_all.py
 
 # trackway's log call beside wandb, mlflow, aim and tensorboardX, in one table; not part of `make bench`.

@@ -559,10 +559,17 @@ def open_reader(db_url: str) -> Iterator[Reader]:
         conn = _connect(path)
     except sqlite3.Error as exc:
         raise _ledger_error(exc, db_url) from exc
+    with _one_transaction(conn, _SqliteReader(conn), sqlite3.Error, db_url) as reader:
+        yield reader
+
+
+@contextmanager
+def _one_transaction(conn, reader: Reader, driver_error: type[Exception], db_url: str) -> Iterator[Reader]:
+    """`reader` over `conn` in one read transaction, the driver's errors told as the ledger's; `conn` closed after."""
     try:
         conn.execute("BEGIN")
-        yield _SqliteReader(conn)
-    except sqlite3.Error as exc:
+        yield reader
+    except driver_error as exc:
         mapped = _ledger_error(exc, db_url, statement_errors=False)
         if mapped is None:
             raise
@@ -597,16 +604,8 @@ def _postgres_reader(db_url: str, conninfo: str) -> Iterator[Reader]:
         finally:
             ledger.dispose()
         return
-    try:
-        conn.execute("BEGIN")
-        yield _LibpqReader(conn)
-    except libpq.Error as exc:
-        mapped = _ledger_error(exc, db_url, statement_errors=False)
-        if mapped is None:
-            raise
-        raise mapped from exc
-    finally:
-        conn.close()
+    with _one_transaction(conn, _LibpqReader(conn), libpq.Error, db_url) as reader:
+        yield reader
 
 
 def postgres_current(conn) -> bool:

@@ -82,7 +82,6 @@ from trackway.executors.local_shim import (
     _Log,
     _read_stat,
     descendants,
-    format_seconds,
     group_members,
     process_create_time,
     read_json,
@@ -528,20 +527,7 @@ class HostedShim(Shim):
         returncode = self._reap_leader()
         if returncode is None:
             return 0
-        deadline = time.monotonic() + local_shim.PUMP_DRAIN_S
-        for pump in pumps:
-            pump.join(max(0.0, deadline - time.monotonic()))
-        if any(pump.is_alive() for pump in pumps):
-            with log.lock:
-                log.muted = True
-            self.evidence.append(
-                f"output pipes still open {format_seconds(local_shim.PUMP_DRAIN_S)} s after the command exited"
-                " (held by a process outside its group): stopped reading them"
-            )
-        self._finish(
-            exit_code=returncode if returncode >= 0 else None,
-            signum=-returncode if returncode < 0 else None,
-        )
+        self._drain_and_finish(pumps, log, returncode)
         return 0
 
     def close(self) -> None:

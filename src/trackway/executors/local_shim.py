@@ -690,6 +690,13 @@ class Shim:
         self._end_tree(child.pid, log)
         returncode = child.wait()
         self._reap_orphans(None)
+        self._drain_and_finish(pumps, log, returncode)
+        if self.foreground:
+            return returncode if returncode >= 0 else 128 - returncode
+        return 0
+
+    def _drain_and_finish(self, pumps: list[threading.Thread], log: _Log, returncode: int) -> None:
+        """The output read to its end (at most PUMP_DRAIN_S after the exit), then the end written."""
         deadline = time.monotonic() + PUMP_DRAIN_S
         for pump in pumps:
             pump.join(max(0.0, deadline - time.monotonic()))
@@ -704,9 +711,6 @@ class Shim:
             exit_code=returncode if returncode >= 0 else None,
             signum=-returncode if returncode < 0 else None,
         )
-        if self.foreground:
-            return returncode if returncode >= 0 else 128 - returncode
-        return 0
 
     def _on_stop(self, signum, frame) -> None:
         if self.stop_signal is None:

@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test trials docs bench bench-peers clean
+.PHONY: demo services test trials docs bench bench-peers clean
 
 # The C source too: its extension is built by the install (pip install -e rebuilds it).
 $(STAMP): pyproject.toml src/trackway/checkpoints/_stream_copy.c
@@ -18,24 +18,23 @@ $(STAMP): pyproject.toml src/trackway/checkpoints/_stream_copy.c
 demo: $(STAMP)
 	$(PY) examples/demo.py
 
-# PostgreSQL and a single-node Slurm are started (installed, on a fresh machine) when they are not up; a no-op when they are.
-# sshd is installed when missing (the SSH tests start their own hosts), and Chromium (the dashboard's browser tests).
-# Tests that need a background supervisor turn it on themselves; elsewhere none is started,
-# so that no supervisor outlives the test that caused it.
-test: $(STAMP)
+# What the suite, the trials and the benchmarks run against: PostgreSQL and a single-node Slurm are started
+# (installed, on a fresh machine) when they are not up, a no-op when they are; sshd is installed when missing
+# (the SSH tests start their own hosts), and Chromium (the dashboard's browser tests).
+services:
 	bash scripts/ensure-postgres.sh
 	bash scripts/ensure-slurm.sh
 	bash scripts/ensure-sshd.sh
 	bash scripts/ensure-chromium.sh
+
+# Tests that need a background supervisor turn it on themselves; elsewhere none is started,
+# so that no supervisor outlives the test that caused it.
+test: $(STAMP) services
 	TRACKWAY_BACKGROUND_SUPERVISOR=0 $(PY) -m pytest -n 2 --dist loadfile -m "not slow"
 
 # The slow fault trials the suite leaves out (tests marked `slow`: whole-minute Slurm limits, every framework's
 # launchers, ...), run as the suite runs; `make bench` runs them too (bench/bench_trials.py).
-trials: $(STAMP)
-	bash scripts/ensure-postgres.sh
-	bash scripts/ensure-slurm.sh
-	bash scripts/ensure-sshd.sh
-	bash scripts/ensure-chromium.sh
+trials: $(STAMP) services
 	$(PY) bench/bench_trials.py
 
 # The design pages (docs/) as a site under build/docs; --strict: a broken link or an unlisted page fails.
@@ -46,11 +45,7 @@ docs: $(STAMP)
 	$(VENV)/bin/mkdocs build --strict
 
 # One table: figure, value, baseline, ratio, target, met; exits non-zero naming each missed figure.
-bench: $(STAMP)
-	bash scripts/ensure-postgres.sh
-	bash scripts/ensure-slurm.sh
-	bash scripts/ensure-sshd.sh
-	bash scripts/ensure-chromium.sh
+bench: $(STAMP) services
 	$(PY) bench/run_all.py
 
 # trackway's log call beside wandb, mlflow, aim and tensorboardX, in one table; not part of `make bench`.

@@ -100,6 +100,16 @@ def active_attempts(conn: Connection) -> list[RowMapping]:
     return sorted(rows, key=lambda row: row["attempt_id"])
 
 
+def unhanded_attempts(conn: Connection) -> list[RowMapping]:
+    """Unfinished attempts no executor has taken yet (no job id): a launch under way, or one interrupted.
+
+    The few of them, not every unfinished attempt: a tick asks on top of `active_attempts`.
+    """
+    unfinished = [state.value for state in AttemptState if not state.is_terminal()]
+    return list(conn.execute(select(attempts).where(attempts.c.state.in_(unfinished),
+                                                    attempts.c.executor_job_id.is_(None))).mappings())
+
+
 def list_runs(
     conn: Connection, limit: int | None = 50, project: str | None = None, kinds: Sequence[str] | None = None
 ) -> list[dict]:

@@ -29,7 +29,7 @@ from trackway.ledger.supervisor_events import QUEUED_EVENT, add_supervisor_event
 from trackway.ledger.metrics import recent_points
 from trackway.ledger.registration import register_all_pending
 from trackway.ledger.schema import attempt_events, attempts, runs
-from trackway.ledger.records import active_attempts, resolve_run, update_run
+from trackway.ledger.records import active_attempts, resolve_run, unhanded_attempts, update_run
 from trackway.settings import Settings
 from trackway.supervisor.endings import AttemptEnd, attempts_by_id, notices_without_finish, prepare_end, record_ends, runs_by_id
 from trackway.supervisor.launch import run_secret_values, start_attempt
@@ -504,11 +504,7 @@ class Supervisor:
         """Attempts recorded but never handed over (the launching process died): adopt the job, or end them."""
         cutoff = datetime.now(timezone.utc) - timedelta(seconds=STALE_LAUNCH_S)
         with self.ledger.read() as conn:
-            stale = [
-                a
-                for a in active_attempts(conn)
-                if not a["executor_job_id"] and a["started_at"] is not None and a["started_at"] < cutoff
-            ]
+            stale = [a for a in unhanded_attempts(conn) if a["started_at"] is not None and a["started_at"] < cutoff]
         ends = []
         for attempt in stale:
             try:

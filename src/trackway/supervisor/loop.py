@@ -183,13 +183,16 @@ class Supervisor:
                        key=lambda pair: pair[1].ended_at.timestamp() if pair[1].ended_at else math.inf)
         ends += self._end_all(ended)
         self._cursor = ""
-        for attempt, status in polled:
-            if status.phase is not JobPhase.RUNNING:
-                continue  # a queued job has nothing to ingest or watch yet
+        watched = [attempt for attempt, status in polled if status.phase is JobPhase.RUNNING]  # a queued job: nothing yet
+        for number, attempt in enumerate(watched):
             if time.monotonic() > deadline:
                 self._cursor = attempt["attempt_id"]
                 self.backlog = True
                 break
+            if number % END_BATCH == 0:
+                # Attempts met for the first time (a supervisor started beside thousands) would each cost
+                # their run's and their offsets' reads: read for the next many at once.
+                self._read_all(watched[number:number + END_BATCH])
             report = ingest_attempt(self.ledger, attempt, self._read_offsets, self._run_secrets(attempt["run_id"]))
             run = self._run_outside_sdk(attempt["run_id"])
             logged = self._ingest_log(attempt, run)
@@ -344,7 +347,7 @@ class Supervisor:
 
         (attempt as it is now, status, the SDK's note, run, a preemption notice without `finish()`).
         """
-        self._read_all(batch)
+        self._read_all([attempt for attempt, _ in batch])
         noted = []
         for attempt, status in batch:
             # Ingest after polling: an attempt seen ended has written all it will write.
@@ -368,10 +371,11 @@ class Supervisor:
         return [(now[attempt["attempt_id"]], status, note, runs_now[attempt["run_id"]], attempt["attempt_id"] in notices)
                 for attempt, status, note in noted if attempt["attempt_id"] in now]
 
-    def _read_all(self, batch: list[tuple[Any, JobStatus]]) -> None:
-        """Fill, in one read, the per-run and per-attempt caches that ingesting and recording ends read one by one."""
-        run_ids = {attempt["run_id"] for attempt, _ in batch}
-        unread = [attempt["attempt_id"] for attempt, _ in batch if attempt["attempt_id"] not in self._read_offsets]
+    def _read_all(self, batch: list[RowMapping]) -> None:
+        """Fill, in one read, the per-run and per-attempt caches that ingesting, watching and recording ends read
+        one by one."""
+        run_ids = {attempt["run_id"] for attempt in batch}
+        unread = [attempt["attempt_id"] for attempt in batch if attempt["attempt_id"] not in self._read_offsets]
         if not unread and run_ids <= self._secrets.keys() and run_ids <= self._outside_sdk.keys():
             return
         with self.ledger.read() as conn:

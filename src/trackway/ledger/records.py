@@ -204,12 +204,13 @@ def record_attempt_ends(conn: Connection, ends: Sequence[AttemptEndRecord]) -> d
     still_open: set[str] = set()
     last_commit: dict[str, Any] = {}
     for part in chunks(ids):
+        asked = set(part)
         still_open.update(conn.execute(
             select(attempts.c.attempt_id)
             .where(attempts.c.attempt_id.in_(part), attempts.c.state != AttemptState.ENDED.value)
             .with_for_update()).scalars())
         failed = [end.attempt["attempt_id"] for end in ends
-                  if end.attempt["attempt_id"] in part and end.reason is not TerminationReason.COMPLETED]
+                  if end.attempt["attempt_id"] in asked and end.reason is not TerminationReason.COMPLETED]
         if failed:
             last_commit.update((attempt_id, committed) for attempt_id, committed in conn.execute(
                 select(checkpoints.c.attempt_id, func.max(checkpoints.c.committed_at))

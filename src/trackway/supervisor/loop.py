@@ -133,6 +133,7 @@ class Supervisor:
         self._queue_said: dict[str, str] = {}  # attempt → the queue's reason last recorded (Slurm PENDING's)
         self._cursor = ""  # the running attempt a time-bounded tick stopped at
         self._read_offsets: dict[str, dict[str, int]] = {}  # how far each running attempt's spool was read
+        self._handles: dict[str, JobHandle] = {}  # each polled attempt's, made once: a tick polls every attempt
         # Each running run's own secret values, masked in what its events say. Fixed at submit (its
         # variables and command line), so read from its files once, not on every tick.
         self._secrets: dict[str, tuple[str, ...]] = {}
@@ -160,6 +161,7 @@ class Supervisor:
             pending = [a for a in active_attempts(conn) if a["executor_job_id"]]
         live = {a["attempt_id"] for a in pending}
         self._read_offsets = {key: value for key, value in self._read_offsets.items() if key in live}
+        self._handles = {key: value for key, value in self._handles.items() if key in live}
         running = {a["run_id"] for a in pending}
         self._secrets = {key: value for key, value in self._secrets.items() if key in running}
         self._run_watchers = {key: value for key, value in self._run_watchers.items() if key in running}
@@ -222,13 +224,19 @@ class Supervisor:
         polled = []
         for name, group in by_executor.items():
             try:
-                statuses = self.executor(name).poll_many([handle_of(attempt) for attempt in group])
+                statuses = self.executor(name).poll_many([self._handle_of(attempt) for attempt in group])
             except TrackwayError as exc:
                 self.findings.append((group[0]["attempt_id"], f"{name}: {exc}"))
                 continue
             polled += [(attempt, statuses[attempt["executor_job_id"]]) for attempt in group
                        if attempt["executor_job_id"] in statuses]
         return polled
+
+    def _handle_of(self, attempt: RowMapping) -> JobHandle:
+        handle = self._handles.get(attempt["attempt_id"])
+        if handle is None or handle.job_id != attempt["executor_job_id"] or handle.executor != attempt["executor"]:
+            handle = self._handles[attempt["attempt_id"]] = handle_of(attempt)
+        return handle
 
     def _note_queue(self, polled: list[tuple[Any, JobStatus]]) -> None:
         """An attempt the executor holds in its queue is `queued` (its run too), with the queue's reason; `running`

@@ -277,7 +277,7 @@ def redact_structure(value: object, known: Sequence[str] = ()) -> object:
         return redact(value, known)
     if isinstance(value, dict):
         return {
-            redact(k, known) if isinstance(k, str) else k: (
+            _redact_key(k, known) if isinstance(k, str) else k: (
                 MASK if isinstance(k, str) and is_secret_name(k) and isinstance(v, str) and v
                 else redact_structure(v, known)
             )
@@ -288,6 +288,24 @@ def redact_structure(value: object, known: Sequence[str] = ()) -> object:
             return redact_lines(value, known)
         return [redact_structure(item, known) for item in value]
     return value
+
+
+KEY_CACHED_CHARS = 64
+
+
+def _redact_key(key: str, known: Sequence[str]) -> str:
+    """`redact` of a dict's key: the same few keys (an evidence record's, an event's) recur in every record.
+
+    Kept for short keys only, so that what the cache holds stays small whatever keys a script's events use.
+    """
+    if isinstance(known, tuple) and len(key) <= KEY_CACHED_CHARS:
+        return _redact_known_key(key, known)
+    return redact(key, known)
+
+
+@lru_cache(maxsize=4096)
+def _redact_known_key(key: str, known: tuple[str, ...]) -> str:
+    return redact(key, known)
 
 
 def redact_argv(argv: Sequence[str], known: Sequence[str] = ()) -> list[str]:

@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
 import json
 import math
@@ -469,17 +470,27 @@ def quarantine_line(spool_dir: Path, file: str, offset: int, line: bytes, error:
 
 def fallback_roots() -> list[Path]:
     """Where fallback directories may live, most preferred first (see the module docstring)."""
-    chosen = os.environ.get(FALLBACK_ENV)
+    return [Path(root) for root in _root_names(os.environ.get(FALLBACK_ENV), tempfile.gettempdir())]
+
+
+@functools.lru_cache(maxsize=8)
+def _root_names(chosen: str | None, temporary: str) -> tuple[str, ...]:
     if chosen:
-        return [Path(chosen)]
-    roots = [Path(tempfile.gettempdir()), Path("/dev/shm")]
-    return list(dict.fromkeys(roots))
+        return (str(Path(chosen)),)
+    return tuple(dict.fromkeys(str(Path(root)) for root in (temporary, "/dev/shm")))
 
 
 def fallback_dirs(spool_dir: Path) -> list[Path]:
     """The candidate fallback directories of the spool at `spool_dir`, most preferred first."""
+    return [Path(name) for name in fallback_dir_names(spool_dir)]
+
+
+def fallback_dir_names(spool_dir: str | os.PathLike) -> list[str]:
+    """`fallback_dirs` as the strings of their paths: an ingester looks for those of a thousand ended attempts
+    in one tick, where building the paths cost more than asking whether they exist."""
     digest = hashlib.sha256(os.path.abspath(spool_dir).encode()).hexdigest()[:24]
-    return [root / FALLBACK_DIR_NAME / digest for root in fallback_roots()]
+    return [os.path.join(root, FALLBACK_DIR_NAME, digest)
+            for root in _root_names(os.environ.get(FALLBACK_ENV), tempfile.gettempdir())]
 
 
 def make_fallback_dir(spool_dir: Path) -> Path:

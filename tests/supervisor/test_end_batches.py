@@ -12,10 +12,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
+from sqlalchemy import select
 
 from trackway.executors.base import Executor, JobHandle, JobPhase, JobStatus, Submission
 from trackway.ledger import open_ledger
 from trackway.ledger.records import list_attempts, resolve_run
+from trackway.ledger.schema import attempt_events
 from trackway.settings import load_settings
 from trackway.supervisor.launch import start_attempt
 from trackway.supervisor.loop import Supervisor
@@ -101,3 +103,42 @@ def test_an_end_that_cannot_be_read_leaves_every_other_receipt_recorded(project)
     assert states[broken] != "ended"  # not lost: the next tick tries it again
     log.rmdir()
     assert [end.attempt_id for end in supervisor.tick()] == [broken]
+
+
+def test_runs_read_together_mask_each_runs_own_secrets(tmp_path, sqlite_url):
+    """A supervisor meeting many running attempts at once reads their runs' secrets together: each run's
+    events and receipt still have that run's own values masked, whatever the other runs hold."""
+    executor = Given()
+    settings = load_settings(home=tmp_path / "home", db=sqlite_url, cwd=tmp_path)
+    ledger = open_ledger(sqlite_url)
+    values = {}
+    for number in range(4):
+        value = f"kb-{number}-Vq3xTr8pLw"
+        run_id = submit_run(ledger, settings, RunSpec(command=[sys.executable, "train.py"], cwd=tmp_path,
+                                                       environ={"KB_PASSWORD": value}))
+        values[start_attempt(ledger, settings, run_id, executor)] = value
+    with ledger.read() as conn:
+        rows = {row["attempt_id"]: row for row in list_attempts(conn, limit=None)}
+    for attempt_id, value in values.items():
+        spool = Path(rows[attempt_id]["state_dir"]) / "spool"
+        spool.mkdir(parents=True, exist_ok=True)
+        (spool / "events.jsonl").write_text(json.dumps(
+            {"seq": 1, "kind": "said", "t": datetime.now(timezone.utc).timestamp(), "message": f"logged in as {value}"}
+        ) + "\n")
+        with Path(rows[attempt_id]["log_path"]).open("a") as log:
+            log.write(f"ValueError: could not log in as {value}\n")
+
+    supervisor = Supervisor(ledger, settings, executor_for=lambda name: executor)
+    assert supervisor.tick() == []  # all running: their spools ingested
+    for attempt_id in values:
+        executor.ended[attempt_id] = 1
+    assert len(supervisor.tick()) == len(values)
+
+    with ledger.read() as conn:
+        said = {attempt_id: payload for attempt_id, payload in conn.execute(
+            select(attempt_events.c.attempt_id, attempt_events.c.payload).where(attempt_events.c.kind == "said"))}
+        evidence = {row["attempt_id"]: row["termination_evidence"] for row in list_attempts(conn, limit=None)}
+    assert said.keys() == values.keys()
+    for attempt_id, value in values.items():
+        assert value not in said[attempt_id] and "logged in as ***" in json.loads(said[attempt_id])["message"]
+        assert value not in evidence[attempt_id] and "could not log in as ***" in evidence[attempt_id]

@@ -45,7 +45,7 @@ from trackway.spool import (
     METRICS_PREFIX,
     NOTE_FILE,
     decode_metric_line,
-    fallback_dirs,
+    fallback_dir_names,
     quarantine_line,
     read_complete_lines_at,
     read_json,
@@ -98,9 +98,11 @@ def ingest_attempt(ledger: Ledger, attempt: RowMapping,
     """
     attempt_id = attempt["attempt_id"]
     spool = spool_dir_of(attempt)
-    report = IngestReport(note=read_json(spool / NOTE_FILE))
-    sources = _sources(spool)
-    beat = read_json(spool / HEARTBEAT_FILE)
+    there = _listed(spool)
+    present = there[1] if there is not None else ()
+    report = IngestReport(note=read_json(spool / NOTE_FILE) if NOTE_FILE in present else None)
+    sources = _sources(spool, there)
+    beat = read_json(spool / HEARTBEAT_FILE) if HEARTBEAT_FILE in present else None
     known = read_offsets.get(attempt_id) if read_offsets is not None else None
     if known is not None and not _has_news(sources, known, attempt, beat):
         return report  # the common case on a busy supervisor: not even a read transaction
@@ -133,32 +135,45 @@ def ingest_attempt(ledger: Ledger, attempt: RowMapping,
     return report
 
 
-def _sources(spool: Path) -> list[_Source]:
-    """The spool's metrics and events files, then those of any fallback directory that exists."""
-    sources = [_Source(name, spool / name, True) for name in _metrics_files(spool) or ()]
-    sources.append(_Source(EVENTS_FILE, spool / EVENTS_FILE, False))
-    for directory in fallback_dirs(spool):
-        names = _metrics_files(directory)
-        if names is None:
+def _sources(spool: Path, there: tuple[list[str], frozenset[str]] | None) -> list[_Source]:
+    """The spool's metrics and events files, then those of any fallback directory that exists.
+
+    `there`: what `_listed` found in the spool. Only the files there now: one that appears later is
+    read by a later pass, from where its cursor says (nothing read yet: its start).
+    """
+    sources = _sources_in(spool, "", there)
+    for name in fallback_dir_names(spool):
+        found = _listed(name)
+        if found is None:
             continue
+        directory = Path(name)
         # Named by a digest of the directory: stable, and short enough for spool_cursors.file.
-        prefix = f"{FALLBACK_PREFIX}{zlib.crc32(str(directory).encode()):08x}/"
-        sources += [_Source(prefix + name, directory / name, True) for name in names]
+        sources += _sources_in(directory, f"{FALLBACK_PREFIX}{zlib.crc32(str(directory).encode()):08x}/", found)
+    return sources
+
+
+def _sources_in(directory: Path, prefix: str, there: tuple[list[str], frozenset[str]] | None) -> list[_Source]:
+    if there is None:
+        return []
+    metrics, names = there
+    sources = [_Source(prefix + name, directory / name, True) for name in metrics]
+    if EVENTS_FILE in names:
         sources.append(_Source(prefix + EVENTS_FILE, directory / EVENTS_FILE, False))
     return sources
 
 
-def _metrics_files(directory: Path) -> list[str] | None:
-    """The names of the metrics files in `directory`, sorted; None when it is no directory.
+def _listed(directory: str | os.PathLike) -> tuple[list[str], frozenset[str]] | None:
+    """The names of the metrics files in `directory`, sorted, and of every file there; None when it is no directory.
 
-    os.scandir, not Path.glob: a burst of ends reads a thousand spools in one tick.
+    One os.scandir, not a Path per file asked after: a burst of ends reads a thousand spools in one
+    tick, most of them holding nothing new, many not there at all.
     """
     try:
         with os.scandir(directory) as entries:
-            return sorted(entry.name for entry in entries
-                          if entry.name.startswith(METRICS_PREFIX) and entry.name.endswith(".jsonl"))
+            names = frozenset(entry.name for entry in entries)
     except (FileNotFoundError, NotADirectoryError):
         return None
+    return sorted(name for name in names if name.startswith(METRICS_PREFIX) and name.endswith(".jsonl")), names
 
 
 def _lock_attempt(conn: Connection, attempt_id: str) -> None:

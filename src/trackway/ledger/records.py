@@ -100,6 +100,16 @@ def active_attempts(conn: Connection) -> list[RowMapping]:
     return sorted(rows, key=lambda row: row["attempt_id"])
 
 
+def unhanded_attempts(conn: Connection) -> list[RowMapping]:
+    """Unfinished attempts no executor has taken yet (no job id): a launch under way, or one interrupted.
+
+    The few of them, not every unfinished attempt: a tick asks on top of `active_attempts`.
+    """
+    unfinished = [state.value for state in AttemptState if not state.is_terminal()]
+    return list(conn.execute(select(attempts).where(attempts.c.state.in_(unfinished),
+                                                    attempts.c.executor_job_id.is_(None))).mappings())
+
+
 def list_runs(
     conn: Connection, limit: int | None = 50, project: str | None = None, kinds: Sequence[str] | None = None
 ) -> list[dict]:
@@ -194,12 +204,13 @@ def record_attempt_ends(conn: Connection, ends: Sequence[AttemptEndRecord]) -> d
     still_open: set[str] = set()
     last_commit: dict[str, Any] = {}
     for part in chunks(ids):
+        asked = set(part)
         still_open.update(conn.execute(
             select(attempts.c.attempt_id)
             .where(attempts.c.attempt_id.in_(part), attempts.c.state != AttemptState.ENDED.value)
             .with_for_update()).scalars())
         failed = [end.attempt["attempt_id"] for end in ends
-                  if end.attempt["attempt_id"] in part and end.reason is not TerminationReason.COMPLETED]
+                  if end.attempt["attempt_id"] in asked and end.reason is not TerminationReason.COMPLETED]
         if failed:
             last_commit.update((attempt_id, committed) for attempt_id, committed in conn.execute(
                 select(checkpoints.c.attempt_id, func.max(checkpoints.c.committed_at))

@@ -29,7 +29,7 @@ from trackway.ledger.supervisor_events import QUEUED_EVENT, add_supervisor_event
 from trackway.ledger.metrics import recent_points
 from trackway.ledger.registration import register_all_pending
 from trackway.ledger.schema import attempt_events, attempts, runs
-from trackway.ledger.records import active_attempts, resolve_run, update_run
+from trackway.ledger.records import active_attempts, resolve_run, unhanded_attempts, update_run
 from trackway.settings import Settings
 from trackway.supervisor.endings import AttemptEnd, attempts_by_id, notices_without_finish, prepare_end, record_ends, runs_by_id
 from trackway.supervisor.launch import run_secret_values, start_attempt
@@ -133,6 +133,7 @@ class Supervisor:
         self._queue_said: dict[str, str] = {}  # attempt → the queue's reason last recorded (Slurm PENDING's)
         self._cursor = ""  # the running attempt a time-bounded tick stopped at
         self._read_offsets: dict[str, dict[str, int]] = {}  # how far each running attempt's spool was read
+        self._handles: dict[str, JobHandle] = {}  # each polled attempt's, made once: a tick polls every attempt
         # Each running run's own secret values, masked in what its events say. Fixed at submit (its
         # variables and command line), so read from its files once, not on every tick.
         self._secrets: dict[str, tuple[str, ...]] = {}
@@ -160,11 +161,12 @@ class Supervisor:
             pending = [a for a in active_attempts(conn) if a["executor_job_id"]]
         live = {a["attempt_id"] for a in pending}
         self._read_offsets = {key: value for key, value in self._read_offsets.items() if key in live}
+        self._handles = {key: value for key, value in self._handles.items() if key in live}
         running = {a["run_id"] for a in pending}
         self._secrets = {key: value for key, value in self._secrets.items() if key in running}
         self._run_watchers = {key: value for key, value in self._run_watchers.items() if key in running}
-        # A tick is bounded in time. Every attempt is polled (a few file reads each), and the ends
-        # are recorded first: a receipt and a retry are what people wait for, while ingesting and
+        # A tick is bounded in time. Every attempt is polled (a few file reads each), and every end
+        # found is recorded first: a receipt and a retry are what people wait for, while ingesting and
         # watching the attempts still running can wait a tick. What the budget leaves undone is
         # the next tick's, started at once (`backlog`); running attempts are taken in turn from
         # where the last tick stopped, so that every one is watched.
@@ -181,15 +183,18 @@ class Supervisor:
         # is recorded oldest first, so none waits for the whole burst.
         ended = sorted(((attempt, status) for attempt, status in polled if status.phase.is_terminal()),
                        key=lambda pair: pair[1].ended_at.timestamp() if pair[1].ended_at else math.inf)
-        ends += self._end_all(ended, deadline)
+        ends += self._end_all(ended)
         self._cursor = ""
-        for attempt, status in polled:
-            if status.phase is not JobPhase.RUNNING:
-                continue  # a queued job has nothing to ingest or watch yet
+        watched = [attempt for attempt, status in polled if status.phase is JobPhase.RUNNING]  # a queued job: nothing yet
+        for number, attempt in enumerate(watched):
             if time.monotonic() > deadline:
                 self._cursor = attempt["attempt_id"]
                 self.backlog = True
                 break
+            if number % END_BATCH == 0:
+                # Attempts met for the first time (a supervisor started beside thousands) would each cost
+                # their run's and their offsets' reads: read for the next many at once.
+                self._read_all(watched[number:number + END_BATCH])
             report = ingest_attempt(self.ledger, attempt, self._read_offsets, self._run_secrets(attempt["run_id"]))
             run = self._run_outside_sdk(attempt["run_id"])
             logged = self._ingest_log(attempt, run)
@@ -219,13 +224,19 @@ class Supervisor:
         polled = []
         for name, group in by_executor.items():
             try:
-                statuses = self.executor(name).poll_many([handle_of(attempt) for attempt in group])
+                statuses = self.executor(name).poll_many([self._handle_of(attempt) for attempt in group])
             except TrackwayError as exc:
                 self.findings.append((group[0]["attempt_id"], f"{name}: {exc}"))
                 continue
             polled += [(attempt, statuses[attempt["executor_job_id"]]) for attempt in group
                        if attempt["executor_job_id"] in statuses]
         return polled
+
+    def _handle_of(self, attempt: RowMapping) -> JobHandle:
+        handle = self._handles.get(attempt["attempt_id"])
+        if handle is None or handle.job_id != attempt["executor_job_id"] or handle.executor != attempt["executor"]:
+            handle = self._handles[attempt["attempt_id"]] = handle_of(attempt)
+        return handle
 
     def _note_queue(self, polled: list[tuple[Any, JobStatus]]) -> None:
         """An attempt the executor holds in its queue is `queued` (its run too), with the queue's reason; `running`
@@ -300,21 +311,19 @@ class Supervisor:
                 if add_supervisor_event(conn, attempt["attempt_id"], kind, {"message": message}):
                     self.findings.append((attempt["attempt_id"], message))
 
-    def _end_all(self, ended: list[tuple[Any, JobStatus]], deadline: float) -> list[AttemptEnd]:
+    def _end_all(self, ended: list[tuple[Any, JobStatus]]) -> list[AttemptEnd]:
         """Record the ends its executors report, oldest first, in batches: each batch's receipts in one transaction.
 
-        At least one batch, then until `deadline` (the rest is the next tick's: `backlog`). One end per
-        run in a batch: a second end of one run waits for the next batch, decided after the first.
-        An attempt whose end cannot be prepared (its files unreadable, a bug) leaves the others to be
-        recorded, and is raised after them.
+        Every end polled, whatever the tick's budget: leaving some to the next tick would make them
+        wait for its reads and its poll of every attempt again, the most of a tick's cost in a burst,
+        while each batch committed is readable at once. One end per run in a batch: a second end of
+        one run waits for the next batch, decided after the first. An attempt whose end cannot be
+        prepared (its files unreadable, a bug) leaves the others to be recorded, and is raised after them.
         """
         ends: list[AttemptEnd] = []
         failure: Exception | None = None
         todo = list(ended)
         while todo:
-            if ends and time.monotonic() > deadline:
-                self.backlog = True
-                break
             batch, later, runs_in = [], [], set()
             for attempt, status in todo:
                 if len(batch) < END_BATCH and attempt["run_id"] not in runs_in:
@@ -346,7 +355,7 @@ class Supervisor:
 
         (attempt as it is now, status, the SDK's note, run, a preemption notice without `finish()`).
         """
-        self._read_all(batch)
+        self._read_all([attempt for attempt, _ in batch])
         noted = []
         for attempt, status in batch:
             # Ingest after polling: an attempt seen ended has written all it will write.
@@ -370,10 +379,11 @@ class Supervisor:
         return [(now[attempt["attempt_id"]], status, note, runs_now[attempt["run_id"]], attempt["attempt_id"] in notices)
                 for attempt, status, note in noted if attempt["attempt_id"] in now]
 
-    def _read_all(self, batch: list[tuple[Any, JobStatus]]) -> None:
-        """Fill, in one read, the per-run and per-attempt caches that ingesting and recording ends read one by one."""
-        run_ids = {attempt["run_id"] for attempt, _ in batch}
-        unread = [attempt["attempt_id"] for attempt, _ in batch if attempt["attempt_id"] not in self._read_offsets]
+    def _read_all(self, batch: list[RowMapping]) -> None:
+        """Fill, in one read, the per-run and per-attempt caches that ingesting, watching and recording ends read
+        one by one."""
+        run_ids = {attempt["run_id"] for attempt in batch}
+        unread = [attempt["attempt_id"] for attempt in batch if attempt["attempt_id"] not in self._read_offsets]
         if not unread and run_ids <= self._secrets.keys() and run_ids <= self._outside_sdk.keys():
             return
         with self.ledger.read() as conn:
@@ -504,11 +514,7 @@ class Supervisor:
         """Attempts recorded but never handed over (the launching process died): adopt the job, or end them."""
         cutoff = datetime.now(timezone.utc) - timedelta(seconds=STALE_LAUNCH_S)
         with self.ledger.read() as conn:
-            stale = [
-                a
-                for a in active_attempts(conn)
-                if not a["executor_job_id"] and a["started_at"] is not None and a["started_at"] < cutoff
-            ]
+            stale = [a for a in unhanded_attempts(conn) if a["started_at"] is not None and a["started_at"] < cutoff]
         ends = []
         for attempt in stale:
             try:

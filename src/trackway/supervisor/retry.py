@@ -45,19 +45,21 @@ def run_policy(settings: Settings, run: RowMapping) -> RetryPolicy:
 
 def effective_config_path(settings: Settings, run_id: str) -> Path | None:
     """The config the run's next attempt gets: the newest attempt's (after `resume --set`), else the run's."""
-    run_dir = settings.runs_dir / run_id
-    # os.scandir, not Path.glob: every end of a burst asks this, and the glob cost more than the decision.
+    # os.scandir and os.path, not Path.glob and Paths: every end of a burst asks this, and the glob cost more
+    # than the decision, the Paths a third of it.
+    run_dir = os.path.join(settings.runs_dir, run_id)
+    attempts_dir = os.path.join(run_dir, "attempts")
     try:
-        numbers = sorted((int(entry.name) for entry in os.scandir(run_dir / "attempts") if entry.name.isdigit()),
+        numbers = sorted((int(entry.name) for entry in os.scandir(attempts_dir) if entry.name.isdigit()),
                          reverse=True)
     except (FileNotFoundError, NotADirectoryError):  # no attempt yet, or its directory could not be made
         numbers = []
     for number in numbers:
-        path = run_dir / "attempts" / str(number) / "config.json"
+        path = os.path.join(attempts_dir, str(number), "config.json")
         if os.path.exists(path):
-            return path
-    path = run_dir / "config.json"
-    return path if path.is_file() else None
+            return Path(path)
+    path = os.path.join(run_dir, "config.json")
+    return Path(path) if os.path.isfile(path) else None
 
 
 def run_config(settings: Settings, run_id: str) -> dict | None:
@@ -126,10 +128,13 @@ def decide_after_ends(
                 policy = None
                 decision = Decision("stop", "retry policy invalid", f"{exc}; fix it, then `trackway resume {run_ref}`")
         if policy is not None:
+            # Read only where the rule compares it (an OOM's, by default): it costs reading the run's config.
+            compared = bool(history) and policy.rule(history[-1].reason).requires == "changed_memory_fingerprint"
             decision = decide(
                 policy,
                 history,
-                next_memory_fingerprint=next_fingerprint(settings, run, rows[-1] if rows else None, moves_to),
+                next_memory_fingerprint=(next_fingerprint(settings, run, rows[-1] if rows else None, moves_to)
+                                         if compared else None),
                 run_gpu_seconds=float(spent),
                 run_ref=run_ref,
                 pieces=pieces_of(run, rows) if policy.in_pieces else None,
@@ -202,8 +207,8 @@ def outcome_of(row: RowMapping) -> AttemptOutcome:
         reason=TerminationReason(row["termination_reason"]),
         committed_checkpoint=bool(row["checkpoints_committed"]),
         memory_fingerprint=row["memory_fingerprint"],
-        disk_full=disk_full_of(row["termination_evidence"]),
-        rule=rule_of(row["termination_evidence"]),
+        disk_full=_disk_full_in(evidence),
+        rule=_rule_in(evidence),
         signature=signature.get("key") if isinstance(signature.get("key"), str) else None,
         failure=_failure_text(signature),
         step=signature.get("step") if isinstance(signature.get("step"), int) else None,
@@ -221,15 +226,21 @@ def _failure_text(signature: dict) -> str | None:
 
 def rule_of(evidence_json: str | None) -> str | None:
     """The classification rule stored in an attempt's termination evidence."""
-    rule = (_evidence(evidence_json) or {}).get("rule")
+    return _rule_in(_evidence(evidence_json) or {})
+
+
+def _rule_in(evidence: dict) -> str | None:
+    rule = evidence.get("rule")
     return rule if isinstance(rule, str) else None
 
 
 def disk_full_of(evidence_json: str | None) -> DiskFull | None:
     """Whether an attempt's stored termination evidence says it met a full disk, and where."""
     evidence = _evidence(evidence_json)
-    if evidence is None:
-        return None
+    return _disk_full_in(evidence) if evidence is not None else None
+
+
+def _disk_full_in(evidence: dict) -> DiskFull | None:
     found = evidence.get("disk_full")
     if isinstance(found, dict):
         free = found.get("free_bytes")

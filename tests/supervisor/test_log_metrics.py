@@ -133,7 +133,9 @@ def test_log_metrics_reach_the_ledger_once(cli):
     points = cli("metrics", "nano", "--key", "loss", "--json").json()
     assert [p["step"] for p in points] == list(range(41))
     assert all(p["attempt_number"] == 1 and math.isfinite(p["value"]) for p in points)
-    assert {p["key"] for p in cli("metrics", "nano", "--json").json()} == {"loss", "time_ms"}
+    # What the pattern names; a run past 10 s (a loaded machine) also has the shim's node/ samples beside them.
+    logged = {p["key"] for p in cli("metrics", "nano", "--json").json() if not p["key"].startswith("node/")}
+    assert logged == {"loss", "time_ms"}
     assert (attempt["first_step"], attempt["last_step"]) == (0, 40)
 
     # The offset is durable: another supervisor (a fresh process's view) reads nothing twice.

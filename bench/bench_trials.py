@@ -3,7 +3,7 @@
 They are whole-minute Slurm time limits, time limits on every executor, a run cut into pieces on
 Slurm's tiers, every launcher of every framework preempted and resumed, two-rank checkpoint shards,
 the example agent: minutes of real waiting each, for paths the suite also crosses once by a
-shorter route. This runs them as the suite runs (pytest, real components, two workers) and prints
+shorter route. This runs them as the suite runs (pytest, real components, three workers) and prints
 how many passed, which failed, and how long they took. `make trials` runs this alone.
 
     python bench/bench_trials.py [PYTEST_ARGS...]   # e.g. -k slurm
@@ -32,7 +32,7 @@ def run_trials(extra: list[str]) -> tuple[int, list[str], int, float]:
         report = Path(tmp) / "trials.xml"
         env = {**os.environ, "TRACKWAY_BACKGROUND_SUPERVISOR": "0"}
         started = time.monotonic()
-        done = subprocess.run([sys.executable, "-m", "pytest", "-m", "slow", "-n", "2", "--dist", "loadfile",
+        done = subprocess.run([sys.executable, "-m", "pytest", "-m", "slow", "-n", "3", "--dist", "loadfile",
                                "-p", "no:cacheprovider", "-q", f"--junitxml={report}", *extra],
                               cwd=ROOT, env=env)
         took = time.monotonic() - started
@@ -56,7 +56,7 @@ def main(argv: list[str]) -> int:
         print(f"trial failed: {name}")
     ok = figure("slow fault trials passed (pytest -m slow)", ran - len(failed), unit="trials",
                 target=max(ran, 1), higher_is_better=True)
-    figure("slow fault trials, wall time on two workers", took)
+    figure("slow fault trials, wall time on three workers", took)
     # pytest's status 5 is "no test collected": a selection that names nothing is no pass.
     return 0 if ok and status == 0 else 1
 

@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from trackway.sdk.context import AttemptContext
 from trackway.spool import EVENTS_FILE
 
@@ -33,6 +35,7 @@ def _attempt(tmp_path: Path, host: str, number: int, url: str, aws: dict[str, st
     return done.stdout, [json.loads(line) for line in (spool / EVENTS_FILE).read_text().splitlines()]
 
 
+@pytest.mark.slow  # the same upload and resume on a new host, supervised, in tests/supervisor/test_reclaimed_host.py
 def test_checkpoints_are_uploaded_and_a_new_host_resumes_from_the_store(s3_server, tmp_path: Path) -> None:
     url = f"s3://{s3_server.bucket('sdk')}/runs/r1"
     out, events = _attempt(tmp_path, "host-a", 1, url, s3_server.env, "25")

@@ -32,6 +32,7 @@ from typing import Any
 from sqlalchemy import Connection, RowMapping, case, func, select, update
 
 from trackway.ledger import rollups
+from trackway.ledger.attempt_lock import lock_attempt
 from trackway.ledger.ingest_rows import INT32 as _INT32
 from trackway.ledger.ingest_rows import UPSERT_POINTS, decode_event, keys_of, metrics_rank, point_rows
 from trackway.ledger.schema import attempt_events, attempts, checkpoints, metric_series, spool_cursors
@@ -113,7 +114,7 @@ def ingest_attempt(ledger: Ledger, attempt: RowMapping,
     if not _has_news(sources, offsets, attempt, beat):
         return report  # no write transaction at all
     with ledger.write() as conn:
-        _lock_attempt(conn, attempt_id)
+        lock_attempt(conn, attempt_id)
         offsets = _offsets(conn, attempt_id)
         read = dict(offsets)
         for source in sources:
@@ -174,11 +175,6 @@ def _listed(directory: str | os.PathLike) -> tuple[list[str], frozenset[str]] | 
     except (FileNotFoundError, NotADirectoryError):
         return None
     return sorted(name for name in names if name.startswith(METRICS_PREFIX) and name.endswith(".jsonl")), names
-
-
-def _lock_attempt(conn: Connection, attempt_id: str) -> None:
-    """Make a concurrent ingest of this attempt wait for this one to commit (PostgreSQL row lock)."""
-    conn.execute(select(attempts.c.attempt_id).where(attempts.c.attempt_id == attempt_id).with_for_update())
 
 
 def _offsets(conn: Connection, attempt_id: str) -> dict[str, int]:

@@ -1,4 +1,9 @@
-"""What the supervisor noticed about an attempt, kept as attempt events of its own rank, once per kind."""
+"""What the supervisor noticed about an attempt, kept as attempt events of its own rank, once per kind.
+
+Each write locks the attempt first (ledger/attempt_lock.py): two processes noting the same attempt
+at once (a supervisor and a command's reconciling tick) would otherwise both find the kind missing
+and take the same next number, and one of them would fail on the event's key.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ from typing import Any
 
 from sqlalchemy import Connection, func, select
 
+from trackway.ledger.attempt_lock import lock_attempt
 from trackway.ledger.event_kinds import QUEUED_EVENT, SUPERVISOR_RANK
 
 __all__ = ["QUEUED_EVENT", "SUPERVISOR_RANK", "add_supervisor_event", "set_supervisor_event", "supervisor_event"]
@@ -17,6 +23,7 @@ from trackway.ledger.schema import attempt_events
 
 def add_supervisor_event(conn: Connection, attempt_id: str, kind: str, payload: dict[str, Any]) -> bool:
     """Record what the supervisor noticed about an attempt, once per kind; False if already recorded."""
+    lock_attempt(conn, attempt_id)
     mine = (attempt_events.c.attempt_id == attempt_id) & (attempt_events.c.rank == SUPERVISOR_RANK)
     if conn.execute(select(attempt_events.c.seq).where(mine, attempt_events.c.kind == kind)).first() is not None:
         return False
@@ -34,6 +41,7 @@ def add_supervisor_event(conn: Connection, attempt_id: str, kind: str, payload: 
 def set_supervisor_event(conn: Connection, attempt_id: str, kind: str, payload: dict[str, Any]) -> bool:
     """Record what the supervisor notices now about an attempt, replacing what it noticed before under `kind`
     (a queue's reason that changes: Priority, then Resources); False if it said the same already."""
+    lock_attempt(conn, attempt_id)
     mine = (attempt_events.c.attempt_id == attempt_id) & (attempt_events.c.rank == SUPERVISOR_RANK)
     row = conn.execute(select(attempt_events.c.seq, attempt_events.c.payload)
                        .where(mine, attempt_events.c.kind == kind)).first()

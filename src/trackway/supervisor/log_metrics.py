@@ -43,7 +43,8 @@ from sqlalchemy import RowMapping, func, select
 
 from trackway.errors import InputError
 from trackway.ledger import Ledger
-from trackway.ledger.ingest import _ingest_metric_lines, _lock_attempt, _offsets, _save_offset
+from trackway.ledger.attempt_lock import lock_attempt
+from trackway.ledger.ingest import _ingest_metric_lines, _offsets, _save_offset
 from trackway.ledger.schema import attempts, metric_points, metric_series
 from trackway.redaction import redact
 from trackway.spool import read_complete_lines_at
@@ -188,7 +189,7 @@ def ingest_log_metrics(ledger: Ledger, attempt: RowMapping, patterns: Sequence[s
         if size <= _offsets(conn, attempt["attempt_id"]).get(LOG_CURSOR, 0):
             return report
     with ledger.write() as conn:
-        _lock_attempt(conn, attempt["attempt_id"])
+        lock_attempt(conn, attempt["attempt_id"])
         offset = _offsets(conn, attempt["attempt_id"]).get(LOG_CURSOR, 0)
         located, end = _read_lines(log, offset)
         if not located:

@@ -20,7 +20,8 @@ from sqlalchemy import RowMapping
 
 from trackway.executors.node_sampler import SAMPLES_FILE
 from trackway.ledger import Ledger
-from trackway.ledger.ingest import _ingest_metric_lines, _lock_attempt, _offsets, _save_offset, spool_dir_of
+from trackway.ledger.attempt_lock import lock_attempt
+from trackway.ledger.ingest import _ingest_metric_lines, _offsets, _save_offset, spool_dir_of
 from trackway.supervisor.log_metrics import _attempt_last_step
 
 MAX_READ = 1 << 20
@@ -56,7 +57,7 @@ def ingest_node_samples(ledger: Ledger, attempt: RowMapping, known: dict[str, tu
         return 0
     stored = 0
     with ledger.write() as conn:
-        _lock_attempt(conn, attempt["attempt_id"])
+        lock_attempt(conn, attempt["attempt_id"])
         offset = _offsets(conn, attempt["attempt_id"]).get(cursor, 0)
         with open(path, "rb") as f:
             f.seek(offset)

@@ -12,6 +12,7 @@ time-limited: a long write is not a missing rank.
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 from collections.abc import Callable
@@ -81,6 +82,21 @@ class Ranks:
         if self._control_group is None:
             self._writer_group = self.dist.new_group(backend="gloo")
             self._control_group = self.dist.new_group(backend="gloo")
+            # Left to the interpreter's teardown, a gloo group's threads can be destroyed still running: the
+            # process then aborts (SIGABRT, "terminate called without an active exception") after a script that
+            # never called destroy_process_group() ended well, and its end would read as a crash.
+            atexit.register(self._destroy_groups)
+
+    def _destroy_groups(self) -> None:
+        """trackway's own groups ended before the interpreter's teardown (local to this process on gloo)."""
+        for group in (self._writer_group, self._control_group):
+            if group is None:
+                continue
+            try:
+                self.dist.destroy_process_group(group)
+            except Exception:  # noqa: BLE001 - the job's own group is already gone, or the exit is a crash's
+                pass
+        self._writer_group = self._control_group = None
 
     def _who_is_missing(self, key: str, call: str) -> str:
         missing, elsewhere = [], []

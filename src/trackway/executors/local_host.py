@@ -74,18 +74,14 @@ from pathlib import Path
 
 from trackway.executors import local_shim
 from trackway.executors.local_shim import (
-    EXIT_RESERVE,
-    EXIT_RESERVE_BYTES,
     TREE_ENV,
     Shim,
     _children,
-    _Log,
     _read_stat,
     descendants,
     group_members,
     process_create_time,
     read_json,
-    reserve_room,
     utc_now,
 )
 
@@ -482,13 +478,7 @@ class HostedShim(Shim):
         mine.setblocking(False)  # _recv waits with poll(), and may not wait at all
         self.keeper = mine
         self.create_time = process_create_time(self.owner_pid)
-        if self.leases is not None and self.gpu_ids:
-            owner = {"pid": self.owner_pid, "create_time": self.create_time, "state_dir": str(self.state_dir),
-                     "attempt_id": self.launch.get("attempt_id")}
-            self.evidence.extend(self.leases.hand_over(self.gpu_ids, self.state_dir, owner))
-        self.reserved = reserve_room(self.state_dir / EXIT_RESERVE, EXIT_RESERVE_BYTES)
-        log = _Log(Path(self.launch["log_path"]))
-        self.log = log
+        log = self._take_over_attempt()
         answer = self._answer()
         if answer is None or answer[:1] == b"E":
             for fd in (out_r, err_r):

@@ -648,15 +648,7 @@ class Shim:
         # Before the command starts: a rank that leaves the job's session (torchrun starts each in
         # its own) stays below the shim when its launcher dies, so the shim can end it too.
         become_subreaper()
-        if self.leases is not None and self.gpu_ids:
-            owner = {"pid": self.owner_pid, "create_time": self.create_time, "state_dir": str(self.state_dir),
-                     "attempt_id": self.launch.get("attempt_id")}
-            self.evidence.extend(self.leases.hand_over(self.gpu_ids, self.state_dir, owner))
-
-        # Before the command can fill the disk: the exit status must find room whatever it does.
-        self.reserved = reserve_room(self.state_dir / EXIT_RESERVE, EXIT_RESERVE_BYTES)
-        log = _Log(Path(self.launch["log_path"]))
-        self.log = log
+        log = self._take_over_attempt()
         # A complete environment is the run's own, as submitted: the shim's (whichever process
         # launched this attempt) must not leak in, or a retry would train with other settings.
         env = {} if self.launch.get("env_is_complete") else dict(os.environ)
@@ -694,6 +686,17 @@ class Shim:
         if self.foreground:
             return returncode if returncode >= 0 else 128 - returncode
         return 0
+
+    def _take_over_attempt(self) -> _Log:
+        """Before the command starts: its GPU leases handed to this process, room for its exit status, its log."""
+        if self.leases is not None and self.gpu_ids:
+            owner = {"pid": self.owner_pid, "create_time": self.create_time, "state_dir": str(self.state_dir),
+                     "attempt_id": self.launch.get("attempt_id")}
+            self.evidence.extend(self.leases.hand_over(self.gpu_ids, self.state_dir, owner))
+        # Before the command can fill the disk: the exit status must find room whatever it does.
+        self.reserved = reserve_room(self.state_dir / EXIT_RESERVE, EXIT_RESERVE_BYTES)
+        self.log = _Log(Path(self.launch["log_path"]))
+        return self.log
 
     def _drain_and_finish(self, pumps: list[threading.Thread], log: _Log, returncode: int) -> None:
         """The output read to its end (at most PUMP_DRAIN_S after the exit), then the end written."""

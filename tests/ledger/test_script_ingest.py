@@ -17,7 +17,7 @@ from trackway.ledger.script_ingest import ROLLUP_WIDTHS, Declined, ScriptLedger
 from trackway.pending import write_pending
 from trackway.sdk.context import AttemptContext
 from trackway.sdk.run import Run
-from trackway.sdk.standalone import Ingester
+from trackway.sdk.ingester import Ingester
 from trackway.spool import EVENTS_FILE, append_lines
 from trackway.taxonomy import TerminationReason
 

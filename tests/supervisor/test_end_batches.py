@@ -142,3 +142,15 @@ def test_runs_read_together_mask_each_runs_own_secrets(tmp_path, sqlite_url):
     for attempt_id, value in values.items():
         assert value not in said[attempt_id] and "logged in as ***" in json.loads(said[attempt_id])["message"]
         assert value not in evidence[attempt_id] and "could not log in as ***" in evidence[attempt_id]
+
+
+def test_a_runs_second_end_in_one_tick_waits_for_the_next_batch_and_the_order_holds():
+    from trackway.supervisor.loop import end_batches
+
+    ended = JobStatus(phase=JobPhase.ENDED, exit_code=1)
+    ends = [({"run_id": run, "attempt_id": f"{run}/{n}"}, ended)
+            for run, n in (("ra", 1), ("ra", 2), ("rb", 1), ("rc", 1), ("rd", 1))]
+    batches = [[attempt["attempt_id"] for attempt, _ in batch] for batch in end_batches(ends, 3)]
+    # ra's second end is decided after its first is recorded; nothing is dropped or repeated.
+    assert batches == [["ra/1", "rb/1", "rc/1"], ["ra/2", "rd/1"]]
+    assert [len(batch) for batch in end_batches(ends[2:], 2)] == [2, 1]

@@ -11,7 +11,8 @@ import json
 import math
 import re
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Protocol
@@ -91,6 +92,23 @@ def read_log_tail(path: Path, max_bytes: int = LOG_TAIL_BYTES, max_lines: int = 
     if size > max_bytes and lines:
         lines = lines[1:]  # the first line is cut mid-way
     return lines[-max_lines:]
+
+
+def end_batches(ended: Sequence[tuple[Any, JobStatus]], size: int) -> Iterator[list[tuple[Any, JobStatus]]]:
+    """The ends in order, in batches of `size` at most, none holding two ends of one run: a run's second end
+    opens the next batch, so that it is decided after the first is recorded."""
+    todo = deque(ended)
+    while todo:
+        batch, deferred, runs_in = [], [], set()
+        while todo and len(batch) < size:
+            attempt, status = todo.popleft()
+            if attempt["run_id"] in runs_in:
+                deferred.append((attempt, status))
+            else:
+                batch.append((attempt, status))
+                runs_in.add(attempt["run_id"])
+        todo.extendleft(reversed(deferred))
+        yield batch
 
 
 def handle_of(attempt: RowMapping) -> JobHandle:
@@ -322,16 +340,7 @@ class Supervisor:
         """
         ends: list[AttemptEnd] = []
         failure: Exception | None = None
-        todo = list(ended)
-        while todo:
-            batch, later, runs_in = [], [], set()
-            for attempt, status in todo:
-                if len(batch) < END_BATCH and attempt["run_id"] not in runs_in:
-                    batch.append((attempt, status))
-                    runs_in.add(attempt["run_id"])
-                else:
-                    later.append((attempt, status))
-            todo = later
+        for batch in end_batches(ended, END_BATCH):
             prepared = []
             for attempt, status, note, run, notice in self._gathered(batch):
                 try:

@@ -9,7 +9,8 @@ do not fit this machine, and what is measured is the supervisor's side of an end
 end time of each job), as the local executor answers from each attempt's `exit.json`; every
 attempt has its `output.log`, and one in ten fails with a traceback (exit 3), so each receipt
 is read, classified and decided as a real one. Runs are submitted and launched through
-`submit_run` and `start_attempt` as any run is (ten of them; the rest copy their rows). The supervisor is `trackway supervise`'s
+`submit_run` and `start_attempt` as any run is (ten of them; the rest copy their rows), in a project
+whose trackway.toml declares its resource. The supervisor is `trackway supervise`'s
 (supervision.supervisor_for, ticking every 1 s) in a process of its own, and the ledger is
 polled every 50 ms from this one with sqlite3, as a user would read it.
 
@@ -165,6 +166,9 @@ def receipt_latencies(tmp: Path, count: int) -> tuple[list[float], int]:
     """Seconds from the common end to each receipt readable in the ledger, and how many were recorded."""
     home, work, db = tmp / "home", tmp / "work", tmp / "ledger.db"
     work.mkdir()
+    # A project as a user's is: its trackway.toml declares where it runs and what a GPU hour costs, and
+    # each end is priced (and its retry placed) by that file.
+    (work / "trackway.toml").write_text('[resources.here]\nexecutor = "local"\ncost_per_gpu_hour = 1.5\n')
     db_url = f"sqlite:///{db}"
     print(f"submitting and launching {count} runs on a file-driven executor ...", flush=True)
     jobs = launch(home, db_url, work, count)

@@ -191,3 +191,25 @@ def test_an_oom_moves_to_a_gpu_the_catalog_knows_is_bigger_without_gpu_memory_gb
     assert (first["resource"], second["resource"]) == ("desk", "rented")
     assert json.loads(second["selection"])["reason"].startswith(
         "attempt 1 ran out of memory on desk (31.84 GiB per GPU), rented has 140.4 GiB")
+
+
+def test_a_projects_file_edited_between_two_ends_is_read_again(tmp_path):
+    """Ends price and place by their project's trackway.toml as it is now, though a burst reads it once."""
+    from trackway.resources.placement import project_settings
+    from trackway.settings import load_settings
+
+    supervisor = load_settings(home=tmp_path / "home", db=f"sqlite:///{tmp_path / 'ledger.db'}", cwd=tmp_path)
+    work = tmp_path / "work"
+    work.mkdir()
+    run = {"workdir": str(work)}
+    assert project_settings(supervisor, run) is supervisor  # no file: the supervisor's own
+
+    (work / "trackway.toml").write_text('[resources.box]\nexecutor = "local"\ncost_per_gpu_hour = 2.0\n')
+    first = project_settings(supervisor, run)
+    assert first.resource("box").cost_per_gpu_hour == 2.0
+    assert project_settings(supervisor, run) is first  # the same bytes: read once
+
+    (work / "trackway.toml").write_text('[resources.box]\nexecutor = "local"\ncost_per_gpu_hour = 3.5\n')
+    assert project_settings(supervisor, run).resource("box").cost_per_gpu_hour == 3.5
+    (work / "trackway.toml").write_text("[resources.box\n")  # a file that no longer reads: the supervisor's
+    assert project_settings(supervisor, run) is supervisor

@@ -47,6 +47,12 @@ def _strict(run: Mapping[str, Any]) -> bool:
     preflight = peak_gib(run.get("preflight"))
     return preflight is not None and preflight[1] == "strict"
 
+# The projects' settings read last, by (home, ledger, working directory, the file's bytes): each end
+# of a burst prices its attempt and places its retry by its project's file, and load_settings costs
+# about 0.14 ms even when the file's checked tables are remembered.
+PROJECT_SETTINGS_KEPT = 64
+_PROJECT_SETTINGS: dict[tuple[Path, str, Path, bytes], Settings] = {}
+
 
 def candidates(settings: Settings) -> list[Resource]:
     """The declared resources; this machine alone when trackway.toml declares none."""
@@ -63,10 +69,20 @@ def project_settings(settings: Settings, run: Mapping[str, Any]) -> Settings:
     workdir = Path(run["workdir"]) if run.get("workdir") else None
     if workdir is None or not (workdir / CONFIG_FILE_NAME).is_file():
         return settings
+    # What load_settings reads here is the file alone (home and ledger are given): settings made from
+    # the same bytes are the same, and a burst of ends of one project's runs reads them once.
+    key = (settings.home, settings.db_url, workdir, (workdir / CONFIG_FILE_NAME).read_bytes())
+    found = _PROJECT_SETTINGS.get(key)
+    if found is not None:
+        return found
     try:
-        return load_settings(home=settings.home, db=settings.db_url, cwd=workdir)
+        found = load_settings(home=settings.home, db=settings.db_url, cwd=workdir)
     except InputError:
         return settings
+    if len(_PROJECT_SETTINGS) >= PROJECT_SETTINGS_KEPT:
+        _PROJECT_SETTINGS.clear()
+    _PROJECT_SETTINGS[key] = found
+    return found
 
 
 def place(settings: Settings, run: Mapping[str, Any], previous: Mapping[str, Any] | None = None) -> Selection:

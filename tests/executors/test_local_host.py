@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -149,3 +150,38 @@ def test_the_host_leaves_once_idle_and_the_next_submit_starts_another(make_reque
     assert wait_ended(executor, second.handle).exit_code == 2
     assert host_pid(executor.home) != host
     assert read_json(second.handle.state_dir / "job.json")["shim_pid"] == int(second.handle.job_id)
+
+
+def test_a_command_whose_submitter_died_before_hearing_it_started_ends_as_an_interrupted_launch(
+        executor, make_request, tmp_path):
+    """The submitter (`trackway submit`, a supervisor) killed mid-launch: the host stops the command it just
+    started, and the SIGTERM that ended it is trackway's, not a preemption from outside (bench_supervisor_kills)."""
+    from trackway.executors.local_host import host_paths, submitter_state
+    from trackway.supervisor.classify import Evidence, classify
+    from trackway.taxonomy import TerminationReason
+
+    executor.submit(make_request(python("pass")))  # a host shim runs
+    request = make_request(python(WAITS_FOR_GO, tmp_path / "never"))
+    request.state_dir.mkdir(parents=True)
+    (request.state_dir / "launch.json").write_text(json.dumps(executor._launch_record(request, [], [])))
+    sock_path, _ = host_paths(executor.home)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as submitter:
+        submitter.connect(str(sock_path))
+        submitter.sendall(json.dumps({"state_dir": str(request.state_dir), **submitter_state()}).encode() + b"\n")
+    # ...and it is gone before the host answers.
+
+    handle = JobHandle("local", str(read_json_when(request.state_dir / "job.json")["shim_pid"]), request.state_dir)
+    status = wait_terminal(executor, handle)
+    assert status.signal == signal.SIGTERM and status.reason == TerminationReason.INFRA_TRANSIENT.value
+    (line,) = [line for line in status.evidence if "submitter" in line]
+    assert line.startswith("the launch was interrupted: the submitter stopped waiting for the command to start")
+
+    verdict = classify(Evidence(signal=status.signal, executor_reason=status.reason, executor_lines=status.evidence,
+                                log_tail=log_text(request.log_path).splitlines()))
+    assert verdict.reason is TerminationReason.INFRA_TRANSIENT  # retried, and never called a preemption
+    assert any("launch was interrupted" in line for line in verdict.lines)
+
+
+def read_json_when(path: Path) -> dict:
+    wait_for(lambda: read_json(path), f"{path.name} to be written")
+    return read_json(path)

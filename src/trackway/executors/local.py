@@ -201,6 +201,7 @@ class LocalExecutor(Executor):
                 ended_at=datetime.fromisoformat(ended["ended_at"]),
                 timed_out=ended["timed_out"],
                 cancelled=ended["cancelled"],
+                reason=ended.get("reason"),  # absent from the exit.json of an older shim
                 evidence=tuple(ended["evidence"]),
             )
         cancelled = (state_dir / "cancel.json").exists()

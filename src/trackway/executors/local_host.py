@@ -74,6 +74,7 @@ from pathlib import Path
 
 from trackway.executors import local_shim
 from trackway.executors.local_shim import (
+    INTERRUPTED_LAUNCH_REASON,
     TREE_ENV,
     Shim,
     _children,
@@ -499,7 +500,11 @@ class HostedShim(Shim):
         started = time.monotonic()
         job = self._write_job(child_pid, process_create_time(child_pid), started_at)
         if not self._reply({"job": job}):
-            self._terminate(child_pid, "the submitter stopped waiting for the command to start", log)
+            # Whoever launched the attempt is gone (killed) without hearing that it started: the launch
+            # was interrupted, and trackway stops the command. A retry starts it again; the SIGTERM is ours.
+            self.reason = INTERRUPTED_LAUNCH_REASON
+            self._terminate(child_pid, "the launch was interrupted: the submitter stopped waiting for the command"
+                                       " to start", log)
         pumps = [
             threading.Thread(target=log.pump, args=(os.fdopen(out_r, "rb"), b"out"), daemon=True),
             threading.Thread(target=log.pump, args=(os.fdopen(err_r, "rb"), b"err"), daemon=True),

@@ -7,7 +7,8 @@ is nobody's zombie), reads `STATE_DIR/launch.json`, and leaves:
 
     job.json     as soon as the command runs (or failed to start): shim and child pids, create times, pgid,
                  tree_token
-    exit.json    once it ended: exit_code or signal, ended_at, timed_out, cancelled, evidence
+    exit.json    once it ended: exit_code or signal, ended_at, timed_out, cancelled, reason (one the shim knows
+                 because it stopped the command itself), evidence
     exit.reserve room for exit.json taken before the command starts (EXIT_RESERVE_BYTES): on a disk
                  the command filled up, the exit status is written into it and renamed to exit.json
     shim.err     the shim's own stderr, empty unless the shim itself broke
@@ -91,6 +92,9 @@ BATCH_ENV = ("SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_JOB_PARTITION", "SLURM
 # gone, even those that left its session (torchrun starts every rank with start_new_session=True).
 TREE_ENV = "TRACKWAY_JOB_TREE"
 PR_SET_CHILD_SUBREAPER = 36
+# exit.json's "reason" for a command the shim stopped because its launch was interrupted (its submitter
+# died before hearing that it started): TerminationReason.INFRA_TRANSIENT, spelled out (stdlib only).
+INTERRUPTED_LAUNCH_REASON = "infra_transient"
 # How long processes sent SIGKILL may take to go (a process in uninterruptible sleep holds on).
 KILL_WAIT_S = 10.0
 NAMED_MAX = 16  # processes named in one evidence line; the rest are counted
@@ -626,6 +630,9 @@ class Shim:
         self.evidence: list[str] = []
         self.stop_signal: int | None = None
         self.timed_out = False
+        # A reason the shim knows for certain because it ended the command itself for it (exit.json's
+        # "reason", a TerminationReason value): the SIGTERM that did it is then trackway's, not the world's.
+        self.reason: str | None = None
         self.term_at: float | None = None
         self.kill_sent = False
         # The process that stands for the attempt (job.json's shim_pid, the GPU leases' holder): this
@@ -928,6 +935,7 @@ class Shim:
             "ended_at": utc_now().isoformat(),
             "timed_out": self.timed_out,
             "cancelled": (self.state_dir / "cancel.json").exists(),
+            "reason": self.reason,
             "evidence": self.evidence,
             "notices": self.notices,
         }

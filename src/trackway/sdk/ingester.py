@@ -219,7 +219,7 @@ class _Periodic:
         self._thread = threading.Thread(target=self._loop, name="trackway-ingest", daemon=True)
 
     def start(self) -> None:
-        """Start the thread: once, and not after `stop`."""
+        """Start the thread (once, and not after `stop`), an interval after the last ingest: it ingests at once."""
         if self._thread.ident is None and not self._stop.is_set():
             self._thread.start()
 
@@ -230,10 +230,11 @@ class _Periodic:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, 0) + NICE)
         except (OSError, AttributeError):
             pass
-        while not self._stop.wait(INGEST_INTERVAL_S):
+        while not self._stop.is_set():
             # A backlog in slices, one transaction each: stop() waits for one slice at most.
             while self._ingester.sync(SLICE_BYTES) and self._ingester.last_points and not self._stop.is_set():
                 pass
+            self._stop.wait(INGEST_INTERVAL_S)
 
     def stop(self) -> None:
         """Return once the ingest under way (if any) is done: the caller ingests the rest itself."""

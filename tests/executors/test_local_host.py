@@ -185,3 +185,21 @@ def test_a_command_whose_submitter_died_before_hearing_it_started_ends_as_an_int
 def read_json_when(path: Path) -> dict:
     wait_for(lambda: read_json(path), f"{path.name} to be written")
     return read_json(path)
+
+
+def test_a_shared_scan_of_process_groups_never_names_a_process_that_has_gone():
+    """Ends in one burst share one /proc scan (GroupScans): what it found is checked alive when asked."""
+    from trackway.executors.local_host import GroupScans
+
+    leader = subprocess.Popen(["sh", "-c", "sleep 30 & sleep 30; wait"], start_new_session=True)
+    try:
+        scans = GroupScans()
+        wait_for(lambda: len(scans.members(leader.pid)) == 3, "the group's three processes")
+        scans.MAX_AGE_S = 3600.0  # from now on, the scan above answers
+        (first_sleep, *_) = sorted(pid for pid in scans.members(leader.pid) if pid != leader.pid)
+        os.kill(first_sleep, signal.SIGKILL)
+        wait_for(lambda: first_sleep not in scans.members(leader.pid), "the killed one to be left out")
+        assert leader.pid in scans.members(leader.pid) and len(scans.members(leader.pid)) == 2
+    finally:
+        os.killpg(leader.pid, signal.SIGKILL)
+        leader.wait()

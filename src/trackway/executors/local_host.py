@@ -58,6 +58,7 @@ import fcntl
 import ctypes
 import gc
 import json
+import math
 import os
 import resource
 import select
@@ -74,14 +75,16 @@ from pathlib import Path
 
 from trackway.executors import local_shim
 from trackway.executors.local_shim import (
+    GROUP_NOT_SAID,
     INTERRUPTED_LAUNCH_REASON,
     TREE_ENV,
     Shim,
     _children,
     _read_stat,
     descendants,
-    group_members,
+    live_members,
     process_create_time,
+    process_groups,
     read_json,
     utc_now,
 )
@@ -596,7 +599,7 @@ class HostedShim(Shim):
 
     def _job_processes(self, pgid: int) -> list[int]:
         found = descendants(self.owner_pid)
-        return found + [pid for pid in group_members(pgid) if pid not in found]
+        return found + [pid for pid in self.host.groups.members(pgid) if pid not in found]
 
     def _wait(self, seconds: float) -> None:
         time.sleep(seconds)
@@ -625,6 +628,35 @@ class _Leader:
         self.pid = pid
 
 
+class GroupScans:
+    """The machine's process groups, read from /proc once for the attempts of this host that end together.
+
+    Each attempt's end looks for what is left of its command's process group (local_shim.group_members),
+    and that reads every process of the machine: a few milliseconds with a thousand attempts running,
+    under the host's one interpreter lock. A thousand attempts ending at once made that a thousand scans,
+    and each end's exit.json waited behind the others' for up to 8 s. One scan serves every end that
+    asks within MAX_AGE_S of it: as fresh as end_processes' own 50 ms between looks, each pid found is
+    checked alive and in the group when asked, and every group gets SIGKILL at its end whatever a scan missed.
+    """
+
+    MAX_AGE_S = 0.05
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._taken_at = -math.inf
+        self._groups: dict[int, list[int]] = {}
+
+    def members(self, pgid: int) -> list[int]:
+        """Live pids in process group `pgid`, from a scan begun at most MAX_AGE_S ago."""
+        with self._lock:
+            if time.monotonic() - self._taken_at > self.MAX_AGE_S:
+                taken_at = time.monotonic()
+                self._groups = process_groups()
+                self._taken_at = taken_at
+            candidates = self._groups.get(pgid, []) + self._groups.get(GROUP_NOT_SAID, [])
+        return live_members(candidates, pgid)
+
+
 class Host:
     """Accepts start requests on home/local/host.sock and runs each attempt in a thread; see the module docstring."""
 
@@ -638,6 +670,7 @@ class Host:
         self.stop_r, self.stop_w = os.pipe()
         self.stopping = False
         self.attempts: set[HostedShim] = set()
+        self.groups = GroupScans()
         self.guard = threading.Lock()
         self.last_busy = time.monotonic()
 

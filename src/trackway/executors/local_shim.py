@@ -261,6 +261,9 @@ def signal_group(pgid: int, signum: int) -> bool:
     return True
 
 
+GROUP_NOT_SAID = -1  # process_groups' key for the processes getpgid() would not tell the group of
+
+
 def group_members(pgid: int) -> list[int]:
     """Live pids in process group `pgid` (Linux /proc; empty where there is none).
 
@@ -269,29 +272,38 @@ def group_members(pgid: int) -> list[int]:
     own are read from /proc to leave out zombies. Reading every process's /proc stat (~20 µs
     each) made a burst of 80 ends cost the machine seconds of CPU.
     """
-    members = []
+    groups = process_groups()
+    return live_members(groups.get(pgid, []) + groups.get(GROUP_NOT_SAID, []), pgid)
+
+
+def process_groups() -> dict[int, list[int]]:
+    """Every process's pid by its process group, as getpgid() says (zombies included: see `live_members`); those
+    whose group getpgid() would not say under GROUP_NOT_SAID."""
+    groups: dict[int, list[int]] = {}
     try:
         names = os.listdir("/proc")
     except OSError:
-        return members
+        return groups
     for name in names:
         if not name.isdigit():
             continue
         pid = int(name)
         try:
-            if os.getpgid(pid) != pgid:
-                continue
+            pgid = os.getpgid(pid)
         except PermissionError:
-            pass  # a security module may refuse to say: /proc below does
+            pgid = GROUP_NOT_SAID  # a security module may refuse to say: /proc does, in live_members
         except OSError:  # gone meanwhile
             continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = _stat_fields(stat)
-        if fields[0] not in _GONE and int(fields[2]) == pgid:
+        groups.setdefault(pgid, []).append(pid)
+    return groups
+
+
+def live_members(pids: list[int], pgid: int) -> list[int]:
+    """Those of `pids` alive (not zombies) and still in process group `pgid`, as /proc says now."""
+    members = []
+    for pid in pids:
+        fields = _read_stat(pid)
+        if fields is not None and fields[0] not in _GONE and int(fields[2]) == pgid:
             members.append(pid)
     return members
 

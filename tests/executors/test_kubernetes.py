@@ -345,3 +345,15 @@ def test_preview_is_the_manifest_and_sends_nothing(tmp_path, cluster):
 
 def test_the_registry_names_it(tmp_path):
     assert isinstance(get_executor("kubernetes", tmp_path), KubernetesExecutor)
+
+
+def test_the_kubernetes_client_imports_in_a_process_that_loaded_the_ssh_executor_first():
+    """A supervisor with SSH and Kubernetes resources: the SSH executor's agent module must not put trackway's
+    executors directory on sys.path, where its kubernetes.py would stand in for the Kubernetes client."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", "import trackway.executors.ssh\nfrom kubernetes import client, config\n"
+                           "import kubernetes, sys\nprint(kubernetes.__file__)"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "trackway" not in done.stdout

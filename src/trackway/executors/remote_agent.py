@@ -34,9 +34,13 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import local_shim  # noqa: E402 - the copy beside this file
+if __package__:  # imported as trackway.executors.remote_agent (the SSH executor reads its names)
+    from trackway.executors import local_shim
+else:  # run as a script on a host: the copy of local_shim.py delivered beside this file
+    # Only then on sys.path: a package's directory there would shadow top-level modules for the
+    # whole process (its kubernetes.py would be `import kubernetes` for the Kubernetes executor).
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import local_shim  # type: ignore[no-redef]
 
 START_TIMEOUT_S = 10.0
 SHIM = [sys.executable, str(Path(local_shim.__file__))]

@@ -203,6 +203,11 @@ class Executor(ABC):
         """The job a launcher started in `state_dir` but died before recording, if this executor can find it."""
         return None
 
+    def ended_signal(self) -> int | None:
+        """A descriptor that turns readable when one of this executor's jobs may have ended (its reader drains
+        it), so that a supervisor polls then rather than at its next interval; None where there is none."""
+        return None
+
     def preview(self, request: LaunchRequest) -> str:
         """What submit would send, as text; starts and records nothing."""
         raise NotImplementedError(f"executor {self.name!r} cannot say what it would submit")

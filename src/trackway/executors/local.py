@@ -32,7 +32,7 @@ from trackway.executors.base import (
     Submission,
     full_disk_evidence,
 )
-from trackway.executors.local_host import HostUnavailable, request_start
+from trackway.executors.local_host import HostUnavailable, open_ended_signal, request_start
 from trackway.executors.local_shim import (
     LeaseFiles,
     StartFailed,
@@ -86,6 +86,7 @@ class LocalExecutor(Executor):
         # job.json of the jobs last seen running, by state_dir: the shim writes it once, so a
         # supervisor polling hundreds of attempts every second need not read and parse it each time.
         self._running_jobs: dict[str, dict] = {}
+        self._ended_signal: int | None = None
 
     def submit(self, request: LaunchRequest) -> Submission:
         state_dir = Path(request.state_dir)
@@ -171,6 +172,12 @@ class LocalExecutor(Executor):
         if not job or "shim_pid" not in job:
             return None
         return self._submission(Path(state_dir), job, None)
+
+    def ended_signal(self) -> int | None:
+        """The home's ended.fifo, which the host shim writes a byte into after each exit.json (local_host)."""
+        if self._ended_signal is None:
+            self._ended_signal = open_ended_signal(self.home)
+        return self._ended_signal
 
     def poll_many(self, handles: Iterable[JobHandle]) -> dict[str, JobStatus]:
         statuses = {}

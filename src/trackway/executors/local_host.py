@@ -64,6 +64,7 @@ import resource
 import select
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -93,6 +94,7 @@ from trackway.executors.local_shim import (
 # shim before), and a host left behind is a process someone must account for (a test session, a user).
 IDLE_S = float(os.environ.get("TRACKWAY_LOCAL_HOST_IDLE_S", "5"))
 SOCKET = "host.sock"
+ENDED_FIFO = "ended.fifo"
 LOCK = "host.lock"
 ERR = "host.err"
 REQUEST_TIMEOUT_S = 10.0
@@ -105,6 +107,50 @@ RLIMITS = [name for name in ("RLIMIT_CORE", "RLIMIT_CPU", "RLIMIT_DATA", "RLIMIT
 def host_paths(home: Path) -> tuple[Path, Path]:
     directory = Path(home) / "local"
     return directory / SOCKET, directory / LOCK
+
+
+# -- an end, said at once -------------------------------------------------------------------------
+# The host writes a byte into home/local/ended.fifo after each exit.json; a supervisor holding it open
+# for reading polls at once instead of at its next interval (1 s). Nobody reading, or a pipe already
+# full of unread bytes, and the byte is dropped: the interval still finds every end.
+
+
+def ended_fifo(home: Path) -> Path:
+    return Path(home) / "local" / ENDED_FIFO
+
+
+def say_ended(home: Path) -> None:
+    """Wake a supervisor waiting on the home's ended.fifo, if one is."""
+    try:
+        fd = os.open(ended_fifo(home), os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:  # ENXIO: no reader; ENOENT: none ever made
+        return
+    try:
+        os.write(fd, b"e")
+    except OSError:  # EAGAIN: full, a wake-up is already waiting
+        pass
+    finally:
+        os.close(fd)
+
+
+def open_ended_signal(home: Path) -> int | None:
+    """The read end of the home's ended.fifo (made, owner-only, when missing), non-blocking; None where it cannot be."""
+    path = ended_fifo(home)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.mkfifo(path, 0o600)
+        except FileExistsError:
+            pass
+        # O_RDWR keeps the pipe open for reading even while no writer has it: with O_RDONLY, select()
+        # would report it readable (at EOF) for good once the first writer closed.
+        fd = os.open(path, os.O_RDWR | os.O_NONBLOCK)
+    except OSError:
+        return None
+    if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return fd
 
 
 def _short(path: Path, dir_fd: int) -> str:
@@ -535,6 +581,10 @@ class HostedShim(Shim):
         if self.conn is not None:
             self.conn.close()
             self.conn = None
+
+    def _finish(self, exit_code: int | None, signum: int | None) -> None:
+        super()._finish(exit_code, signum)
+        say_ended(self.host.home)
 
     def _reply(self, answer: dict) -> bool:
         """Tell the submitter how the start went; False when it is no longer there to hear it."""

@@ -383,7 +383,8 @@ def serve(
             idle_since = idle_since if idle_since is not None else now
             if now - idle_since >= idle_exit_s:
                 return f"nothing in flight for {idle_exit_s:g} s; exiting"
-        stop_requested.wait(0 if supervisor.backlog else interval_s)  # a backlog is worked off at once
+        if not supervisor.backlog:  # a backlog is worked off at once
+            supervisor.pause(now, interval_s, stop_requested)
     return "asked to stop; exiting"
 
 

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from select import select as select_fds  # sqlalchemy's select is the other one here
 from typing import Any, Protocol
 
 from sqlalchemy import RowMapping, or_, select, update
@@ -64,6 +67,10 @@ STALE_LAUNCH_S = 120
 ORPHANED_RUN_S = 10
 # Past this, a tick leaves the remaining attempts to the next one (each end costs a write).
 TICK_BUDGET_S = 0.7
+# Woken by an executor's word that a job ended, the next tick starts this long after the last one
+# began, at the soonest: the ends of a burst are polled and recorded in batches, not one tick each.
+MIN_TICK_GAP_S = 0.2
+STOP_LOOK_S = 0.1  # how often a pause looks at its stop event (Supervisor.pause)
 # How recent a logged `gpu_util` value must be to count as the GPUs' utilization now.
 GPU_LOG_WINDOW_S = 300
 GPU_STATE_FILE = "gpu-watch.json"  # since when every GPU read low, and the last logged reading (see _gpu_state)
@@ -92,6 +99,15 @@ def read_log_tail(path: Path, max_bytes: int = LOG_TAIL_BYTES, max_lines: int = 
     if size > max_bytes and lines:
         lines = lines[1:]  # the first line is cut mid-way
     return lines[-max_lines:]
+
+
+def _drain(fd: int) -> None:
+    """Read a wake-up descriptor empty (it is non-blocking)."""
+    try:
+        while os.read(fd, 4096):
+            pass
+    except OSError:  # BlockingIOError: empty now
+        pass
 
 
 def end_batches(ended: Sequence[tuple[Any, JobStatus]], size: int) -> Iterator[list[tuple[Any, JobStatus]]]:
@@ -465,15 +481,41 @@ class Supervisor:
 
         Start to start, not a pause after each tick: with hundreds of attempts running a tick
         takes a few hundred milliseconds, and an end that came just after one tick's poll must not
-        wait that long again on top of the interval before the next one records it.
+        wait that long again on top of the interval before the next one records it. An executor
+        that says when a job ended (the local one) starts the next tick sooner (see `pause`).
         """
         while not should_stop():
             started = time.monotonic()
             ends = self.tick()
             if on_ends is not None:
                 on_ends(ends)
-            if not self.backlog:
-                time.sleep(max(0.0, interval_s - (time.monotonic() - started)))
+            if not self.backlog and not should_stop():
+                self.pause(started, interval_s)
+
+    def pause(self, started: float, interval_s: float, stop: threading.Event | None = None) -> None:
+        """Wait for the next tick, due `interval_s` after this one `started` (time.monotonic()): sooner when an
+        executor says one of its jobs ended (Executor.ended_signal), though never less than MIN_TICK_GAP_S after
+        `started`, so that a burst of ends is taken a batch a tick. Returns at once once `stop` is set.
+        """
+        signals = [fd for fd in (executor.ended_signal() for executor in self._executors.values()) if fd is not None]
+        due = started + interval_s
+        while (left := due - time.monotonic()) > 0:
+            if stop is not None and stop.is_set():
+                return
+            # Stop is looked at every STOP_LOOK_S at least: a signal handler sets it, and select() is
+            # not woken by that.
+            slice_s = left if stop is None else min(left, STOP_LOOK_S)
+            if not signals:
+                if stop is None:
+                    time.sleep(slice_s)
+                else:
+                    stop.wait(slice_s)
+                continue
+            ready, _, _ = select_fds(signals, [], [], slice_s)
+            if ready:
+                for fd in ready:
+                    _drain(fd)
+                due = min(due, started + MIN_TICK_GAP_S)
 
     def cancel(self, run_ref: str) -> list[str]:
         """Ask the executors to end every unfinished attempt of a run; return their ids.

@@ -75,3 +75,18 @@ def test_a_word_of_an_end_reaches_a_reader_and_is_dropped_without_one(tmp_path):
     finally:
         os.close(fd)
     say_ended(home)  # the reader gone again
+
+
+def test_a_file_or_link_in_place_of_the_fifo_is_never_written(tmp_path):
+    home = tmp_path / "home"
+    ended_fifo(home).parent.mkdir(parents=True)
+    precious = tmp_path / "precious.txt"
+    precious.write_text("keep me\n")
+    ended_fifo(home).symlink_to(precious)
+    say_ended(home)
+    assert open_ended_signal(home) is None
+    ended_fifo(home).unlink()
+    ended_fifo(home).write_text("a plain file\n")
+    say_ended(home)
+    assert open_ended_signal(home) is None
+    assert precious.read_text() == "keep me\n" and ended_fifo(home).read_text() == "a plain file\n"

@@ -122,11 +122,12 @@ def ended_fifo(home: Path) -> Path:
 def say_ended(home: Path) -> None:
     """Wake a supervisor waiting on the home's ended.fifo, if one is."""
     try:
-        fd = os.open(ended_fifo(home), os.O_WRONLY | os.O_NONBLOCK)
-    except OSError:  # ENXIO: no reader; ENOENT: none ever made
+        fd = os.open(ended_fifo(home), os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError:  # ENXIO: no reader; ENOENT: none ever made; ELOOP: a link, not ours
         return
     try:
-        os.write(fd, b"e")
+        if stat.S_ISFIFO(os.fstat(fd).st_mode):  # never a byte into a file that took its place
+            os.write(fd, b"e")
     except OSError:  # EAGAIN: full, a wake-up is already waiting
         pass
     finally:
@@ -144,7 +145,7 @@ def open_ended_signal(home: Path) -> int | None:
             pass
         # O_RDWR keeps the pipe open for reading even while no writer has it: with O_RDONLY, select()
         # would report it readable (at EOF) for good once the first writer closed.
-        fd = os.open(path, os.O_RDWR | os.O_NONBLOCK)
+        fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_NOFOLLOW)
     except OSError:
         return None
     if not stat.S_ISFIFO(os.fstat(fd).st_mode):

@@ -41,4 +41,7 @@ elif mode == "skew":
     with manager.writing(6) as directory:
         time.sleep(5 * rank)  # a long write: only the entry is time-limited
         (directory / f"rank{rank}.txt").write_text("written\n")
-    print(f"ok {rank} {stopped}", flush=True)
+    # One write of the whole line: two ranks share this stdout, and with PYTHONUNBUFFERED print() writes
+    # the text and its newline apart, so their lines could interleave ("ok 0 12ok 1 12").
+    sys.stdout.write(f"ok {rank} {stopped}\n")
+    sys.stdout.flush()

@@ -495,7 +495,7 @@ class Supervisor:
     def pause(self, started: float, interval_s: float, stop: threading.Event | None = None) -> None:
         """Wait for the next tick, due `interval_s` after this one `started` (time.monotonic()): sooner when an
         executor says one of its jobs ended (Executor.ended_signal), though never less than MIN_TICK_GAP_S after
-        `started`, so that a burst of ends is taken a batch a tick. Returns at once once `stop` is set.
+        `started`, so that a burst of ends is taken a batch a tick. Returns as soon as `stop` is set.
         """
         signals = [fd for fd in (executor.ended_signal() for executor in self._executors.values()) if fd is not None]
         due = started + interval_s

@@ -170,7 +170,8 @@ def test_a_command_whose_submitter_died_before_hearing_it_started_ends_as_an_int
         submitter.sendall(json.dumps({"state_dir": str(request.state_dir), **submitter_state()}).encode() + b"\n")
     # ...and it is gone before the host answers.
 
-    handle = JobHandle("local", str(read_json_when(request.state_dir / "job.json")["shim_pid"]), request.state_dir)
+    job = wait_for(lambda: read_json(request.state_dir / "job.json"), "job.json to be written")
+    handle = JobHandle("local", str(job["shim_pid"]), request.state_dir)
     status = wait_terminal(executor, handle)
     assert status.signal == signal.SIGTERM and status.reason == TerminationReason.INFRA_TRANSIENT.value
     (line,) = [line for line in status.evidence if "submitter" in line]
@@ -180,11 +181,6 @@ def test_a_command_whose_submitter_died_before_hearing_it_started_ends_as_an_int
                                 log_tail=log_text(request.log_path).splitlines()))
     assert verdict.reason is TerminationReason.INFRA_TRANSIENT  # retried, and never called a preemption
     assert any("launch was interrupted" in line for line in verdict.lines)
-
-
-def read_json_when(path: Path) -> dict:
-    wait_for(lambda: read_json(path), f"{path.name} to be written")
-    return read_json(path)
 
 
 def test_a_shared_scan_of_process_groups_never_names_a_process_that_has_gone():

@@ -18,6 +18,7 @@ from trackway.settings import load_settings
 from trackway.supervisor.launch import start_attempt
 from trackway.supervisor.loop import Supervisor
 from trackway.supervisor.submit import RunSpec, submit_run
+from waiting import wait_for
 
 LONG_INTERVAL_S = 600.0
 PATIENCE_S = 60.0
@@ -47,9 +48,9 @@ def test_an_end_wakes_a_supervisor_between_its_ticks(tmp_path, sqlite_url):
     looping = threading.Thread(target=supervisor.run, args=(should_stop, LONG_INTERVAL_S, on_ends), daemon=True)
     looping.start()
     try:
-        while not ticks:  # the first tick saw the attempt running; the next is due in ten minutes
-            assert looping.is_alive() and time.monotonic() < give_up
-            time.sleep(0.02)
+        # The first tick saw the attempt running; the next is due in ten minutes.
+        wait_for(lambda: ticks or not looping.is_alive(), "the supervisor's first tick", PATIENCE_S, 0.02)
+        assert looping.is_alive()
         go.touch()
         looping.join(PATIENCE_S + 5)
         assert ended.is_set(), "the end waited for the supervisor's interval"

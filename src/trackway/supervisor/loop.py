@@ -499,19 +499,19 @@ class Supervisor:
         """
         signals = [fd for fd in (executor.ended_signal() for executor in self._executors.values()) if fd is not None]
         due = started + interval_s
+        if not signals:
+            left = max(0.0, due - time.monotonic())
+            if stop is None:
+                time.sleep(left)
+            else:
+                stop.wait(left)
+            return
         while (left := due - time.monotonic()) > 0:
             if stop is not None and stop.is_set():
                 return
             # Stop is looked at every STOP_LOOK_S at least: a signal handler sets it, and select() is
             # not woken by that.
-            slice_s = left if stop is None else min(left, STOP_LOOK_S)
-            if not signals:
-                if stop is None:
-                    time.sleep(slice_s)
-                else:
-                    stop.wait(slice_s)
-                continue
-            ready, _, _ = select_fds(signals, [], [], slice_s)
+            ready, _, _ = select_fds(signals, [], [], left if stop is None else min(left, STOP_LOOK_S))
             if ready:
                 for fd in ready:
                     _drain(fd)

@@ -76,7 +76,6 @@ from pathlib import Path
 
 from trackway.executors import local_shim
 from trackway.executors.local_shim import (
-    GROUP_NOT_SAID,
     INTERRUPTED_LAUNCH_REASON,
     TREE_ENV,
     Shim,
@@ -704,8 +703,8 @@ class GroupScans:
                 taken_at = time.monotonic()
                 self._groups = process_groups()
                 self._taken_at = taken_at
-            candidates = self._groups.get(pgid, []) + self._groups.get(GROUP_NOT_SAID, [])
-        return live_members(candidates, pgid)
+            groups = self._groups
+        return live_members(groups, pgid)
 
 
 class Host:

@@ -272,8 +272,7 @@ def group_members(pgid: int) -> list[int]:
     own are read from /proc to leave out zombies. Reading every process's /proc stat (~20 µs
     each) made a burst of 80 ends cost the machine seconds of CPU.
     """
-    groups = process_groups()
-    return live_members(groups.get(pgid, []) + groups.get(GROUP_NOT_SAID, []), pgid)
+    return live_members(process_groups(), pgid)
 
 
 def process_groups() -> dict[int, list[int]]:
@@ -298,10 +297,11 @@ def process_groups() -> dict[int, list[int]]:
     return groups
 
 
-def live_members(pids: list[int], pgid: int) -> list[int]:
-    """Those of `pids` alive (not zombies) and still in process group `pgid`, as /proc says now."""
+def live_members(groups: dict[int, list[int]], pgid: int) -> list[int]:
+    """The pids `process_groups` found in process group `pgid` (or whose group it was not told) that are alive
+    (not zombies) and in that group, as /proc says now."""
     members = []
-    for pid in pids:
+    for pid in groups.get(pgid, []) + groups.get(GROUP_NOT_SAID, []):
         fields = _read_stat(pid)
         if fields is not None and fields[0] not in _GONE and int(fields[2]) == pgid:
             members.append(pid)

@@ -41,8 +41,8 @@ class FailingPending:
         self.path = pending.path
         self.step = pending.step
 
-    def open(self, relpath):
-        inner = self.pending.open(relpath)
+    def open(self, relpath, **options):
+        inner = self.pending.open(relpath, **options)
 
         class Failing:
             def __init__(self) -> None:

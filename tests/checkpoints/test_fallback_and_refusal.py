@@ -45,8 +45,13 @@ def plant_malicious_pickle(step_dir: Path, marker: Path, filename: str = "state.
     state = step_dir / filename
     torch.save({"format": FORMAT, "model": {"weight": _Exploit(marker)}}, state, pickle_protocol=2)
     data = state.read_bytes()
+    reseal(step_dir, lambda files: files.update({filename: {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}}))
+
+
+def reseal(step_dir: Path, change) -> None:
+    """Change the manifest's files table in place, then re-seal the marker so that the manifest verifies."""
     manifest = json.loads((step_dir / MANIFEST).read_text())
-    manifest["files"][filename] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    change(manifest["files"])
     manifest_bytes = (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode()
     (step_dir / MANIFEST).write_bytes(manifest_bytes)
     seal = json.loads((step_dir / MARKER).read_text())
@@ -92,7 +97,7 @@ def test_a_corrupt_newest_is_reported_with_what_was_really_restored(tmp_path: Pa
     (record,) = heard
     assert (record["name"], record["step"]) == ("step-00000001", 1)
     (skipped,) = record["fallback_from"]
-    assert skipped["name"] == "step-00000002" and "state.pt: sha256" in skipped["reason"]
+    assert skipped["name"] == "step-00000002" and "state.pt: blake3" in skipped["reason"]
     assert skipped["set_aside_as"].startswith("step-00000002.corrupt-")
     assert (tmp_path / skipped["set_aside_as"]).is_dir()
 
@@ -177,7 +182,7 @@ def torchrun(*args: str) -> subprocess.CompletedProcess:
 # -- through the CLI: a supervised run, a damaged checkpoint, `trackway resume` ---------------------
 
 
-DAMAGE = {"corrupt": ("corrupt", "state.pt: sha256"), "refused": ("refused", "refused to load")}
+DAMAGE = {"corrupt": ("corrupt", "state.pt: blake3"), "refused": ("refused", "refused to load")}
 
 
 @pytest.mark.parametrize("damage", list(DAMAGE))
@@ -240,7 +245,7 @@ def test_a_byte_flipped_inside_a_tensor_is_caught_as_it_is_read_and_none_of_it_i
 
     model = torch.nn.Module()
     model.register_buffer("w", torch.zeros(1 << 19))
-    with pytest.raises(CheckpointCorrupt, match=r"does not match its manifest: state\.pt: sha256 \w+… but manifest"):
+    with pytest.raises(CheckpointCorrupt, match=r"does not match its manifest: state\.pt: blake3 \w+… but manifest"):
         restore(CheckpointStore(tmp_path).get(2), model=model)
     assert not model.w.any()
 
@@ -248,6 +253,36 @@ def test_a_byte_flipped_inside_a_tensor_is_caught_as_it_is_read_and_none_of_it_i
     restored = CheckpointManager(tmp_path, on_restore=heard.append).restore_latest(model=model)
     assert restored.step == 1 and bool((model.w == 1.0).all())
     (skipped,) = heard[0]["fallback_from"]
-    assert skipped["name"] == "step-00000002" and skipped["reason"].startswith("state.pt: sha256 ")
+    assert skipped["name"] == "step-00000002" and skipped["reason"].startswith("state.pt: blake3 ")
     assert skipped["set_aside_as"].startswith("step-00000002.corrupt-")
     assert [c.name for c in CheckpointStore(tmp_path).list()] == ["step-00000001"]
+
+
+def test_a_checkpoint_whose_manifest_has_no_blake3_is_checked_by_its_sha256(tmp_path: Path) -> None:
+    """Checkpoints saved before BLAKE3 came in list sha256 only: they restore, and a bad byte is still caught."""
+    from trackway.checkpoints.layout import CheckpointCorrupt
+    from trackway.checkpoints.torch_state import restore
+
+    saved(tmp_path, 1.0, 2.0)
+    step_dir = tmp_path / "step-00000002"
+    reseal(step_dir, lambda files: [entry.pop("blake3") for entry in files.values()])
+    assert "blake3" not in json.loads((step_dir / MANIFEST).read_text())["files"]["state.pt"]
+
+    model = blank_model()
+    assert restore(CheckpointStore(tmp_path).get(2), model=model).step == 2 and model.w.tolist() == [2.0] * 3
+    flip_a_byte(step_dir)
+    with pytest.raises(CheckpointCorrupt, match=r"does not match its manifest: state\.pt: sha256 \w+… but manifest"):
+        restore(CheckpointStore(tmp_path).get(2), model=blank_model())
+    assert CheckpointStore(tmp_path).verify(CheckpointStore(tmp_path).get(2))[0].startswith("state.pt: sha256 ")
+
+
+def test_a_blake3_that_does_not_match_is_refused_though_the_sha256_would(tmp_path: Path) -> None:
+    """Where the manifest records a blake3, that is what the bytes must give: the sha256 is no way around it."""
+    saved(tmp_path, 1.0, 2.0)
+    step_dir = tmp_path / "step-00000002"
+    reseal(step_dir, lambda files: files["state.pt"].update(blake3="0" * 64))
+
+    (restored, weights), heard = restoring(tmp_path)
+    assert restored.step == 1 and weights == [1.0, 1.0, 1.0]
+    (skipped,) = heard[0]["fallback_from"]
+    assert skipped["reason"] == f"state.pt: blake3 {skipped['reason'].split()[2]} but manifest says {'0' * 12}…"

@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from blake3 import blake3
 
 from trackway.checkpoints.hashing import STAGE
 from trackway.checkpoints.layout import MANIFEST
@@ -57,6 +58,36 @@ def test_the_digest_taken_while_writing_is_the_files(tmp_path: Path, pattern: st
     assert manifest["files"]["big.bin"] == {"size": len(data), "sha256": sha(on_disk)}
     assert store.verify(info) == []
 
+
+
+@pytest.mark.parametrize("pattern", ["one copied write of many stages", "held and copied, interleaved"])
+def test_a_file_opened_with_blake3_records_both_digests_and_is_verified_by_its_blake3(tmp_path: Path,
+                                                                                      pattern: str) -> None:
+    data = os.urandom(12 * STAGE + 5)
+    store = CheckpointStore(tmp_path)
+    pending = store.begin(1)
+    with pending.open("state.pt", blake3=True) as f:
+        PATTERNS[pattern](f, data)
+    digests = {"size": len(data), "sha256": sha(data), "blake3": blake3(data).hexdigest()}
+    assert pending.digests == {"state.pt": digests}
+    info = pending.commit()
+    assert json.loads((info.path / MANIFEST).read_bytes())["files"]["state.pt"] == digests
+    assert store.verify(info) == []
+
+    flipped = bytearray(data)
+    flipped[7 * STAGE] ^= 1
+    (info.path / "state.pt").write_bytes(flipped)
+    got, listed = blake3(bytes(flipped)).hexdigest()[:12], digests["blake3"][:12]
+    assert store.verify(info) == [f"state.pt: blake3 {got}… but manifest says {listed}…"]
+
+
+def test_a_small_file_opened_with_blake3_gets_it_without_a_thread(tmp_path: Path) -> None:
+    pending = CheckpointStore(tmp_path).begin(1)
+    before = threading.active_count()
+    with pending.open("small.pt", blake3=True) as f:
+        f.write(b"tiny")
+        assert threading.active_count() == before
+    assert pending.digests["small.pt"]["blake3"] == blake3(b"tiny").hexdigest()
 
 def test_a_small_file_is_hashed_without_a_thread(tmp_path: Path) -> None:
     pending = CheckpointStore(tmp_path).begin(1)

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from blake3 import blake3
 
 from trackway.checkpoints.layout import (
     MANIFEST,
@@ -148,6 +149,23 @@ def test_a_file_written_through_open_is_not_read_again_at_commit(tmp_path: Path)
     assert store.verify(info) == [f"state.bin: sha256 {on_disk}… but manifest says {written}…"]
 
 
+def test_every_damaged_file_is_named_in_order_when_several_are_checked_side_by_side(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path)
+    pending = store.begin(1)
+    payloads = {f"part-{i}.bin": os.urandom(1 << 20) for i in range(5)}
+    for name, data in payloads.items():
+        with pending.open(name, blake3=name == "part-3.bin") as f:
+            f.write(data)
+    info = pending.commit()
+    for name in ("part-3.bin", "part-1.bin"):  # same size, one byte changed: only the digest can tell
+        damaged = bytearray(payloads[name])
+        damaged[12345] ^= 0x01
+        (info.path / name).write_bytes(damaged)
+    problems = store.verify(info)
+    assert [p.split(":")[0] for p in problems] == ["part-1.bin", "part-3.bin"]
+    assert problems[0].startswith("part-1.bin: sha256 ") and problems[1].startswith("part-3.bin: blake3 ")
+
+
 def test_digests_from_other_processes_are_trusted_and_checked_for_size(tmp_path: Path) -> None:
     store = CheckpointStore(tmp_path)
     token = new_token()
@@ -155,10 +173,15 @@ def test_digests_from_other_processes_are_trusted_and_checked_for_size(tmp_path:
     assert rank0.path == rank1.path
     with rank1.open("rank-1.bin") as f:
         f.write(b"one")
+    with rank1.open("rank-1.pt", blake3=True) as f:
+        f.write(b"uno")
     with rank0.open("rank-0.bin") as f:
         f.write(b"zero")
     rank0.add_digest("rank-1.bin", **rank1.digests["rank-1.bin"])
-    assert rank0.commit().manifest["files"]["rank-1.bin"] == {"size": 3, "sha256": sha(b"one")}
+    rank0.add_digest("rank-1.pt", **rank1.digests["rank-1.pt"])
+    files = rank0.commit().manifest["files"]
+    assert files["rank-1.bin"] == {"size": 3, "sha256": sha(b"one")}
+    assert files["rank-1.pt"] == {"size": 3, "sha256": sha(b"uno"), "blake3": blake3(b"uno").hexdigest()}
     other = store.begin(4)
     (other.path / "x.bin").write_bytes(b"xx")
     other.add_digest("x.bin", 5, sha(b"xxxxx"))
@@ -166,6 +189,8 @@ def test_digests_from_other_processes_are_trusted_and_checked_for_size(tmp_path:
         other.commit()
     with pytest.raises(CheckpointError, match="64 lowercase hex"):
         other.add_digest("y.bin", 1, "nope")
+    with pytest.raises(CheckpointError, match="blake3 must be 64 lowercase hex digits or None"):
+        other.add_digest("y.bin", 1, sha(b"y"), "NOPE")
 
 
 def test_torch_save_through_open(tmp_path: Path) -> None:

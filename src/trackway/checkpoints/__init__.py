@@ -2,13 +2,14 @@
 
     layout       the storage protocol's names, states and errors (writing → committed → superseded → deleted)
     durable      the filesystem operations it is built from: fsync, whole-or-nothing files, hashing reads
+    digests      which digest verifies a file: its blake3 where the manifest records one, else its sha256
     verify       whether a checkpoint is committed (its marker against its manifest) and intact (every file)
     recover      the resume target, corrupt ones set aside, supersede and delete, abandoned writes cleaned up
     write        writing → committed: payload, MANIFEST.json and the COMMITTED marker, fsynced in turn
     store        CheckpointStore: the checkpoints under one run's root, over the five above
     retention    what to keep, supersede and delete, as a plan that `trackway gc --dry-run` prints
     torch_state  a PyTorch checkpoint's content, loaded with weights_only
-    hashing      a payload file hashed (sha256) on a thread of its own while it is written
+    hashing      a payload file hashed (sha256, blake3) on threads of its own while it is written
     verified_read  a payload file read once for loading, hashed on a thread of its own as it is read
     formats      payload formats ("torch": state.pt, "safetensors": state.safetensors) and their files
     safetensors_state  a state as one safetensors file
@@ -37,7 +38,8 @@ def load(path: str | os.PathLike[str], *, rank: int = 0, map_location: Any = "cp
     `$TRACKWAY_CHECKPOINT`) or one state file inside it (`.../step-00001234/state.pt`, or
     `state.safetensors` when it was saved with format="safetensors"). The
     checkpoint must be committed (its COMMITTED marker verifies against MANIFEST.json) and every
-    file the manifest lists must have its recorded size and sha256; otherwise a
+    file the manifest lists must have its recorded size and digest (blake3, or sha256 where the
+    manifest records no blake3); otherwise a
     `trackway.checkpoints.layout.CheckpointError` (a `trackway.errors.TrackwayError`) says what
     is wrong, and nothing is loaded.
 

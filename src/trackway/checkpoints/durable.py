@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import hashlib
 import json
 import os
 import stat
@@ -16,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
+from trackway.checkpoints.digests import new_hasher
 from trackway.checkpoints.layout import DIR_FLAGS, CheckpointError, crash_point
 
 _READ_CHUNK = 4 << 20
@@ -36,16 +36,18 @@ def walk(root: Path) -> tuple[list[str], list[Path]]:
     return sorted(files), sorted(dirs, key=lambda d: len(d.parts))
 
 
-def hash_file(path: Path, fsync: bool = False) -> tuple[int, str]:
-    sha, size, buffer = hashlib.sha256(), 0, bytearray(_READ_CHUNK)
+def hash_file(path: Path, fsync: bool = False, algorithms: tuple[str, ...] = ("sha256",)) -> tuple[int, ...]:
+    """(size, then the file's hex digest by each of `algorithms`), from one read (and fsynced, if asked)."""
+    hashers, size, buffer = [new_hasher(name) for name in algorithms], 0, bytearray(_READ_CHUNK)
     view = memoryview(buffer)
     with open(path, "rb", buffering=0) as f:
         while n := f.readinto(buffer):
-            sha.update(view[:n])
+            for hasher in hashers:
+                hasher.update(view[:n])
             size += n
         if fsync:
             os.fsync(f.fileno())
-    return size, sha.hexdigest()
+    return (size, *(hasher.hexdigest() for hasher in hashers))
 
 
 def write_durably(path: Path | str, data: bytes, dir_fd: int | None = None, crash_point_name: str = "") -> None:

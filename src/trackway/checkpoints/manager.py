@@ -36,7 +36,7 @@ Multi-process (torch.distributed initialized, world size > 1), one save:
     rank 0                                   rank r > 0
     broadcast temp-dir token ───────────────► begin(step, token)   (one shared temp dir)
     write state.pt                            write rank-0000r.pt   (.safetensors alike)
-    gather digests ◄───────────────────────── [(name, size, sha256), ...] or the error
+    gather digests ◄───────────────────────── [(name, size, sha256, blake3), ...] or the error
     add_digest each, commit (or abort all)
     broadcast outcome ──────────────────────► raise if it failed
     (every rank returns only once the commit is durable)
@@ -613,13 +613,14 @@ class CheckpointManager:
         def persist(snapshot: Snapshot) -> CheckpointInfo | None:
             token = ranks.token(writer=True)
             pending = None
-            report: list[tuple[str, int, str]] | str
+            report: list[tuple[str, int, str, str | None]] | str
             own = None
             try:
                 pending = self._begin(step, token)
                 snapshot.write(pending, shard_name(ranks.rank, snapshot.format))
                 # Every file this rank wrote: a safetensors state in parts is several.
-                report = [(name, digest["size"], digest["sha256"]) for name, digest in pending.digests.items()]
+                report = [(name, digest["size"], digest["sha256"], digest.get("blake3"))
+                          for name, digest in pending.digests.items()]
             except Exception as exc:  # noqa: BLE001 - every rank must reach the gather, failed or not
                 report = f"rank {ranks.rank}: {type(exc).__name__}: {exc}"
                 own = exc
@@ -729,8 +730,8 @@ def _commit_gathered(
         else:
             try:
                 for files in reports[1:]:
-                    for filename, size, sha256 in files:
-                        pending.add_digest(filename, size, sha256)
+                    for filename, size, sha256, blake3 in files:
+                        pending.add_digest(filename, size, sha256, blake3)
                 info = pending.commit(metrics=metrics)
             except Exception as exc:  # noqa: BLE001 - the other ranks must hear about it
                 outcome = f"rank 0 could not commit: {type(exc).__name__}: {exc}"

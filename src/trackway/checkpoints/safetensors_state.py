@@ -6,7 +6,7 @@
 
 A large state is split into parts, each a safetensors file of its own: `state.safetensors` (part 0,
 with the state's JSON) and `state-1.safetensors`, ... (metadata {"format", "part": "k"}). The
-manifest holds one sha256 per file, and SHA-256 runs at ~2 GB/s on one core: parts are hashed on
+manifest holds one sha256 (and one blake3) per file, and SHA-256 runs at ~2 GB/s on one core: parts are hashed on
 as many cores at once, which is what lets a save go faster than hashing one file. One part per
 usable core and per 64 MiB, at most 16; tensors are dealt to the part with the fewest bytes so far,
 so the parts' hashers start together.
@@ -26,7 +26,6 @@ from __future__ import annotations
 import base64
 import json
 import math
-import os
 import struct
 from collections import OrderedDict
 from collections.abc import Callable
@@ -37,6 +36,7 @@ from typing import Any
 
 import torch
 
+from trackway.checkpoints.digests import usable_cores
 from trackway.checkpoints.layout import CheckpointError
 from trackway.errors import InputError
 
@@ -87,7 +87,7 @@ def part_file(filename: str, index: int) -> str:
 
 def parts_for(nbytes: int) -> int:
     """How many parts a state of `nbytes` is split into here: one per usable core and per 64 MiB, at most 16."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = usable_cores()
     return max(1, min(cores, nbytes // _PART_MIN, _PARTS_MAX))
 
 

@@ -6,7 +6,8 @@ the ledger, p99 ≤ 2 s, and every one of the 10,000 receipts recorded.
 The attempts run on an executor of this file's (`FileEndings`), not on processes: 10,000 shims
 do not fit this machine, and what is measured is the supervisor's side of an end. It answers
 `poll_many` from one endings file the bench writes at the moment they all end (exit code and
-end time of each job), as the local executor answers from each attempt's `exit.json`; every
+end time of each job), as the local executor answers from each attempt's `exit.json`, and says
+so through the home's ended.fifo as the local host does after each `exit.json`; every
 attempt has its `output.log`, and one in ten fails with a traceback (exit 3), so each receipt
 is read, classified and decided as a real one. Runs are submitted and launched through
 `submit_run` and `start_attempt` as any run is (ten of them; the rest copy their rows), in a project
@@ -37,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import figure  # noqa: E402
 
 from trackway.executors.base import Executor, JobHandle, JobPhase, JobStatus, LaunchRequest, Submission  # noqa: E402
+from trackway.executors.local_host import open_ended_signal, say_ended  # noqa: E402
 
 ATTEMPTS = int(os.environ.get("BENCH_ATTEMPTS", "10000"))
 TARGET_P99_S = 2.0
@@ -55,8 +57,15 @@ class FileEndings(Executor):
     name = "local"
 
     def __init__(self, home: Path):
-        self.endings = Path(home) / ENDINGS
+        self.home = Path(home)
+        self.endings = self.home / ENDINGS
         self._read: tuple[float, dict] = (-1.0, {})
+        self._signal: int | None = None
+
+    def ended_signal(self) -> int | None:
+        if self._signal is None:
+            self._signal = open_ended_signal(self.home)
+        return self._signal
 
     def submit(self, request: LaunchRequest) -> Submission:
         Path(request.log_path).parent.mkdir(parents=True, exist_ok=True)
@@ -185,6 +194,7 @@ def receipt_latencies(tmp: Path, count: int) -> tuple[list[float], int]:
         part = home / (ENDINGS + ".part")
         part.write_text(json.dumps(endings))
         os.replace(part, home / ENDINGS)
+        say_ended(home)
         deadline = time.monotonic() + 120
         with sqlite3.connect(db, timeout=30) as conn:
             while len(seen) < count and time.monotonic() < deadline:

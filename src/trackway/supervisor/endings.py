@@ -164,15 +164,18 @@ def write_ends(ledger: Ledger, settings: Settings, prepared: Sequence[PreparedEn
     with ledger.write() as conn:
         runs = runs_by_id(conn, [p.attempt["run_id"] for p in prepared])
         records = []
+        prices: dict[tuple[Any, Any], float] = {}  # a burst's runs share a few projects and resources
         for p in prepared:
             run = runs[p.attempt["run_id"]]
+            resource = p.attempt["resource"] or run["resource"]
+            if (run["workdir"], resource) not in prices:
+                # Priced where it ran, as the run's own project declares that resource.
+                prices[run["workdir"], resource] = project_settings(settings, run).resource(resource).cost_per_gpu_hour
             records.append(AttemptEndRecord(
                 p.attempt, ended_at=p.ended_at, reason=p.verdict.reason,
                 evidence_json=p.verdict.evidence_json(p.evidence, p.secrets),
                 exit_code=p.status.exit_code, signal=p.status.signal,
-                # Priced where it ran, as the run's own project declares that resource.
-                cost_per_gpu_hour=project_settings(settings, run).resource(
-                    p.attempt["resource"] or run["resource"]).cost_per_gpu_hour,
+                cost_per_gpu_hour=prices[run["workdir"], resource],
                 secrets=p.secrets))
         written = record_attempt_ends(conn, records)
         recorded = [p for p in prepared if p.attempt["attempt_id"] in written]

@@ -309,3 +309,29 @@ def test_capture_copies_every_kind_of_cpu_tensor_by_value() -> None:
             assert got.untyped_storage().data_ptr() != tensors[name].untyped_storage().data_ptr(), name
     tensors["plain"].add_(1)  # the training goes on: the snapshot keeps what it copied
     assert torch.equal(snapshot.state["model"]["plain"], expected["plain"])
+
+
+def test_the_tensor_records_a_restore_reads_into_their_own_storages_are_found_without_a_seek(tmp_path: Path) -> None:
+    """The record offsets taken from the zip's central directory alone are where each record's bytes start.
+
+    Were torch.save to pad its local headers otherwise, every tensor would still load, but copied
+    once more: this says so before a restore gets slower unnoticed.
+    """
+    import struct
+    import zipfile
+
+    from trackway.checkpoints.manager import CheckpointManager
+    from trackway.checkpoints.torch_state import _zip_records
+
+    model = torch.nn.Sequential(*[torch.nn.Linear(256 + i, 300) for i in range(4)])
+    with CheckpointManager(tmp_path, async_save=False) as manager:
+        manager.save(1, model=model, optimizer=torch.optim.Adam(model.parameters()))
+    state = tmp_path / "step-00000001" / "state.pt"
+    found = []
+    with open(state, "rb") as f, zipfile.ZipFile(f) as archive:
+        for entry in archive.infolist():
+            f.seek(entry.header_offset)
+            name_length, extra_length = struct.unpack("<HH", f.read(30)[26:30])
+            found.append((entry.header_offset + 30 + name_length + extra_length, entry.file_size))
+    hinted = _zip_records(state)
+    assert len(hinted) == 4 and set(hinted) <= set(found)

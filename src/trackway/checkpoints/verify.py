@@ -3,10 +3,10 @@
 Committed iff COMMITTED parses, its manifest_sha256 is sha256(MANIFEST.json) and the manifest's
 step is the directory's (`inspect_dir` reads a directory's state by this rule alone, hashing
 nothing). A committed checkpoint is intact when every file the manifest lists is there with its
-recorded size and digest (`check_files`: its blake3 where the manifest records one, else its sha256,
-digests.py; a loader that hashes a file as it reads it checks that one
-itself, verified_read.py). A file that cannot be read for another reason (EIO,
-permissions) is no proof of corruption: it is told apart, so that callers raise rather than set aside.
+recorded size and digest (`check_files`: its blake3 where the manifest records one, else its
+sha256, digests.py; a loader that hashes a file as it reads it checks that one itself,
+verified_read.py). A file that cannot be read for another reason (EIO, permissions) is no proof
+of corruption: it is told apart, so that callers raise rather than set aside.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@
     store        CheckpointStore: the checkpoints under one run's root, over the five above
     retention    what to keep, supersede and delete, as a plan that `trackway gc --dry-run` prints
     torch_state  a PyTorch checkpoint's content, loaded with weights_only
-    hashing      a payload file hashed (sha256, blake3) on threads of its own while it is written
+    hashing      a payload file hashed while it is written (sha256 on a thread of its own; blake3 where asked)
     verified_read  a payload file read once for loading, hashed on a thread of its own as it is read
     formats      payload formats ("torch": state.pt, "safetensors": state.safetensors) and their files
     safetensors_state  a state as one safetensors file

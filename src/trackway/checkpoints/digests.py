@@ -1,14 +1,16 @@
 """Which digest verifies a checkpoint file: its BLAKE3 where the manifest records one, else its SHA-256.
 
-Every manifest entry records the file's size and sha256 (what `sha256sum` prints). Files written by
-a save since BLAKE3 came in also record `blake3`, taken from the same bytes on their way to the
-file. Both are cryptographic digests, and the manifest that holds them is bound by the marker, so
-bytes that match either one are the bytes that were saved. Reading checks the faster one: BLAKE3
-hashes 252 MB in 55 ms on one core of our machines against SHA-256's 148 ms (SHA-NI), so a restore
-that checks it finishes about when the read does, where SHA-256 made it wait for the hash.
+Every manifest entry records the file's size and sha256 (what `sha256sum` prints). The torch
+payload's state files (`state.pt`, a rank's shard) saved since BLAKE3 came in also record `blake3`,
+taken from the same bytes on their way to the file: a restore reads such a file whole before it
+loads anything. Both are cryptographic digests, and the manifest that holds them is bound by the
+marker, so bytes that match either one are the bytes that were saved. Reading checks the faster
+one: BLAKE3 hashes 252 MB in 55 ms on one core of our machines against SHA-256's 148 ms (SHA-NI),
+so a restore that checks it finishes about when the read does, where SHA-256 made it wait.
 
-Entries without a well-formed blake3 (checkpoints from before, files another process hashed and
-reported with sha256 only, a copy fetched from an object store) are checked by their sha256.
+Entries without a well-formed blake3 (checkpoints saved before, safetensors parts, which are hashed
+side by side instead, files of your own) are checked by their sha256. Every entry keeps its sha256,
+so a trackway from before BLAKE3 still verifies these checkpoints rather than setting them aside.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@
 
 A large state is split into parts, each a safetensors file of its own: `state.safetensors` (part 0,
 with the state's JSON) and `state-1.safetensors`, ... (metadata {"format", "part": "k"}). The
-manifest holds one sha256 (and one blake3) per file, and SHA-256 runs at ~2 GB/s on one core: parts are hashed on
+manifest holds one sha256 per file, and SHA-256 runs at ~2 GB/s on one core: parts are hashed on
 as many cores at once, which is what lets a save go faster than hashing one file. One part per
 usable core and per 64 MiB, at most 16; tensors are dealt to the part with the fewest bytes so far,
 so the parts' hashers start together.

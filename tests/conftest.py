@@ -91,6 +91,23 @@ def sqlite_url(tmp_path: Path, sqlite_template: Path) -> str:
     return f"sqlite:///{path}"
 
 
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def module_ledger_url(request, tmp_path_factory, sqlite_template: Path) -> Iterator[str]:
+    """A fresh, migrated ledger per backend that one module's tests share: for tests that only read what a
+    fixture filled it with (a PostgreSQL database costs about 0.3 s to make, a read a millisecond)."""
+    if request.param == "sqlite":
+        path = tmp_path_factory.mktemp("module-ledger") / "ledger.db"
+        shutil.copy2(sqlite_template, path)
+        yield f"sqlite:///{path}"
+        return
+    pool = request.getfixturevalue("pg_pool")
+    name = pool.take()
+    try:
+        yield make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
+    finally:
+        pool.give_back(name)
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 def ledger_url(request) -> str:
     """The ledger contract suite runs once per backend."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -44,6 +45,20 @@ ATTEMPTS = [
 
 @pytest.fixture
 def filled(ledger: Ledger) -> Ledger:
+    """A ledger of its own, filled (`fill`): for a test that writes."""
+    return fill(ledger)
+
+
+@pytest.fixture(scope="module")
+def shared(module_ledger_url: str) -> Iterator[Ledger]:
+    """One filled ledger per backend for the tests that only read: each that runs a refused statement checks that
+    nothing changed, so a write that got through fails that test, not a later one's setup."""
+    ledger = fill(open_ledger(module_ledger_url))
+    yield ledger
+    ledger.dispose()
+
+
+def fill(ledger: Ledger) -> Ledger:
     """Reasoning, vision and an evaluation run (which the view leaves out), attempts from 1h to 30 days ago."""
     now = datetime.now(timezone.utc)
     families = {"rsn": ("reasoning", "full"), "vis": ("vision", "full"), "rsn-eval": ("reasoning", "eval")}
@@ -69,8 +84,8 @@ def _one_line(message: str) -> bool:
     return bool(message) and "\n" not in message and "Traceback" not in message
 
 
-def test_the_design_query_runs_verbatim(filled):
-    result = run_readonly_query(filled, DESIGN_QUERY)
+def test_the_design_query_runs_verbatim(shared):
+    result = run_readonly_query(shared, DESIGN_QUERY)
     assert isinstance(result, QueryResult) and not result.truncated
     assert result.columns == ["termination_reason", "attempts", "gpu_hours"]
     # Last 7 days, reasoning only: the 30-day-old oom, the vision run and the eval run are left out.
@@ -79,7 +94,7 @@ def test_the_design_query_runs_verbatim(filled):
         ("preempted", 2, pytest.approx(3.0)),
         ("completed", 1, pytest.approx(0.5)),
     ]
-    if filled.dialect == "sqlite":
+    if shared.dialect == "sqlite":
         assert "DATETIME(CURRENT_TIMESTAMP, '-7 days')" in result.executed_sql
         assert "INTERVAL" not in result.executed_sql.upper()
     else:
@@ -116,8 +131,8 @@ def test_view_has_exactly_the_documented_columns(ledger):
         ),
     ],
 )
-def test_interval_arithmetic_against_now(filled, query, expected):
-    result = run_readonly_query(filled, query + " order by attempt_id")
+def test_interval_arithmetic_against_now(shared, query, expected):
+    result = run_readonly_query(shared, query + " order by attempt_id")
     assert [row[0] for row in result.rows] == expected
 
 
@@ -135,26 +150,26 @@ def test_interval_arithmetic_against_now(filled, query, expected):
         ("date_trunc('month', timestamp '2026-03-14 15:09:26')", "2026-03-01 00:00:00"),
     ],
 )
-def test_timestamp_expressions_agree_on_both_backends(ledger, expression, expected):
-    result = run_readonly_query(ledger, f"select ({expression})::text as t")
+def test_timestamp_expressions_agree_on_both_backends(shared, expression, expected):
+    result = run_readonly_query(shared, f"select ({expression})::text as t")
     assert result.rows == [(expected,)]
 
 
-def test_extract_and_regex_match(filled):
+def test_extract_and_regex_match(shared):
     result = run_readonly_query(
-        filled,
+        shared,
         "select extract(epoch from timestamp '2026-03-14 15:09:26'), extract(year from timestamp '2026-03-14'), "
         "date_part('hour', timestamp '2026-03-14 15:09:26')",
     )
     (epoch, year, hour), = result.rows
     assert (float(epoch), int(year), int(hour)) == (1773500966.0, 2026, 15)
-    names = run_readonly_query(filled, "select name from runs where name ~ '^rsn-' order by name")
+    names = run_readonly_query(shared, "select name from runs where name ~ '^rsn-' order by name")
     assert names.rows == [("rsn-eval",)]
 
 
-def test_cte_select(filled):
+def test_cte_select(shared):
     result = run_readonly_query(
-        filled,
+        shared,
         "with recent as (select * from training_attempts where started_at >= now() - interval '7 days') "
         "select run_name, count(*) as n from recent group by run_name order by run_name",
     )
@@ -162,19 +177,19 @@ def test_cte_select(filled):
     assert result.rows == [("rsn", 4), ("vis", 1)]
 
 
-def test_ilike(filled):
-    result = run_readonly_query(filled, "select name from runs where name ilike 'RSN%' order by name")
+def test_ilike(shared):
+    result = run_readonly_query(shared, "select name from runs where name ilike 'RSN%' order by name")
     assert result.rows == [("rsn",), ("rsn-eval",)]
-    if filled.dialect == "sqlite":
+    if shared.dialect == "sqlite":
         assert "ILIKE" not in result.executed_sql.upper()
 
 
-def test_values_union_and_explain(filled):
-    assert run_readonly_query(filled, "values (1, 'a'), (2, 'b')").rows == [(1, "a"), (2, "b")]
-    assert run_readonly_query(filled, "select 1 as n union all select 2 order by n").rows == [(1,), (2,)]
-    plan = run_readonly_query(filled, "explain select * from training_attempts where run_id = 'rsn'")
+def test_values_union_and_explain(shared):
+    assert run_readonly_query(shared, "values (1, 'a'), (2, 'b')").rows == [(1, "a"), (2, "b")]
+    assert run_readonly_query(shared, "select 1 as n union all select 2 order by n").rows == [(1,), (2,)]
+    plan = run_readonly_query(shared, "explain select * from training_attempts where run_id = 'rsn'")
     assert plan.rows
-    if filled.dialect == "sqlite":
+    if shared.dialect == "sqlite":
         assert plan.executed_sql.startswith("EXPLAIN QUERY PLAN SELECT")
 
 
@@ -242,16 +257,16 @@ REFUSED = {
 
 
 @pytest.mark.parametrize("query", list(REFUSED.values()), ids=list(REFUSED))
-def test_refused_and_nothing_changes(filled, tmp_path: Path, query):
+def test_refused_and_nothing_changes(shared, tmp_path: Path, query):
     scratch = tmp_path / "scratch"  # where ATTACH and COPY would write
     scratch.mkdir()
-    before = ledger_state(filled)
+    before = ledger_state(shared)
     with pytest.raises(ReadOnlyViolation) as info:
-        run_readonly_query(filled, query.format(tmp=scratch))
+        run_readonly_query(shared, query.format(tmp=scratch))
     message = str(info.value)
     assert _one_line(message)
     assert message.startswith("trackway sql is read-only: ") and message.endswith(ALLOWED)
-    assert ledger_state(filled) == before
+    assert ledger_state(shared) == before
     assert list(scratch.iterdir()) == []
 
 
@@ -272,13 +287,13 @@ def test_refusal_names_what_was_refused(ledger):
         "drop view training_attempts",
     ],
 )
-def test_the_database_refuses_writes_the_classifier_missed(filled, sql):
+def test_the_database_refuses_writes_the_classifier_missed(shared, sql):
     """Defense in depth: the read-only transaction alone stops a write that reached the database."""
-    before = ledger_state(filled)
+    before = ledger_state(shared)
     with pytest.raises(ReadOnlyViolation) as info:
-        _execute(filled, sql)
+        _execute(shared, sql)
     assert _one_line(str(info.value))
-    assert ledger_state(filled) == before
+    assert ledger_state(shared) == before
 
 
 @pytest.mark.parametrize(
@@ -288,12 +303,12 @@ def test_the_database_refuses_writes_the_classifier_missed(filled, sql):
         "select 1; delete from attempts",
     ],
 )
-def test_the_database_runs_one_statement_at_most(filled, sql):
-    before = ledger_state(filled)
+def test_the_database_runs_one_statement_at_most(shared, sql):
+    before = ledger_state(shared)
     with pytest.raises(InputError) as info:
-        _execute(filled, sql)
+        _execute(shared, sql)
     assert _one_line(str(info.value))
-    assert ledger_state(filled) == before
+    assert ledger_state(shared) == before
 
 
 def test_queries_run_in_a_transaction_the_database_keeps_read_only(ledger):
@@ -326,9 +341,9 @@ def test_the_ledger_is_writable_again_afterwards(filled):
     assert run_readonly_query(filled, "select state from runs where run_id = 'vis'").rows == [("failed",)]
 
 
-def test_unparseable_query_is_an_input_error(ledger):
+def test_unparseable_query_is_an_input_error(shared):
     with pytest.raises(InputError) as info:
-        run_readonly_query(ledger, "select * from (")
+        run_readonly_query(shared, "select * from (")
     message = str(info.value)
     assert message.startswith("trackway sql: cannot parse the query: ") and _one_line(message)
     assert not isinstance(info.value, ReadOnlyViolation)
@@ -341,18 +356,18 @@ def test_unparseable_query_is_an_input_error(ledger):
         ("select no_such_column from training_attempts", "no_such_column"),
     ],
 )
-def test_database_errors_are_one_line_input_errors(ledger, query, mentions):
+def test_database_errors_are_one_line_input_errors(shared, query, mentions):
     with pytest.raises(InputError) as info:
-        run_readonly_query(ledger, query)
+        run_readonly_query(shared, query)
     message = str(info.value)
     assert message.startswith("trackway sql: ") and mentions in message and _one_line(message)
     assert not isinstance(info.value, ReadOnlyViolation)
 
 
 @pytest.mark.parametrize("query", ["", "  ;  ", "-- nothing here"])
-def test_empty_query_is_an_input_error(ledger, query):
+def test_empty_query_is_an_input_error(shared, query):
     with pytest.raises(InputError, match="the query is empty"):
-        run_readonly_query(ledger, query)
+        run_readonly_query(shared, query)
 
 
 @pytest.mark.parametrize(
@@ -400,15 +415,15 @@ SERVER_SECRETS = [  # (what the refusal names, a query that reads it)
 
 
 @pytest.mark.parametrize(("named", "query"), SERVER_SECRETS, ids=[f"{n}-{i}" for i, (n, _) in enumerate(SERVER_SECRETS)])
-def test_the_servers_configuration_and_credentials_are_refused_before_running(filled, named, query):
-    before = ledger_state(filled)
+def test_the_servers_configuration_and_credentials_are_refused_before_running(shared, named, query):
+    before = ledger_state(shared)
     with pytest.raises(ReadOnlyViolation) as info:
-        run_readonly_query(filled, query)
+        run_readonly_query(shared, query)
     message = str(info.value)
     assert _one_line(message)
     assert message.startswith(f"trackway sql: {named} is not allowed: ")
     assert "configuration, files or credentials" in message
-    assert ledger_state(filled) == before
+    assert ledger_state(shared) == before
 
 
 def test_harmless_settings_are_still_readable(pg_url):

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import uuid
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -93,6 +94,21 @@ BYPASSES = {  # id: a query that tries to cross the boundary
 
 @pytest.fixture
 def filled(ledger: Ledger) -> Ledger:
+    """A ledger of its own, filled (`fill`): for a test that writes."""
+    return fill(ledger)
+
+
+@pytest.fixture(scope="module")
+def shared(module_ledger_url: str) -> Iterator[Ledger]:
+    """One filled ledger per backend for the tests that only read: each that runs a refused statement checks that
+    nothing changed, so a write that got through fails that test, not a later one's setup."""
+    ledger = fill(open_ledger(module_ledger_url))
+    yield ledger
+    ledger.dispose()
+
+
+def fill(ledger: Ledger) -> Ledger:
+    """One completed run and its attempt."""
     now = datetime.now(timezone.utc)
     with ledger.write() as conn:
         insert_run(conn, dict(
@@ -111,22 +127,22 @@ def _one_line(message: str) -> bool:
 
 
 @pytest.mark.parametrize("query", list(BYPASSES.values()), ids=list(BYPASSES))
-def test_every_bypass_is_refused_and_the_ledger_is_unchanged(filled, tmp_path: Path, query):
+def test_every_bypass_is_refused_and_the_ledger_is_unchanged(shared, tmp_path: Path, query):
     scratch = tmp_path / "scratch"
     scratch.mkdir()
-    before = ledger_state(filled)
+    before = ledger_state(shared)
     with pytest.raises(InputError) as info:  # ReadOnlyViolation is one, and so is a query the database rejects
-        run_readonly_query(filled, query.format(tmp=scratch))
+        run_readonly_query(shared, query.format(tmp=scratch))
     assert _one_line(str(info.value))
-    assert ledger_state(filled) == before
+    assert ledger_state(shared) == before
     assert list(scratch.iterdir()) == []
 
 
-def test_a_comment_hides_nothing(filled):
-    before = ledger_state(filled)
-    assert run_readonly_query(filled, "select 1 /* ; delete from runs */").rows == [(1,)]
-    assert run_readonly_query(filled, "select 1 -- ; delete from runs").rows == [(1,)]
-    assert ledger_state(filled) == before
+def test_a_comment_hides_nothing(shared):
+    before = ledger_state(shared)
+    assert run_readonly_query(shared, "select 1 /* ; delete from runs */").rows == [(1,)]
+    assert run_readonly_query(shared, "select 1 -- ; delete from runs").rows == [(1,)]
+    assert ledger_state(shared) == before
 
 
 # --- the database, not the name list, is what refuses (PostgreSQL) --------------------------------
@@ -213,10 +229,10 @@ BLOW_UPS = [
 
 
 @pytest.mark.parametrize("query", BLOW_UPS, ids=["nested-plus", "nested-star", "alternation", "per-row"])
-def test_a_regular_expression_cannot_outrun_the_time_limit(filled, query):
+def test_a_regular_expression_cannot_outrun_the_time_limit(shared, query):
     # How long it takes is bench/bench_sql_limits.py's figure (target: --timeout plus one second).
     try:
-        result = run_readonly_query(filled, query, timeout_s=1)
+        result = run_readonly_query(shared, query, timeout_s=1)
     except InputError as exc:  # stopped by the limit is fine too; running past it is not
         assert "longer than --timeout 1s" in str(exc) or "regular expression" in str(exc)
     else:

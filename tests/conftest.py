@@ -108,6 +108,16 @@ def module_ledger_url(request, tmp_path_factory, sqlite_template: Path) -> Itera
         pool.give_back(name)
 
 
+@pytest.fixture(scope="module")
+def module_pg_url(pg_pool: DatabasePool) -> Iterator[str]:
+    """`module_ledger_url` for a module's PostgreSQL-only tests: one fresh, migrated database they share."""
+    name = pg_pool.take()
+    try:
+        yield make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
+    finally:
+        pg_pool.give_back(name)
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 def ledger_url(request) -> str:
     """The ledger contract suite runs once per backend."""

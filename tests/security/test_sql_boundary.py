@@ -92,12 +92,6 @@ BYPASSES = {  # id: a query that tries to cross the boundary
 }
 
 
-@pytest.fixture
-def filled(ledger: Ledger) -> Ledger:
-    """A ledger of its own, filled (`fill`): for a test that writes."""
-    return fill(ledger)
-
-
 @pytest.fixture(scope="module")
 def shared(module_ledger_url: str) -> Iterator[Ledger]:
     """One filled ledger per backend for the tests that only read: each that runs a refused statement checks that
@@ -169,18 +163,22 @@ DATABASE_REFUSES = [  # sent past the name check, straight to the database as `t
 ]
 
 
+@pytest.fixture(scope="module")
+def shared_pg(module_pg_url: str) -> Iterator[Ledger]:
+    """One PostgreSQL ledger for the module's PostgreSQL-only refusals, each checking that nothing changed."""
+    ledger = open_ledger(module_pg_url)
+    yield ledger
+    ledger.dispose()
+
+
 @pytest.mark.parametrize("sql", DATABASE_REFUSES)
-def test_the_reader_role_refuses_what_the_name_check_would_miss(pg_url, sql):
-    ledger = open_ledger(pg_url)
-    try:
-        before = ledger_state(ledger)
-        with pytest.raises(ReadOnlyViolation) as info:
-            _execute(ledger, sql)
-        message = str(info.value)
-        assert _one_line(message) and ("permission denied" in message or "must be superuser" in message)
-        assert ledger_state(ledger) == before
-    finally:
-        ledger.dispose()
+def test_the_reader_role_refuses_what_the_name_check_would_miss(shared_pg, sql):
+    before = ledger_state(shared_pg)
+    with pytest.raises(ReadOnlyViolation) as info:
+        _execute(shared_pg, sql)
+    message = str(info.value)
+    assert _one_line(message) and ("permission denied" in message or "must be superuser" in message)
+    assert ledger_state(shared_pg) == before
 
 
 def test_what_the_reader_may_see_of_the_server_is_only_what_any_role_sees(pg_url):
@@ -311,13 +309,14 @@ TOKEN_READS = {
 }
 
 
-@pytest.fixture
-def with_token(filled: Ledger) -> tuple[Ledger, str]:
+@pytest.fixture(scope="module")
+def with_token(shared: Ledger) -> tuple[Ledger, str]:
+    """The shared ledger with an API token in it (added once; the tests below only try to read it)."""
     from trackway.ledger.tokens import add_token, digest
 
-    with filled.write() as conn:
+    with shared.write() as conn:
         token = add_token(conn, "ana", "admin")
-    return filled, digest(token)
+    return shared, digest(token)
 
 
 @pytest.mark.parametrize("query", list(TOKEN_READS.values()), ids=list(TOKEN_READS))

@@ -100,17 +100,13 @@ def module_ledger_url(request, tmp_path_factory, sqlite_template: Path) -> Itera
         shutil.copy2(sqlite_template, path)
         yield f"sqlite:///{path}"
         return
-    pool = request.getfixturevalue("pg_pool")
-    name = pool.take()
-    try:
-        yield make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
-    finally:
-        pool.give_back(name)
+    yield request.getfixturevalue("module_pg_url")
 
 
 @pytest.fixture(scope="module")
 def module_pg_url(pg_pool: DatabasePool) -> Iterator[str]:
-    """`module_ledger_url` for a module's PostgreSQL-only tests: one fresh, migrated database they share."""
+    """One fresh, migrated PostgreSQL database a module's tests share (`module_ledger_url`'s, and its
+    PostgreSQL-only tests')."""
     name = pg_pool.take()
     try:
         yield make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)

@@ -104,6 +104,14 @@ def module_ledger_url(request, tmp_path_factory, sqlite_template: Path) -> Itera
 
 
 @pytest.fixture(scope="module")
+def module_ledger(module_ledger_url: str) -> Iterator[Ledger]:
+    """The module's shared ledger (`module_ledger_url`), open for its tests and closed after the last."""
+    ledger = open_ledger(module_ledger_url)
+    yield ledger
+    ledger.dispose()
+
+
+@pytest.fixture(scope="module")
 def module_pg_url(pg_pool: DatabasePool) -> Iterator[str]:
     """One fresh, migrated PostgreSQL database a module's tests share (`module_ledger_url`'s, and its
     PostgreSQL-only tests')."""

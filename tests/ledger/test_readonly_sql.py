@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -50,12 +49,10 @@ def filled(ledger: Ledger) -> Ledger:
 
 
 @pytest.fixture(scope="module")
-def shared(module_ledger_url: str) -> Iterator[Ledger]:
+def shared(module_ledger: Ledger) -> Ledger:
     """One filled ledger per backend for the tests that only read: each that runs a refused statement checks that
     nothing changed, so a write that got through fails that test, not a later one's setup."""
-    ledger = fill(open_ledger(module_ledger_url))
-    yield ledger
-    ledger.dispose()
+    return fill(module_ledger)
 
 
 def fill(ledger: Ledger) -> Ledger:

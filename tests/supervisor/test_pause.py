@@ -93,16 +93,6 @@ def test_a_file_or_link_in_place_of_the_fifo_is_never_written(tmp_path):
     assert precious.read_text() == "keep me\n" and ended_fifo(home).read_text() == "a plain file\n"
 
 
-class _Announcing:
-    """An executor as the tick sees it here: one that says when its jobs end (the local one does)."""
-
-    def __init__(self, fd):
-        self.fd = fd
-
-    def ended_signal(self):
-        return self.fd
-
-
 def test_watching_many_running_attempts_gives_way_to_an_end_once_a_burst_had_its_gap(tmp_path):
     from trackway.supervisor.loop import MIN_TICK_GAP_S, _EndsHeard
 
@@ -111,12 +101,12 @@ def test_watching_many_running_attempts_gives_way_to_an_end_once_a_burst_had_its
     looks = _EndsHeard.LOOK_EVERY
     try:
         say_ended(home)
-        just_started = _EndsHeard([_Announcing(fd)], time.monotonic())
+        just_started = _EndsHeard([fd], time.monotonic())
         assert not any(just_started.now() for _ in range(10 * looks))  # a burst's ends are still taken a batch a tick
-        heard = _EndsHeard([_Announcing(fd)], time.monotonic() - MIN_TICK_GAP_S)
+        heard = _EndsHeard([fd], time.monotonic() - MIN_TICK_GAP_S)
         assert any(heard.now() for _ in range(looks))  # within LOOK_EVERY attempts watched
         assert not any(heard.now() for _ in range(10 * looks))  # heard once: the next tick watches on
         say_ended(home)
-        assert not any(_EndsHeard([_Announcing(None)], 0.0).now() for _ in range(10 * looks))  # no word, no cut
+        assert not any(_EndsHeard([], 0.0).now() for _ in range(10 * looks))  # no word, no cut
     finally:
         os.close(fd)

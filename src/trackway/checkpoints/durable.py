@@ -36,18 +36,17 @@ def walk(root: Path) -> tuple[list[str], list[Path]]:
     return sorted(files), sorted(dirs, key=lambda d: len(d.parts))
 
 
-def hash_file(path: Path, fsync: bool = False, algorithms: tuple[str, ...] = ("sha256",)) -> tuple[int, ...]:
-    """(size, then the file's hex digest by each of `algorithms`), from one read (and fsynced, if asked)."""
-    hashers, size, buffer = [new_hasher(name) for name in algorithms], 0, bytearray(_READ_CHUNK)
+def hash_file(path: Path, fsync: bool = False, algorithm: str = "sha256") -> tuple[int, str]:
+    """(size, the file's hex digest by `algorithm`), from one read (and fsynced, if asked)."""
+    hasher, size, buffer = new_hasher(algorithm), 0, bytearray(_READ_CHUNK)
     view = memoryview(buffer)
     with open(path, "rb", buffering=0) as f:
         while n := f.readinto(buffer):
-            for hasher in hashers:
-                hasher.update(view[:n])
+            hasher.update(view[:n])
             size += n
         if fsync:
             os.fsync(f.fileno())
-    return (size, *(hasher.hexdigest() for hasher in hashers))
+    return size, hasher.hexdigest()
 
 
 def write_durably(path: Path | str, data: bytes, dir_fd: int | None = None, crash_point_name: str = "") -> None:

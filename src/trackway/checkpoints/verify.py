@@ -123,7 +123,7 @@ def _hashed(checks: list[tuple[str, Path, str, Any]]) -> list[str | OSError]:
 
     def one(check: tuple[str, Path, str, Any]) -> str | OSError:
         try:
-            return hash_file(check[1], algorithms=(check[2],))[1]
+            return hash_file(check[1], algorithm=check[2])[1]
         except OSError as exc:
             return exc
 

@@ -216,7 +216,8 @@ class PendingCheckpoint:
                     raise CheckpointError(f"{self.path / rel} is {actual} bytes, {size} were recorded; changed later?")
                 fsync(self.path / rel)  # nothing left to flush when it came through open()
             else:
-                (size, sha), b3 = hash_file(self.path / rel, fsync=True), None
+                size, sha = hash_file(self.path / rel, fsync=True)
+                b3 = None  # dropped in without open(): hashed here for its sha256 alone
             files[rel] = _entry(size, sha, b3)
         missing = sorted(set(recorded) - set(found))
         if missing:

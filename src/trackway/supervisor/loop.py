@@ -141,8 +141,8 @@ class _EndsHeard:
 
     LOOK_EVERY = 32
 
-    def __init__(self, executors: Iterable[Executor], tick_started: float) -> None:
-        self._fds = [fd for fd in (executor.ended_signal() for executor in executors) if fd is not None]
+    def __init__(self, fds: list[int], tick_started: float) -> None:
+        self._fds = fds
         self._from = tick_started + MIN_TICK_GAP_S
         self._looks = 0
 
@@ -252,7 +252,7 @@ class Supervisor:
         ends += self._end_all(ended)
         self._cursor = ""
         watched = [attempt for attempt, status in polled if status.phase is JobPhase.RUNNING]  # a queued job: nothing yet
-        ends_heard = _EndsHeard(self._executors.values(), tick_started)
+        ends_heard = _EndsHeard(self._ended_signals(), tick_started)
         for number, attempt in enumerate(watched):
             if time.monotonic() > deadline or ends_heard.now():
                 # Watching the rest can wait; an end an executor just announced is recorded by the next tick.
@@ -531,7 +531,7 @@ class Supervisor:
         executor says one of its jobs ended (Executor.ended_signal), though never less than MIN_TICK_GAP_S after
         `started`, so that a burst of ends is taken a batch a tick. Returns as soon as `stop` is set.
         """
-        signals = [fd for fd in (executor.ended_signal() for executor in self._executors.values()) if fd is not None]
+        signals = self._ended_signals()
         due = started + interval_s
         if not signals:
             left = max(0.0, due - time.monotonic())
@@ -550,6 +550,10 @@ class Supervisor:
                 for fd in ready:
                     _drain(fd)
                 due = min(due, started + MIN_TICK_GAP_S)
+
+    def _ended_signals(self) -> list[int]:
+        """The descriptors of the executors in use that say when a job ended (Executor.ended_signal)."""
+        return [fd for fd in (executor.ended_signal() for executor in self._executors.values()) if fd is not None]
 
     def cancel(self, run_ref: str) -> list[str]:
         """Ask the executors to end every unfinished attempt of a run; return their ids.

@@ -409,9 +409,10 @@ def write_json_atomic(path: Path, payload: dict[str, Any], fsync: bool = True, r
         raise
 
 
-def read_json(path: Path) -> dict[str, Any] | None:
+def read_json(path: str | os.PathLike) -> dict[str, Any] | None:
     try:
-        payload = json.loads(path.read_bytes())
+        with open(path, "rb") as file:
+            payload = json.loads(file.read())
     except (OSError, ValueError):
         return None
     return payload if isinstance(payload, dict) else None
@@ -491,6 +492,25 @@ def fallback_dir_names(spool_dir: str | os.PathLike) -> list[str]:
     digest = hashlib.sha256(os.path.abspath(spool_dir).encode()).hexdigest()[:24]
     return [os.path.join(root, FALLBACK_DIR_NAME, digest)
             for root in _root_names(os.environ.get(FALLBACK_ENV), tempfile.gettempdir())]
+
+
+def fallback_dirs_present() -> frozenset[str] | None:
+    """Every fallback directory there is now (as `fallback_dir_names` spells it), from one listing per root.
+
+    For an ingester about to look for those of many spools at once; None where a root could not be
+    listed (not yours, say), so that it looks for each as before rather than miss one.
+    """
+    present: set[str] = set()
+    for root in _root_names(os.environ.get(FALLBACK_ENV), tempfile.gettempdir()):
+        parent = os.path.join(root, FALLBACK_DIR_NAME)
+        try:
+            names = os.listdir(parent)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except OSError:
+            return None
+        present.update(os.path.join(parent, name) for name in names)
+    return frozenset(present)
 
 
 def make_fallback_dir(spool_dir: Path) -> Path:

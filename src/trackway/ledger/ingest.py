@@ -23,7 +23,7 @@ import json
 import math
 import os
 import zlib
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -88,7 +88,8 @@ def spool_dir_of(attempt: RowMapping) -> Path:
 
 
 def ingest_attempt(ledger: Ledger, attempt: RowMapping,
-                   read_offsets: dict[str, dict[str, int]] | None = None, secrets: Sequence[str] = ()) -> IngestReport:
+                   read_offsets: dict[str, dict[str, int]] | None = None, secrets: Sequence[str] = (),
+                   fallbacks: Container[str] | None = None) -> IngestReport:
     """Bring everything new in `attempt`'s spool (and its fallback files) into the ledger.
 
     `read_offsets` (attempt id → how far each file was read, kept by a caller that ingests the same
@@ -96,14 +97,17 @@ def ingest_attempt(ledger: Ledger, attempt: RowMapping,
     grow, so a copy that another process has overtaken can only take a quiet spool for a busy one,
     and the write transaction, which reads them again under the attempt's lock, then finds it quiet.
     `secrets`: the run's own secret values (`redaction.known_values`), masked wherever an event repeats them.
+    `fallbacks`: the fallback directories there are (`spool.fallback_dirs_present`, listed after the
+    attempt was last seen writing), so that one listing stands for a looking in each of a burst's spools.
     """
     attempt_id = attempt["attempt_id"]
-    spool = spool_dir_of(attempt)
+    # A string path: a burst of ends meets a thousand spools in one tick, most holding nothing new.
+    spool = os.path.join(attempt["state_dir"], "spool")
     there = _listed(spool)
     present = there[1] if there is not None else ()
-    report = IngestReport(note=read_json(spool / NOTE_FILE) if NOTE_FILE in present else None)
-    sources = _sources(spool, there)
-    beat = read_json(spool / HEARTBEAT_FILE) if HEARTBEAT_FILE in present else None
+    report = IngestReport(note=read_json(Path(spool, NOTE_FILE)) if NOTE_FILE in present else None)
+    sources = _sources(spool, there, fallbacks)
+    beat = read_json(Path(spool, HEARTBEAT_FILE)) if HEARTBEAT_FILE in present else None
     known = read_offsets.get(attempt_id) if read_offsets is not None else None
     if known is not None and not _has_news(sources, known, attempt, beat):
         return report  # the common case on a busy supervisor: not even a read transaction
@@ -136,14 +140,18 @@ def ingest_attempt(ledger: Ledger, attempt: RowMapping,
     return report
 
 
-def _sources(spool: Path, there: tuple[list[str], frozenset[str]] | None) -> list[_Source]:
+def _sources(spool: str, there: tuple[list[str], frozenset[str]] | None,
+             fallbacks: Container[str] | None = None) -> list[_Source]:
     """The spool's metrics and events files, then those of any fallback directory that exists.
 
     `there`: what `_listed` found in the spool. Only the files there now: one that appears later is
-    read by a later pass, from where its cursor says (nothing read yet: its start).
+    read by a later pass, from where its cursor says (nothing read yet: its start). `fallbacks`: see
+    `ingest_attempt`; None looks in each candidate directory.
     """
-    sources = _sources_in(spool, "", there)
+    sources = _sources_in(Path(spool), "", there) if there is not None and there[1] else []
     for name in fallback_dir_names(spool):
+        if fallbacks is not None and name not in fallbacks:
+            continue
         found = _listed(name)
         if found is None:
             continue

@@ -43,7 +43,8 @@ EVALUATION_IN_FLIGHT = "running"  # evals.records.IN_FLIGHT (a test holds the tw
 CHUNK_POINTS = 20_000
 
 
-def _utc(value: Any) -> Any:
+def as_utc(value: Any) -> Any:
+    """A stored time as the ledger hands it out: aware, in UTC (SQLite's text of a naive UTC time parsed)."""
     if isinstance(value, str):
         value = datetime.fromisoformat(value)
     if isinstance(value, datetime):
@@ -77,7 +78,7 @@ class Reader:
             record = dict(zip(columns, row))
             for i in stamps:
                 name = columns[i]
-                record[name] = _utc(record[name])
+                record[name] = as_utc(record[name])
             out.append(record)
         return out
 

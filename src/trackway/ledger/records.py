@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, RowMapping, bindparam, func, insert, select, update
+from sqlalchemy import Boolean, Connection, RowMapping, Table, bindparam, func, insert, select, update
 
 from trackway.errors import NotFound
-from trackway.ledger.reader import Reader
-from trackway.ledger.schema import attempts, checkpoints, runs
+from trackway.ledger.reader import Reader, as_utc
+from trackway.ledger.schema import UTCDateTime, attempts, checkpoints, runs
 from trackway.redaction import redact, redact_structure
 from trackway.taxonomy import AttemptState, RunState, TerminationReason
 
@@ -68,15 +68,18 @@ def update_attempt(conn: Connection, attempt_id: str, **values: Any) -> None:
     conn.execute(update(attempts).where(attempts.c.attempt_id == attempt_id).values(**values))
 
 
-def redacted_evidence(evidence_json: str, secrets: Sequence[str] = ()) -> str:
+def redacted_evidence(evidence_json: str | Mapping[str, Any], secrets: Sequence[str] = ()) -> str:
     """Termination evidence with secret shapes, and the run's own `secrets`, hidden; still valid JSON.
 
     Evidence quotes what the process printed (log lines, the SDK note's message, an executor's
     error), and the ledger is readable by everyone who can run `trackway sql`: a script that
     prints its token must not publish it there. The strings inside the structure are redacted,
     not the serialized text, so the JSON stays parseable. `secrets`: values the run is known to
-    hold (`redaction.known_values`), masked wherever they appear.
+    hold (`redaction.known_values`), masked wherever they appear. Given the record itself rather than
+    its JSON, it is serialized once, after redaction.
     """
+    if isinstance(evidence_json, Mapping):
+        return json.dumps(redact_structure(evidence_json, secrets), ensure_ascii=False)
     try:
         evidence = json.loads(evidence_json)
     except ValueError:
@@ -137,7 +140,7 @@ class AttemptEndRecord:
     attempt: Mapping[str, Any]
     ended_at: Any
     reason: TerminationReason
-    evidence_json: str
+    evidence: str | Mapping[str, Any]  # its JSON, or the record itself (see `redacted_evidence`)
     exit_code: int | None
     signal: int | None
     cost_per_gpu_hour: float
@@ -171,6 +174,40 @@ IN_CHUNK = 900
 def chunks(values: Sequence[Any], size: int = IN_CHUNK):
     for start in range(0, len(values), size):
         yield values[start:start + size]
+
+
+# A placeholder for one positional parameter, by the driver's paramstyle.
+_POSITIONAL = {"qmark": "?", "format": "%s", "pyformat": "%s"}
+
+
+def rows_where_in(conn: Connection, table: Table, column: str, values: Iterable[Any],
+                  order_by: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """The rows of `table` whose `column` is one of `values`, as `select(table)` gives them (UTC times), as dicts.
+
+    Through the driver, a chunk of values at a time: a supervisor recording a burst of ends reads
+    thousands of runs and attempts by id in a tick, and an IN list of hundreds of bound names costs
+    SQLAlchemy more than the query costs the database. `order_by`: column names, within each chunk.
+    """
+    mark = _POSITIONAL.get(conn.dialect.paramstyle)
+    if mark is None:  # a driver of another style: SQLAlchemy's way
+        query = select(table).where(table.c[column].in_(bindparam("values", expanding=True)))
+        query = query.order_by(*(table.c[name] for name in order_by))
+        return [dict(row) for part in chunks(list(values)) for row in conn.execute(query, {"values": part}).mappings()]
+    types = [(c.name, c.type) for c in table.c if isinstance(c.type, (UTCDateTime, Boolean))]
+    found: list[dict[str, Any]] = []
+    for part in chunks(list(values)):
+        sql = (f"SELECT {', '.join(c.name for c in table.c)} FROM {table.name} WHERE {column} IN "
+               f"({', '.join([mark] * len(part))})" + (f" ORDER BY {', '.join(order_by)}" if order_by else ""))
+        result = conn.exec_driver_sql(sql, tuple(part))
+        names = list(result.keys())
+        for row in result.fetchall():
+            record = dict(zip(names, row))
+            for name, kind in types:
+                value = record[name]
+                if value is not None:
+                    record[name] = (as_utc(value) if isinstance(kind, UTCDateTime) else bool(value))
+            found.append(record)
+    return found
 
 
 # Built once: a tick that records a thousand ends binds these a thousand times in one executemany each,
@@ -232,7 +269,7 @@ def record_attempt_ends(conn: Connection, ends: Sequence[AttemptEndRecord]) -> d
             "useful_gpu_seconds": useful, "wasted_gpu_seconds": gpu_seconds - useful,
             "cost_usd": gpu_seconds / 3600 * end.cost_per_gpu_hour, "exit_code": end.exit_code, "signal": end.signal,
             "termination_reason": end.reason.value,
-            "termination_evidence": redacted_evidence(end.evidence_json, end.secrets),
+            "termination_evidence": redacted_evidence(end.evidence, end.secrets),
         })
         run_rows.append({"end_run_id": attempt["run_id"], "state": run_state_for(end.reason).value,
                          "termination_reason": end.reason.value, "ended_at": end.ended_at})

@@ -278,6 +278,10 @@ class Classification:
     signature: Signature | None = None
 
     def evidence_json(self, evidence: Evidence, known: Sequence[str] = ()) -> str:
+        """`evidence_record` as JSON."""
+        return json.dumps(self.evidence_record(evidence, known), ensure_ascii=False)
+
+    def evidence_record(self, evidence: Evidence, known: Sequence[str] = ()) -> dict[str, Any]:
         """The evidence column: the deciding rule and lines, plus the raw facts behind them.
 
         Not yet redacted (the ledger's records.py does that); `known`: the run's secret values, for the
@@ -295,7 +299,7 @@ class Classification:
             record["disk_full"] = self.disk_full.as_record()
         if self.signature is not None:  # the retry policy reads it: the same failure again is not retried
             record["signature"] = self.signature.as_record(known)
-        return json.dumps(record, ensure_ascii=False)
+        return record
 
 
 # Reasons an evaluation attempt keeps: they say something about its surroundings, not the evaluator.

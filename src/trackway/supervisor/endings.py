@@ -14,6 +14,7 @@ ledger failure (locked past its timeout, a full disk) writes nothing: the ends s
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -25,9 +26,8 @@ from sqlalchemy import select
 from trackway.errors import LedgerError
 from trackway.executors.base import JobPhase, JobStatus
 from trackway.ledger import Ledger
-from trackway.ledger.reader import Reader
-from trackway.ledger.records import AttemptEndRecord, chunks, record_attempt_ends
-from trackway.ledger.schema import attempt_events, attempts
+from trackway.ledger.records import AttemptEndRecord, chunks, record_attempt_ends, rows_where_in
+from trackway.ledger.schema import attempt_events, attempts, runs
 from trackway.resources.placement import project_settings, resource_after_oom
 from trackway.settings import Settings
 from trackway.supervisor.classify import Classification, Evidence, classify
@@ -68,22 +68,13 @@ class PreparedEnd:
 
 
 def runs_by_id(conn, run_ids: Iterable[str]) -> dict[str, dict]:
-    """Runs by id, as `resolve_run` reads each (the same columns and times), in one query per chunk of ids."""
-    found: dict[str, dict] = {}
-    for part in chunks(sorted(set(run_ids))):
-        params = {f"r{i}": run_id for i, run_id in enumerate(part)}
-        sql = f"SELECT * FROM runs WHERE run_id IN ({', '.join(':' + name for name in params)})"
-        found.update((row["run_id"], row) for row in Reader.over(conn).dicts(sql, params))
-    return found
+    """Runs by id, as `resolve_run` reads each (the same columns and times)."""
+    return {row["run_id"]: row for row in rows_where_in(conn, runs, "run_id", sorted(set(run_ids)))}
 
 
 def attempts_by_id(conn, attempt_ids: Sequence[str]) -> dict[str, Mapping[str, Any]]:
     """Attempt rows by id, as `get_attempt` reads each."""
-    found: dict[str, Mapping[str, Any]] = {}
-    for part in chunks(list(attempt_ids)):
-        found.update((row["attempt_id"], row)
-                     for row in conn.execute(select(attempts).where(attempts.c.attempt_id.in_(part))).mappings())
-    return found
+    return {row["attempt_id"]: row for row in rows_where_in(conn, attempts, "attempt_id", attempt_ids)}
 
 
 def notices_without_finish(conn, attempt_ids: Sequence[str]) -> set[str]:
@@ -135,7 +126,7 @@ def prepare_end(ledger: Ledger, settings: Settings, attempt: Mapping[str, Any], 
         made_progress=attempt["last_step"] is not None,
         last_step=_reached_step(attempt),
         sdk_note=note,
-        stopped_by=_stop_marker(Path(attempt["state_dir"])),
+        stopped_by=_stop_marker(attempt["state_dir"]),
         evaluation=is_eval,
         phase=phase,
         output_problem=(output.problem if output is not None else committed.problem if committed is not None
@@ -173,7 +164,7 @@ def write_ends(ledger: Ledger, settings: Settings, prepared: Sequence[PreparedEn
                 prices[run["workdir"], resource] = project_settings(settings, run).resource(resource).cost_per_gpu_hour
             records.append(AttemptEndRecord(
                 p.attempt, ended_at=p.ended_at, reason=p.verdict.reason,
-                evidence_json=p.verdict.evidence_json(p.evidence, p.secrets),
+                evidence=p.verdict.evidence_record(p.evidence, p.secrets),
                 exit_code=p.status.exit_code, signal=p.status.signal,
                 cost_per_gpu_hour=prices[run["workdir"], resource],
                 secrets=p.secrets))
@@ -231,6 +222,6 @@ def _reached_step(attempt) -> int | None:
     return int(match[1]) if match else None
 
 
-def _stop_marker(state_dir: Path) -> tuple[str, str] | None:
-    marker = read_json(state_dir / STOP_MARKER)
+def _stop_marker(state_dir: str) -> tuple[str, str] | None:
+    marker = read_json(os.path.join(state_dir, STOP_MARKER))
     return (str(marker.get("kind", "stalled")), str(marker.get("why", ""))) if marker else None

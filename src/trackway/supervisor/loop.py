@@ -56,7 +56,7 @@ from trackway.settings.windows import Window
 from trackway.supervisor.node_samples import ingest_node_samples
 from trackway.supervisor.trends import Points
 from trackway.receipts.placement import gpu_utilization
-from trackway.spool import read_heartbeats, read_json, write_json_atomic
+from trackway.spool import fallback_dirs_present, read_heartbeats, read_json, write_json_atomic
 from trackway.taxonomy import AttemptState, RunKind, RunState, TerminationReason
 
 # A launch this old that never reached its executor was interrupted (submit waits ~10 s at most).
@@ -253,6 +253,7 @@ class Supervisor:
         self._cursor = ""
         watched = [attempt for attempt, status in polled if status.phase is JobPhase.RUNNING]  # a queued job: nothing yet
         ends_heard = _EndsHeard(self._ended_signals(), tick_started)
+        fallbacks = fallback_dirs_present() if watched else None
         for number, attempt in enumerate(watched):
             if time.monotonic() > deadline or ends_heard.now():
                 # Watching the rest can wait; an end an executor just announced is recorded by the next tick.
@@ -263,7 +264,8 @@ class Supervisor:
                 # Attempts met for the first time (a supervisor started beside thousands) would each cost
                 # their run's and their offsets' reads: read for the next many at once.
                 self._read_all(watched[number:number + END_BATCH])
-            report = ingest_attempt(self.ledger, attempt, self._read_offsets, self._run_secrets(attempt["run_id"]))
+            report = ingest_attempt(self.ledger, attempt, self._read_offsets, self._run_secrets(attempt["run_id"]),
+                                    fallbacks)
             run = self._run_outside_sdk(attempt["run_id"])
             logged = self._ingest_log(attempt, run)
             self._watch(attempt, new_points=report.points > 0 or logged.points > 0, nan=logged.nan)
@@ -415,10 +417,13 @@ class Supervisor:
         (attempt as it is now, status, the SDK's note, run, a preemption notice without `finish()`).
         """
         self._read_all([attempt for attempt, _ in batch])
+        # Listed after the poll: an attempt seen ended has made every fallback directory it will.
+        fallbacks = fallback_dirs_present()
         noted = []
         for attempt, status in batch:
             # Ingest after polling: an attempt seen ended has written all it will write.
-            report = ingest_attempt(self.ledger, attempt, self._read_offsets, self._run_secrets(attempt["run_id"]))
+            report = ingest_attempt(self.ledger, attempt, self._read_offsets, self._run_secrets(attempt["run_id"]),
+                                    fallbacks)
             run = self._run_outside_sdk(attempt["run_id"])
             logged = self._ingest_log(attempt, run)
             if logged.nan is not None:

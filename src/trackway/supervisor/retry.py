@@ -16,7 +16,7 @@ from pathlib import Path
 from sqlalchemy import Connection, RowMapping, bindparam, select, update
 
 from trackway.errors import InputError
-from trackway.ledger.records import chunks
+from trackway.ledger.records import rows_where_in
 from trackway.ledger.schema import attempts, runs
 from trackway.settings import Settings
 from trackway.supervisor.classify import DiskFull
@@ -104,10 +104,8 @@ def decide_after_ends(
     """
     rows_of: dict[str, list] = {}
     run_ids = [run["run_id"] for run, _, _ in ended]
-    for part in chunks(run_ids):
-        for row in conn.execute(select(attempts).where(attempts.c.run_id.in_(part))
-                                .order_by(attempts.c.run_id, attempts.c.attempt_number)).mappings():
-            rows_of.setdefault(row["run_id"], []).append(row)
+    for row in rows_where_in(conn, attempts, "run_id", run_ids, order_by=("run_id", "attempt_number")):
+        rows_of.setdefault(row["run_id"], []).append(row)
     policies: dict[str | None, RetryPolicy] = {}
     decisions: dict[str, Decision] = {}
     decided, queued = [], []

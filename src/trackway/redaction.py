@@ -274,11 +274,12 @@ def redact_structure(value: object, known: Sequence[str] = ()) -> object:
     A string under a key that names a secret (`{"hf_token": "abc"}`) is hidden whole.
     """
     if isinstance(value, str):
-        return redact(value, known)
+        return _redact_short(value, known)
     if isinstance(value, dict):
         return {
-            _redact_key(k, known) if isinstance(k, str) else k: (
-                MASK if isinstance(k, str) and is_secret_name(k) and isinstance(v, str) and v
+            _redact_short(k, known) if isinstance(k, str) else k: (
+                v if v is None or isinstance(v, (int, float))  # nothing to hide, no call to make (bool is an int)
+                else MASK if isinstance(k, str) and is_secret_name(k) and isinstance(v, str) and v
                 else redact_structure(v, known)
             )
             for k, v in value.items()
@@ -290,22 +291,23 @@ def redact_structure(value: object, known: Sequence[str] = ()) -> object:
     return value
 
 
-KEY_CACHED_CHARS = 64
+SHORT_CACHED_CHARS = 64
 
 
-def _redact_key(key: str, known: Sequence[str]) -> str:
-    """`redact` of a dict's key: the same few keys (an evidence record's, an event's) recur in every record.
+def _redact_short(text: str, known: Sequence[str]) -> str:
+    """`redact`, remembered for short strings: the same few recur in every record of a kind (an evidence
+    record's keys and rule, an event's keys, an exception's name), and a burst of ends redacts thousands.
 
-    Kept for short keys only, so that what the cache holds stays small whatever keys a script's events use.
+    Kept for short strings only, so that what the cache holds stays small whatever a script prints.
     """
-    if isinstance(known, tuple) and len(key) <= KEY_CACHED_CHARS:
-        return _redact_known_key(key, known)
-    return redact(key, known)
+    if isinstance(known, tuple) and len(text) <= SHORT_CACHED_CHARS:
+        return _redact_known_short(text, known)
+    return redact(text, known)
 
 
 @lru_cache(maxsize=4096)
-def _redact_known_key(key: str, known: tuple[str, ...]) -> str:
-    return redact(key, known)
+def _redact_known_short(text: str, known: tuple[str, ...]) -> str:
+    return redact(text, known)
 
 
 def redact_argv(argv: Sequence[str], known: Sequence[str] = ()) -> list[str]:

@@ -193,20 +193,19 @@ def rows_where_in(conn: Connection, table: Table, column: str, values: Iterable[
         query = select(table).where(table.c[column].in_(bindparam("values", expanding=True)))
         query = query.order_by(*(table.c[name] for name in order_by))
         return [dict(row) for part in chunks(list(values)) for row in conn.execute(query, {"values": part}).mappings()]
-    types = [(c.name, c.type) for c in table.c if isinstance(c.type, (UTCDateTime, Boolean))]
+    names = [c.name for c in table.c]
+    read_as = [(i, as_utc if isinstance(c.type, UTCDateTime) else bool)
+               for i, c in enumerate(table.c) if isinstance(c.type, (UTCDateTime, Boolean))]
     found: list[dict[str, Any]] = []
     for part in chunks(list(values)):
-        sql = (f"SELECT {', '.join(c.name for c in table.c)} FROM {table.name} WHERE {column} IN "
+        sql = (f"SELECT {', '.join(names)} FROM {table.name} WHERE {column} IN "
                f"({', '.join([mark] * len(part))})" + (f" ORDER BY {', '.join(order_by)}" if order_by else ""))
-        result = conn.exec_driver_sql(sql, tuple(part))
-        names = list(result.keys())
-        for row in result.fetchall():
-            record = dict(zip(names, row))
-            for name, kind in types:
-                value = record[name]
-                if value is not None:
-                    record[name] = (as_utc(value) if isinstance(kind, UTCDateTime) else bool(value))
-            found.append(record)
+        for row in conn.exec_driver_sql(sql, tuple(part)).fetchall():
+            row = list(row)
+            for i, read in read_as:
+                if row[i] is not None:
+                    row[i] = read(row[i])
+            found.append(dict(zip(names, row)))
     return found
 
 

@@ -57,6 +57,7 @@ class PreparedEnd:
     """An end classified and ready to write: everything read and computed outside the write lock."""
 
     attempt: Mapping[str, Any]  # as it will be recorded (its start corrected where the executor knows better)
+    run: Mapping[str, Any]  # its run as read for it (see write_ends)
     status: JobStatus
     evidence: Evidence
     verdict: Classification
@@ -146,14 +147,20 @@ def prepare_end(ledger: Ledger, settings: Settings, attempt: Mapping[str, Any], 
         # Finding a roomier resource may ask a cluster, which may be slow to answer.
         ran = {**run, "in_pieces": True} if pieces_asked(project_settings(settings, run), run) else run
         moves_to = resource_after_oom(settings, ran, attempt)
-    return PreparedEnd(attempt=attempt, status=status, evidence=evidence, verdict=verdict, ended_at=ended_at,
+    return PreparedEnd(attempt=attempt, run=run, status=status, evidence=evidence, verdict=verdict, ended_at=ended_at,
                        secrets=secrets, moves_to=moves_to, output=output, committed=committed)
 
 
 def write_ends(ledger: Ledger, settings: Settings, prepared: Sequence[PreparedEnd]) -> list[AttemptEnd]:
-    """Write the receipts, one per run at most, in one transaction: the ends not recorded yet by another process."""
+    """Write the receipts, one per run at most, in one transaction: the ends not recorded yet by another process.
+
+    Each run as it was read to prepare its end, not again under the write lock: what is read of it
+    here (its id and name, kind, project, resource, GPUs, time limit and retry policy) is set at
+    submit and never changed, while what does change (the run's state, its attempts) is read and
+    written under the lock by record_attempt_ends and decide_after_ends.
+    """
+    runs = {p.attempt["run_id"]: p.run for p in prepared}
     with ledger.write() as conn:
-        runs = runs_by_id(conn, [p.attempt["run_id"] for p in prepared])
         records = []
         prices: dict[tuple[Any, Any], float] = {}  # a burst's runs share a few projects and resources
         for p in prepared:

@@ -55,6 +55,15 @@ def ingest_node_samples(ledger: Ledger, attempt: RowMapping, known: dict[str, tu
     cursor = f"{SAMPLES_FILE}:{stat.st_ino}"
     if known.get(attempt["attempt_id"]) == (cursor, stat.st_size):
         return 0
+    with ledger.read() as conn:
+        no_step = _attempt_last_step(conn, attempt["attempt_id"]) is None
+    if no_step:
+        # Nothing to attach the samples to yet (or ever, for a script that logs no steps), and no write
+        # transaction to take: a thousand step-less attempts took one every 10 s each. The file is read
+        # from the stored cursor once a step is there, every sample then at that step, where the newest
+        # wins, as it would have.
+        known[attempt["attempt_id"]] = (cursor, stat.st_size)
+        return 0
     stored = 0
     with ledger.write() as conn:
         lock_attempt(conn, attempt["attempt_id"])

@@ -60,6 +60,11 @@ def test_a_driver_of_another_paramstyle_reads_the_same_through_sqlalchemy(filled
         assert rows_where_in(conn, attempts, "run_id", wanted, order_by=("run_id", "attempt_number")) == through_driver
 
 
+def test_only_the_tables_own_column_names_reach_the_sql(filled):
+    with filled.read() as conn, pytest.raises(ValueError, match="not columns of runs: run_id; DROP"):
+        rows_where_in(conn, runs, "run_id; DROP", ["r00000"])
+
+
 def test_nothing_asked_reads_nothing(filled):
     with filled.read() as conn:
         assert rows_where_in(conn, runs, "run_id", []) == [] == rows_where_in(conn, runs, "run_id", ["rnone"])

@@ -43,7 +43,8 @@ def test_samples_wait_for_a_step_without_a_write_then_land_on_it_newest_first(le
     # No step yet: nothing stored, and no cursor written (no write transaction at all).
     assert ingest_node_samples(ledger, attempt, known) == 0
     with ledger.read() as conn:
-        assert conn.execute(select(spool_cursors).where(spool_cursors.c.attempt_id == attempt["attempt_id"])).all() == []
+        cursors = conn.execute(select(spool_cursors).where(spool_cursors.c.attempt_id == attempt["attempt_id"]))
+        assert cursors.all() == []
         assert Reader.over(conn).metric_points("rnode", key="node/rss_bytes") == []
     assert ingest_node_samples(ledger, attempt, known) == 0  # the same file again: not even read
 

@@ -68,7 +68,7 @@ def update_attempt(conn: Connection, attempt_id: str, **values: Any) -> None:
     conn.execute(update(attempts).where(attempts.c.attempt_id == attempt_id).values(**values))
 
 
-def redacted_evidence(evidence_json: str | Mapping[str, Any], secrets: Sequence[str] = ()) -> str:
+def redacted_evidence(evidence: str | Mapping[str, Any], secrets: Sequence[str] = ()) -> str:
     """Termination evidence with secret shapes, and the run's own `secrets`, hidden; still valid JSON.
 
     Evidence quotes what the process printed (log lines, the SDK note's message, an executor's
@@ -78,12 +78,11 @@ def redacted_evidence(evidence_json: str | Mapping[str, Any], secrets: Sequence[
     hold (`redaction.known_values`), masked wherever they appear. Given the record itself rather than
     its JSON, it is serialized once, after redaction.
     """
-    if isinstance(evidence_json, Mapping):
-        return json.dumps(redact_structure(evidence_json, secrets), ensure_ascii=False)
-    try:
-        evidence = json.loads(evidence_json)
-    except ValueError:
-        return redact(evidence_json, secrets)
+    if isinstance(evidence, str):
+        try:
+            evidence = json.loads(evidence)
+        except ValueError:
+            return redact(evidence, secrets)
     return json.dumps(redact_structure(evidence, secrets), ensure_ascii=False)
 
 
@@ -188,6 +187,8 @@ def rows_where_in(conn: Connection, table: Table, column: str, values: Iterable[
     thousands of runs and attempts by id in a tick, and an IN list of hundreds of bound names costs
     SQLAlchemy more than the query costs the database. `order_by`: column names, within each chunk.
     """
+    if unknown := {column, *order_by} - set(table.c.keys()):  # only the table's own names reach the SQL
+        raise ValueError(f"not columns of {table.name}: {', '.join(sorted(unknown))}")
     mark = _POSITIONAL.get(conn.dialect.paramstyle)
     if mark is None:  # a driver of another style: SQLAlchemy's way
         query = select(table).where(table.c[column].in_(bindparam("values", expanding=True)))

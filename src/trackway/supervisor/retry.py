@@ -107,12 +107,13 @@ def decide_after_ends(
     for row in rows_where_in(conn, attempts, "run_id", run_ids, order_by=("run_id", "attempt_number")):
         rows_of.setdefault(row["run_id"], []).append(row)
     policies: dict[str | None, RetryPolicy] = {}
+    parsed: dict[str, dict] = {}
     decisions: dict[str, Decision] = {}
     decided, queued = [], []
     now = datetime.now(timezone.utc)
     for run, attempt_id, moves_to in ended:
         rows = rows_of.get(run["run_id"], [])
-        history = [outcome_of(row) for row in rows if row["termination_reason"]]
+        history = [outcome_of(row, parsed) for row in rows if row["termination_reason"]]
         spent = sum(row["gpu_seconds"] or 0.0 for row in rows)
         run_ref = run["name"] or run["run_id"]
         # Runs submitted alike share a policy: trackway.toml's [retry] parsed once, not once per end.
@@ -197,9 +198,18 @@ def _evidence(evidence_json: str | None) -> dict | None:
     return evidence if isinstance(evidence, dict) else None
 
 
-def outcome_of(row: RowMapping) -> AttemptOutcome:
-    """What the policy needs of one ended attempt, from its row."""
-    evidence = _evidence(row["termination_evidence"]) or {}
+def outcome_of(row: RowMapping, parsed: dict[str, dict] | None = None) -> AttemptOutcome:
+    """What the policy needs of one ended attempt, from its row.
+
+    `parsed`: evidence already parsed, by its text, kept by a caller deciding many ends at once (a
+    burst's completed attempts share one evidence text); read only.
+    """
+    text = row["termination_evidence"]
+    evidence = parsed.get(text) if parsed is not None and text else None
+    if evidence is None:
+        evidence = _evidence(text) or {}
+        if parsed is not None and text:
+            parsed[text] = evidence
     signature = evidence.get("signature") if isinstance(evidence.get("signature"), dict) else {}
     return AttemptOutcome(
         reason=TerminationReason(row["termination_reason"]),

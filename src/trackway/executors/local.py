@@ -190,14 +190,16 @@ class LocalExecutor(Executor):
         return statuses
 
     def poll(self, handle: JobHandle) -> JobStatus:
-        state_dir = Path(handle.state_dir)
+        # String paths until one is needed: a tick polls every running attempt, and building Paths
+        # cost a third of a poll (a thousand attempts ending at once wait for that poll).
         key = str(handle.state_dir)
-        job = self._running_jobs.pop(key, None) or read_json(state_dir / "job.json")
-        ended = read_json(state_dir / "exit.json")
+        job = self._running_jobs.pop(key, None) or read_json(os.path.join(key, "job.json"))
+        exit_json = os.path.join(key, "exit.json")
+        ended = read_json(exit_json)
         shim_alive = ended is None and job is not None and same_process(job["shim_pid"], job["create_time"])
         if ended is None and job is not None and not shim_alive:
             # The shim may have written exit.json between the two reads above.
-            ended = read_json(state_dir / "exit.json")
+            ended = read_json(exit_json)
         started_at = datetime.fromisoformat(job["started_at"]) if job else None
         if ended is not None:
             return JobStatus(
@@ -211,7 +213,8 @@ class LocalExecutor(Executor):
                 reason=ended.get("reason"),  # absent from the exit.json of an older shim
                 evidence=tuple(ended["evidence"]),
             )
-        cancelled = (state_dir / "cancel.json").exists()
+        cancelled = os.path.exists(os.path.join(key, "cancel.json"))
+        state_dir = Path(key)
         if job is None:
             return JobStatus(
                 phase=JobPhase.VANISHED,

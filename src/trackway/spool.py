@@ -490,7 +490,12 @@ def fallback_dir_names(spool_dir: str | os.PathLike) -> list[str]:
     """`fallback_dirs` as the strings of their paths: an ingester looks for those of a thousand ended attempts
     in one tick, where building the paths cost more than asking whether they exist."""
     digest = hashlib.sha256(os.path.abspath(spool_dir).encode()).hexdigest()[:24]
-    return [os.path.join(root, FALLBACK_DIR_NAME, digest)
+    return [os.path.join(parent, digest) for parent in _fallback_parents()]
+
+
+def _fallback_parents() -> list[str]:
+    """The directories that hold the fallback directories of every spool, one per candidate root."""
+    return [os.path.join(root, FALLBACK_DIR_NAME)
             for root in _root_names(os.environ.get(FALLBACK_ENV), tempfile.gettempdir())]
 
 
@@ -501,8 +506,7 @@ def fallback_dirs_present() -> frozenset[str] | None:
     listed (not yours, say), so that it looks for each as before rather than miss one.
     """
     present: set[str] = set()
-    for root in _root_names(os.environ.get(FALLBACK_ENV), tempfile.gettempdir()):
-        parent = os.path.join(root, FALLBACK_DIR_NAME)
+    for parent in _fallback_parents():
         try:
             names = os.listdir(parent)
         except (FileNotFoundError, NotADirectoryError):

@@ -1,4 +1,4 @@
-"""Helpers the ledger's tests share."""
+"""A run and its first attempt with a spool directory: what tests of ingesting a spool start from."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ from trackway.ledger.schema import attempt_events, metric_points, metric_series,
 from trackway.spool import QUARANTINE_FILE, encode_metric_rows
 from trackway.reports.explain import incidents
 
-from .conftest import attempt_with_spool
+from spool_attempt import attempt_with_spool
 
 TOKEN = "hf_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6"
 

@@ -18,7 +18,7 @@ from trackway.ledger.schema import metric_points, metric_series, spool_cursors
 from trackway.sdk.writer import SpoolWriter
 from trackway.spool import decode_metric_line, encode_metric_rows, read_complete_lines
 
-from .conftest import attempt_with_spool
+from spool_attempt import attempt_with_spool
 
 SCRIPT = Path(__file__).resolve().parents[1] / "sdk" / "scripts" / "log_forever.py"
 

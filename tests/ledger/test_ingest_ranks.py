@@ -13,7 +13,7 @@ from trackway.spool import (
     metrics_file,
 )
 
-from .conftest import attempt_with_spool
+from spool_attempt import attempt_with_spool
 
 
 def test_two_ranks_logging_the_same_steps_keep_their_own_values(ledger, tmp_path, monkeypatch):

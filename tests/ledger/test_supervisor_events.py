@@ -11,7 +11,7 @@ from trackway.ledger import open_ledger
 from trackway.ledger.schema import attempt_events
 from trackway.ledger.supervisor_events import SUPERVISOR_RANK, add_supervisor_event
 
-from .conftest import attempt_with_spool
+from spool_attempt import attempt_with_spool
 
 
 def test_two_writers_noting_one_attempt_at_once_each_get_their_own_event(pg_url, tmp_path: Path):

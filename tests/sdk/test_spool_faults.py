@@ -12,15 +12,14 @@ import os
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 from sqlalchemy import select
+from spool_attempt import attempt_with_spool
 from waiting import wait_for
 
 from trackway.ledger.ingest import ingest_attempt
-from trackway.ledger.records import get_attempt, insert_attempt, insert_run
 from trackway.ledger.schema import attempt_events, metric_points, metric_series
 from trackway.spool import decode_metric_line
 from trackway.reports.explain import incidents
@@ -57,20 +56,6 @@ def _fill(mount: Path, leave: int = 0) -> Path:
         os.close(fd)
     reserve.unlink(missing_ok=True)
     return filler
-
-
-def _attempt(ledger, state_dir: Path) -> dict:
-    """A run and its first attempt whose spool is `state_dir/spool` (created here)."""
-    now = datetime.now(timezone.utc)
-    with ledger.write() as conn:
-        insert_run(conn, dict(run_id="rfull", project="p", kind="full", state="running", command="[]",
-                              workdir=str(state_dir), resource="local", executor="local", gpus=0, created_at=now))
-        attempt_id = insert_attempt(conn, dict(run_id="rfull", attempt_number=1, state="running", executor="local",
-                                               state_dir=str(state_dir), log_path=str(state_dir / "output.log"),
-                                               gpu_count=0))
-    (state_dir / "spool").mkdir(parents=True)
-    with ledger.read() as conn:
-        return get_attempt(conn, attempt_id)
 
 
 def _start(attempt, tmp_path: Path, before: int, after: int, go: Path | None = None, **env: str):
@@ -131,7 +116,7 @@ def _events(ledger, attempt_id: str) -> list[dict]:
 
 
 def test_points_logged_while_the_disk_is_full_arrive_once_space_returns(small_fs, ledger, tmp_path):
-    attempt = _attempt(ledger, small_fs / "attempt")
+    attempt = attempt_with_spool(ledger, small_fs / "attempt", run_id="rfull")
     filler = _fill(small_fs, leave=8192)  # room for a little, so an append is cut off half-way
     go = tmp_path / "go"
     process, stderr = _start(attempt, tmp_path, before=3000, after=1000, go=go)
@@ -168,7 +153,7 @@ def test_points_logged_while_the_disk_is_full_arrive_once_space_returns(small_fs
 def test_a_spool_that_never_comes_back_goes_to_the_fallback(small_fs, ledger, tmp_path, monkeypatch):
     fallback = tmp_path / "fallback"
     monkeypatch.setenv("TRACKWAY_SPOOL_FALLBACK", str(fallback))  # the ingester here reads it too
-    attempt = _attempt(ledger, small_fs / "attempt")
+    attempt = attempt_with_spool(ledger, small_fs / "attempt", run_id="rfull")
     _fill(small_fs)
     process, stderr = _start(attempt, tmp_path, before=2000, after=0)
     assert process.wait(timeout=30) == 0
@@ -189,7 +174,7 @@ def test_a_spool_that_never_comes_back_goes_to_the_fallback(small_fs, ledger, tm
 
 def test_holding_more_than_the_bound_spills_to_the_fallback_mid_run(small_fs, ledger, tmp_path, monkeypatch):
     monkeypatch.setenv("TRACKWAY_SPOOL_FALLBACK", str(tmp_path / "fallback"))
-    attempt = _attempt(ledger, small_fs / "attempt")
+    attempt = attempt_with_spool(ledger, small_fs / "attempt", run_id="rfull")
     filler = _fill(small_fs)
     go = tmp_path / "go"
     process, stderr = _start(attempt, tmp_path, before=3000, after=1000, go=go, TRACKWAY_SPOOL_PENDING_BYTES="16384")
@@ -206,7 +191,7 @@ def test_holding_more_than_the_bound_spills_to_the_fallback_mid_run(small_fs, le
 
 
 def test_points_nothing_could_take_are_reported_lost_with_their_count(small_fs, ledger, tmp_path):
-    attempt = _attempt(ledger, small_fs / "attempt")
+    attempt = attempt_with_spool(ledger, small_fs / "attempt", run_id="rfull")
     _fill(small_fs)
     # The fallback is on the same full disk: nothing can be written anywhere.
     process, stderr = _start(attempt, tmp_path, before=500, after=0,
@@ -221,7 +206,7 @@ def test_points_nothing_could_take_are_reported_lost_with_their_count(small_fs, 
 
 
 def test_spool_files_are_readable_by_their_owner_only(ledger, tmp_path):
-    attempt = _attempt(ledger, tmp_path / "attempt")
+    attempt = attempt_with_spool(ledger, tmp_path / "attempt", run_id="rfull")
     process, _ = _start(attempt, tmp_path, before=10, after=0)
     assert process.wait(timeout=30) == 0
     spool = tmp_path / "attempt" / "spool"

@@ -4,28 +4,14 @@ while there is no step to attach them to."""
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
 
+from spool_attempt import attempt_with_spool
 from sqlalchemy import select, update
 
 from trackway.executors.node_sampler import SAMPLES_FILE
 from trackway.ledger.reader import Reader
-from trackway.ledger.records import get_attempt, insert_attempt, insert_run
 from trackway.ledger.schema import attempts, spool_cursors
 from trackway.supervisor.node_samples import ingest_node_samples
-
-
-def _attempt(ledger, state_dir):
-    with ledger.write() as conn:
-        insert_run(conn, dict(run_id="rnode", project="p", kind="full", state="running", command="[]",
-                              workdir=str(state_dir), resource="local", executor="local", gpus=0,
-                              created_at=datetime.now(timezone.utc)))
-        attempt_id = insert_attempt(conn, dict(run_id="rnode", attempt_number=1, state="running", executor="local",
-                                               state_dir=str(state_dir), log_path=str(state_dir / "output.log"),
-                                               gpu_count=0))
-    (state_dir / "spool").mkdir(parents=True)
-    with ledger.read() as conn:
-        return get_attempt(conn, attempt_id)
 
 
 def _sample(path, t: float, rss: int) -> None:
@@ -34,7 +20,7 @@ def _sample(path, t: float, rss: int) -> None:
 
 
 def test_samples_wait_for_a_step_without_a_write_then_land_on_it_newest_first(ledger, tmp_path):
-    attempt = _attempt(ledger, tmp_path / "attempt")
+    attempt = attempt_with_spool(ledger, tmp_path / "attempt", run_id="rnode")
     samples = tmp_path / "attempt" / "spool" / SAMPLES_FILE
     _sample(samples, 10.0, 100)
     _sample(samples, 20.0, 200)

@@ -192,7 +192,7 @@ def _offsets(conn: Connection, attempt_id: str) -> dict[str, int]:
 
 def spool_offsets(conn: Connection, attempt_ids: Sequence[str]) -> dict[str, dict[str, int]]:
     """`_offsets` of many attempts in one query per chunk of ids: every attempt asked is in the answer."""
-    from trackway.ledger.records import chunks
+    from trackway.ledger.bulk import chunks
 
     found: dict[str, dict[str, int]] = {attempt_id: {} for attempt_id in attempt_ids}
     for part in chunks(list(attempt_ids)):

@@ -7,15 +7,16 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Boolean, Connection, RowMapping, Table, bindparam, func, insert, select, update
+from sqlalchemy import Connection, RowMapping, func, insert, select, update
 
 from trackway.errors import NotFound
-from trackway.ledger.reader import Reader, as_utc
-from trackway.ledger.schema import UTCDateTime, attempts, checkpoints, runs
+from trackway.ledger.bulk import chunks, rows_where_in, update_many
+from trackway.ledger.reader import Reader
+from trackway.ledger.schema import attempts, checkpoints, runs
 from trackway.redaction import redact, redact_structure
 from trackway.taxonomy import AttemptState, RunState, TerminationReason
 
@@ -166,68 +167,6 @@ def record_attempt_end(
     return record_attempt_ends(conn, [end]).get(attempt["attempt_id"])
 
 
-# Ids bound in one IN list: far below SQLite's 32,766 variables and PostgreSQL's 65,535 parameters.
-IN_CHUNK = 900
-
-
-def chunks(values: Sequence[Any], size: int = IN_CHUNK):
-    for start in range(0, len(values), size):
-        yield values[start:start + size]
-
-
-# A placeholder for one positional parameter, by the driver's paramstyle.
-_POSITIONAL = {"qmark": "?", "format": "%s", "pyformat": "%s"}
-
-
-def rows_where_in(conn: Connection, table: Table, column: str, values: Iterable[Any],
-                  order_by: Sequence[str] = ()) -> list[dict[str, Any]]:
-    """The rows of `table` whose `column` is one of `values`, as `select(table)` gives them (UTC times), as dicts.
-
-    Through the driver, a chunk of values at a time: a supervisor recording a burst of ends reads
-    thousands of runs and attempts by id in a tick, and an IN list of hundreds of bound names costs
-    SQLAlchemy more than the query costs the database. `order_by`: column names, within each chunk.
-    """
-    if unknown := {column, *order_by} - set(table.c.keys()):  # only the table's own names reach the SQL
-        raise ValueError(f"not columns of {table.name}: {', '.join(sorted(unknown))}")
-    mark = _POSITIONAL.get(conn.dialect.paramstyle)
-    if mark is None:  # a driver of another style: SQLAlchemy's way
-        query = select(table).where(table.c[column].in_(bindparam("values", expanding=True)))
-        query = query.order_by(*(table.c[name] for name in order_by))
-        return [dict(row) for part in chunks(list(values)) for row in conn.execute(query, {"values": part}).mappings()]
-    names = [c.name for c in table.c]
-    read_as = [(i, as_utc if isinstance(c.type, UTCDateTime) else bool)
-               for i, c in enumerate(table.c) if isinstance(c.type, (UTCDateTime, Boolean))]
-    found: list[dict[str, Any]] = []
-    for part in chunks(list(values)):
-        sql = (f"SELECT {', '.join(names)} FROM {table.name} WHERE {column} IN "
-               f"({', '.join([mark] * len(part))})" + (f" ORDER BY {', '.join(order_by)}" if order_by else ""))
-        for row in conn.exec_driver_sql(sql, tuple(part)).fetchall():
-            row = list(row)
-            for i, read in read_as:
-                if row[i] is not None:
-                    row[i] = read(row[i])
-            found.append(dict(zip(names, row)))
-    return found
-
-
-# Built once: a tick that records a thousand ends binds these a thousand times in one executemany each,
-# instead of building, hashing and compiling a statement per end.
-_END_ATTEMPT = (
-    update(attempts)
-    .where(attempts.c.attempt_id == bindparam("end_attempt_id"), attempts.c.state != AttemptState.ENDED.value)
-    .values(state=AttemptState.ENDED.value, ended_at=bindparam("ended_at"), gpu_seconds=bindparam("gpu_seconds"),
-            useful_gpu_seconds=bindparam("useful_gpu_seconds"), wasted_gpu_seconds=bindparam("wasted_gpu_seconds"),
-            cost_usd=bindparam("cost_usd"), exit_code=bindparam("exit_code"), signal=bindparam("signal"),
-            termination_reason=bindparam("termination_reason"),
-            termination_evidence=bindparam("termination_evidence"))
-)
-_END_RUN = (
-    update(runs).where(runs.c.run_id == bindparam("end_run_id"))
-    .values(state=bindparam("state"), termination_reason=bindparam("termination_reason"),
-            ended_at=bindparam("ended_at"))
-)
-
-
 def record_attempt_ends(conn: Connection, ends: Sequence[AttemptEndRecord]) -> dict[str, float]:
     """Write many attempts' ends and their runs' states in a few statements; gpu_seconds of each one written.
 
@@ -265,18 +204,18 @@ def record_attempt_ends(conn: Connection, ends: Sequence[AttemptEndRecord]) -> d
         gpu_seconds = wall * gpus
         useful = _useful_seconds(end.reason, started_at, end.ended_at, last_commit.get(attempt_id)) * gpus
         attempt_rows.append({
-            "end_attempt_id": attempt_id, "ended_at": end.ended_at, "gpu_seconds": gpu_seconds,
-            "useful_gpu_seconds": useful, "wasted_gpu_seconds": gpu_seconds - useful,
+            "attempt_id": attempt_id, "state": AttemptState.ENDED.value, "ended_at": end.ended_at,
+            "gpu_seconds": gpu_seconds, "useful_gpu_seconds": useful, "wasted_gpu_seconds": gpu_seconds - useful,
             "cost_usd": gpu_seconds / 3600 * end.cost_per_gpu_hour, "exit_code": end.exit_code, "signal": end.signal,
             "termination_reason": end.reason.value,
             "termination_evidence": redacted_evidence(end.evidence, end.secrets),
         })
-        run_rows.append({"end_run_id": attempt["run_id"], "state": run_state_for(end.reason).value,
+        run_rows.append({"run_id": attempt["run_id"], "state": run_state_for(end.reason).value,
                          "termination_reason": end.reason.value, "ended_at": end.ended_at})
         written[attempt_id] = gpu_seconds
     if attempt_rows:
-        conn.execute(_END_ATTEMPT, attempt_rows)
-        conn.execute(_END_RUN, run_rows)
+        update_many(conn, attempts, "attempt_id", attempt_rows, unless=("state", AttemptState.ENDED.value))
+        update_many(conn, runs, "run_id", run_rows)
     return written
 
 

@@ -26,7 +26,8 @@ from sqlalchemy import select
 from trackway.errors import LedgerError
 from trackway.executors.base import JobPhase, JobStatus
 from trackway.ledger import Ledger
-from trackway.ledger.records import AttemptEndRecord, chunks, record_attempt_ends, rows_where_in
+from trackway.ledger.bulk import chunks, rows_where_in
+from trackway.ledger.records import AttemptEndRecord, record_attempt_ends
 from trackway.ledger.schema import attempt_events, attempts, runs
 from trackway.resources.placement import project_settings, resource_after_oom
 from trackway.settings import Settings

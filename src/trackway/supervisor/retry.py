@@ -13,10 +13,10 @@ from datetime import datetime, timedelta, timezone
 from collections.abc import Sequence
 from pathlib import Path
 
-from sqlalchemy import Connection, RowMapping, bindparam, select, update
+from sqlalchemy import Connection, RowMapping, select
 
 from trackway.errors import InputError
-from trackway.ledger.records import rows_where_in
+from trackway.ledger.bulk import rows_where_in, update_many
 from trackway.ledger.schema import attempts, runs
 from trackway.settings import Settings
 from trackway.supervisor.classify import DiskFull
@@ -88,13 +88,6 @@ def decide_after_end(
     return decide_after_ends(conn, settings, [(run, attempt_id, moves_to)])[attempt_id]
 
 
-_DECISION = update(attempts).where(attempts.c.attempt_id == bindparam("decided_id")).values(
-    retry_decision=bindparam("retry_decision"))
-_QUEUE = update(runs).where(runs.c.run_id == bindparam("queued_id")).values(
-    # The run has not ended: its attempt's reason is on the attempt.
-    state=RunState.QUEUED.value, ended_at=None, termination_reason=None, not_before=bindparam("not_before"))
-
-
 def decide_after_ends(
     conn: Connection, settings: Settings, ended: Sequence[tuple[RowMapping, str, str | None]]
 ) -> dict[str, Decision]:
@@ -139,13 +132,13 @@ def decide_after_ends(
                 pieces=pieces_of(run, rows) if policy.in_pieces else None,
             )
         decisions[attempt_id] = decision
-        decided.append({"decided_id": attempt_id, "retry_decision": json.dumps(decision.as_record())})
+        decided.append({"attempt_id": attempt_id, "retry_decision": json.dumps(decision.as_record())})
         if decision.action == "resume":
-            queued.append({"queued_id": run["run_id"], "not_before": now + timedelta(seconds=decision.delay_s)})
-    if decided:
-        conn.execute(_DECISION, decided)
-    if queued:
-        conn.execute(_QUEUE, queued)
+            # The run has not ended: its attempt's reason is on the attempt.
+            queued.append({"run_id": run["run_id"], "state": RunState.QUEUED.value, "ended_at": None,
+                           "termination_reason": None, "not_before": now + timedelta(seconds=decision.delay_s)})
+    update_many(conn, attempts, "attempt_id", decided)
+    update_many(conn, runs, "run_id", queued)
     return decisions
 
 

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
 from sqlalchemy import func, inspect, select, text
+from sqlalchemy.engine import make_url
 
 from trackway.errors import InputError, LedgerUnavailable
 from trackway.ledger import open_ledger
 from trackway.ledger.blobs import get_blob, put_blob
 from trackway.ledger.migrate import current_revision, head_revision
 from trackway.ledger.schema import blobs, runs
+from trackway.ledger.store import WAL_SIZE_LIMIT_BYTES
 
 
 def _run(**overrides):
@@ -93,6 +97,40 @@ def test_sqlite_ledger_uses_wal(sqlite_url):
     led = open_ledger(sqlite_url)
     with led.read() as conn:
         assert conn.exec_driver_sql("PRAGMA journal_mode").scalar_one() == "wal"
+    led.dispose()
+
+
+def _write_blobs(ledger, megabytes: int) -> None:
+    with ledger.write() as conn:
+        for _ in range(megabytes):
+            put_blob(conn, os.urandom(1 << 20), "test")  # random: stored at its size
+        put_blob(conn, os.urandom(64), "test")
+
+
+def test_writes_inside_checkpoints_after_leave_the_copy_back_to_its_end(sqlite_url):
+    database = Path(make_url(sqlite_url).database)
+    wal = Path(f"{database}-wal")
+    led = open_ledger(sqlite_url)
+    _write_blobs(led, 0)
+    before = database.stat().st_size
+    with led.checkpoints_after():
+        for _ in range(5):
+            _write_blobs(led, 4)  # each commit finds more than SQLite's 1,000 pages in the log
+        # Every commit went on without copying the log back: the database file has not grown.
+        assert database.stat().st_size == before and wal.stat().st_size > 20 << 20
+    assert database.stat().st_size > before + (20 << 20)  # copied back at its end
+    _write_blobs(led, 0)
+    assert wal.stat().st_size <= WAL_SIZE_LIMIT_BYTES  # and the log is not kept at its largest on disk
+    led.dispose()
+
+
+def test_without_checkpoints_after_a_commit_past_the_bound_copies_the_log_back(sqlite_url):
+    database = Path(make_url(sqlite_url).database)
+    led = open_ledger(sqlite_url)
+    _write_blobs(led, 0)
+    before = database.stat().st_size
+    _write_blobs(led, 5)
+    assert database.stat().st_size > before + (5 << 20)
     led.dispose()
 
 

@@ -11,6 +11,11 @@ disk, a server that cannot be reached, a damaged file) leaves `read()` and `writ
 `ledger_error` is the one mapping, for both backends. Integrity, data and programming errors
 pass through: they are about what was sent, not about the ledger.
 
+SQLite copies its write-ahead log back into the database file (a checkpoint) at the commit that
+finds the log past 1,000 pages. A supervisor writing a burst of ends batch after batch would pay
+that copy, and its fsyncs, at nearly every batch, before the next batch's receipts: inside
+`checkpoints_after()` the log may grow (to a bound), and is copied back at its end.
+
 A SQLite ledger file is created 0600 (its evidence and blobs may quote secrets) in directories
 created 0700.
 """
@@ -39,6 +44,13 @@ from trackway.redaction import redact, redact_url
 # (WAL and shared-memory files grow in pages; a disk with less than this left cannot take one more).
 NEARLY_FULL_BYTES = 1 << 20
 _WRITE = "trackway_write"
+# SQLite's own: a commit that finds the write-ahead log past this many pages copies it back into the file.
+AUTOCHECKPOINT_PAGES = 1000
+# Inside `Ledger.checkpoints_after()`: at most this many pages (128 MiB of 4 KiB pages) wait for its end.
+# A burst of 10,000 ends writes about 27,000.
+DEFERRED_CHECKPOINT_PAGES = 32768
+# A log that grew past this is cut back to it once copied back, not kept at its largest size on disk.
+WAL_SIZE_LIMIT_BYTES = 16 << 20
 
 # PEP 249 class names of errors about what was sent (a bug or bad input), not about the ledger.
 _STATEMENT_ERRORS = frozenset({"IntegrityError", "DataError", "ProgrammingError", "NotSupportedError", "InternalError"})
@@ -75,6 +87,7 @@ def _sqlite_engine(url: URL) -> Engine:
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT_BYTES}")
         cursor.close()
 
     @event.listens_for(engine, "begin")
@@ -136,14 +149,52 @@ class Ledger:
         self.engine = engine
         self.dialect = engine.dialect.name
         self._write_lock = threading.Lock()
+        self._checkpoint_pages = AUTOCHECKPOINT_PAGES
 
     @contextmanager
     def write(self) -> Iterator[Connection]:
         """A write transaction: committed on clean exit, rolled back on exception."""
         with self._write_lock, self._failures_named(), self._connect() as conn:
+            if self.dialect == "sqlite":
+                self._set_checkpoint_pages(conn)
             conn = conn.execution_options(**{_WRITE: True})
             with conn.begin():
                 yield conn
+
+    @contextmanager
+    def checkpoints_after(self) -> Iterator[None]:
+        """Writes inside leave SQLite's checkpoint to the end (see the module); elsewhere nothing changes.
+
+        Readers read the log as they read the file, and a process that dies inside loses no commit.
+        The log is flushed to disk when it is copied back, so a machine losing power could lose the
+        commits since the last copy: that was one batch's, here the burst's until it ends (seconds).
+        """
+        with self._write_lock:
+            self._checkpoint_pages = DEFERRED_CHECKPOINT_PAGES
+        try:
+            yield
+        finally:
+            with self._write_lock:
+                self._checkpoint_pages = AUTOCHECKPOINT_PAGES
+            if self.dialect == "sqlite":
+                self._copy_back()
+
+    def _copy_back(self) -> None:
+        """Copy the log back now (PASSIVE: readers are not waited for), rather than at some later commit."""
+        try:
+            with self._connect() as conn:
+                # On the driver's connection: a checkpoint cannot run inside the transaction SQLAlchemy would open.
+                conn.connection.driver_connection.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        except (DBAPIError, sqlite3.Error):
+            pass  # the log stays the database's until a later commit copies it back: nothing is lost
+
+    def _set_checkpoint_pages(self, conn: Connection) -> None:
+        """Give this connection the checkpoint bound in force, once per change: it is a setting of the connection."""
+        kept = conn.connection.info  # stays with the driver's connection from one checkout to the next
+        if kept.get("wal_autocheckpoint", AUTOCHECKPOINT_PAGES) != self._checkpoint_pages:
+            # On the driver's connection: a statement through SQLAlchemy would open its transaction first.
+            conn.connection.driver_connection.execute(f"PRAGMA wal_autocheckpoint={self._checkpoint_pages}")
+            kept["wal_autocheckpoint"] = self._checkpoint_pages
 
     @contextmanager
     def read(self) -> Iterator[Connection]:

@@ -7,6 +7,7 @@ each end exactly once.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -392,21 +393,23 @@ class Supervisor:
         """
         ends: list[AttemptEnd] = []
         failure: Exception | None = None
-        for batch in end_batches(ended, END_BATCH):
-            prepared = []
-            for attempt, status, note, run, notice in self._gathered(batch):
+        # A burst: SQLite's checkpoint waits for its last batch instead of delaying the next one's receipts.
+        with self.ledger.checkpoints_after() if len(ended) > END_BATCH else contextlib.nullcontext():
+            for batch in end_batches(ended, END_BATCH):
+                prepared = []
+                for attempt, status, note, run, notice in self._gathered(batch):
+                    try:
+                        prepared.append(prepare_end(self.ledger, self.settings, attempt, status, note, run,
+                                                    self._run_secrets(run["run_id"]), notice,
+                                                    read_log_tail(attempt["log_path"])))
+                    except Exception as exc:  # noqa: BLE001 - raised once the others are recorded
+                        failure = failure or exc
                 try:
-                    prepared.append(prepare_end(self.ledger, self.settings, attempt, status, note, run,
-                                                self._run_secrets(run["run_id"]), notice,
-                                                read_log_tail(attempt["log_path"])))
-                except Exception as exc:  # noqa: BLE001 - raised once the others are recorded
+                    ends += record_ends(self.ledger, self.settings, prepared)
+                except LedgerError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - the others were recorded (see endings.record_ends)
                     failure = failure or exc
-            try:
-                ends += record_ends(self.ledger, self.settings, prepared)
-            except LedgerError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - the others were recorded (see endings.record_ends)
-                failure = failure or exc
         if failure is not None:
             raise failure
         return ends

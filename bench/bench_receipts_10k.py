@@ -51,6 +51,9 @@ TRACEBACK = [
 ]
 
 
+RUNNING = JobStatus(phase=JobPhase.RUNNING)  # one for every job still running: it is not changed
+
+
 class FileEndings(Executor):
     """Jobs that run until the endings file names them: {job id: {exit_code, ended_at}}, written at once for all."""
 
@@ -80,7 +83,7 @@ class FileEndings(Executor):
         statuses = {}
         for handle in handles:
             ended = endings.get(handle.job_id)
-            statuses[handle.job_id] = JobStatus(phase=JobPhase.RUNNING) if ended is None else JobStatus(
+            statuses[handle.job_id] = RUNNING if ended is None else JobStatus(
                 phase=JobPhase.ENDED, exit_code=ended["exit_code"], signal=None,
                 ended_at=datetime.fromtimestamp(ended["ended_at"], timezone.utc))
         return statuses

@@ -57,7 +57,12 @@ def rows_where_in(conn: Connection, table: Table, column: str, values: Iterable[
     for part in chunks(list(values)):
         sql = (f"SELECT {', '.join(names)} FROM {table.name} WHERE {column} IN "
                f"({', '.join([mark] * len(part))})" + (f" ORDER BY {', '.join(order_by)}" if order_by else ""))
-        for row in conn.exec_driver_sql(sql, tuple(part)).fetchall():
+        result = conn.exec_driver_sql(sql, tuple(part))
+        try:
+            rows = result.cursor.fetchall()  # the driver's tuples: a Row per row would cost more than reading it
+        finally:
+            result.close()
+        for row in rows:
             # Most of a row's times and flags are unset: convert only those that are not.
             record = dict(zip(names, row))
             for name in stamps:

@@ -177,6 +177,8 @@ def _listed(directory: str | os.PathLike) -> tuple[list[str], frozenset[str]] | 
     One os.scandir, not a Path per file asked after: a burst of ends reads a thousand spools in one
     tick, most of them holding nothing new, many not there at all.
     """
+    if not os.access(directory, os.F_OK):
+        return None  # asked first: many attempts have no spool, and a failed scandir costs an exception
     try:
         with os.scandir(directory) as entries:
             names = frozenset(entry.name for entry in entries)

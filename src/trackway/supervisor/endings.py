@@ -231,5 +231,7 @@ def _reached_step(attempt) -> int | None:
 
 
 def _stop_marker(state_dir: str) -> tuple[str, str] | None:
-    marker = read_json(os.path.join(state_dir, STOP_MARKER))
+    path = os.path.join(state_dir, STOP_MARKER)
+    # Asked first: most attempts were never stopped, and a failed open costs an exception.
+    marker = read_json(path) if os.access(path, os.F_OK) else None
     return (str(marker.get("kind", "stalled")), str(marker.get("why", ""))) if marker else None

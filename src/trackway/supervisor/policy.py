@@ -62,6 +62,7 @@ class ReasonRule:
     requires: str | None = None
 
 
+_STOP = ReasonRule("stop")  # a reason no rule names
 DEFAULT_RULES: dict[R, ReasonRule] = {
     R.COMPLETED: ReasonRule("none"),
     R.USER_CANCELLED: ReasonRule("none"),
@@ -112,7 +113,8 @@ class RetryPolicy:
     in_pieces: bool = False
 
     def rule(self, reason: R) -> ReasonRule:
-        return self.rules.get(reason, ReasonRule("stop"))
+        found = self.rules.get(reason)
+        return _STOP if found is None else found  # not built per call: a burst asks once per end
 
 
 @dataclass(frozen=True)

@@ -100,13 +100,13 @@ def decide_after_ends(
     for row in rows_where_in(conn, attempts, "run_id", run_ids, order_by=("run_id", "attempt_number")):
         rows_of.setdefault(row["run_id"], []).append(row)
     policies: dict[str | None, RetryPolicy] = {}
-    parsed: dict[str, dict] = {}
+    read: dict[str, dict] = {}
     decisions: dict[str, Decision] = {}
     decided, queued = [], []
     now = datetime.now(timezone.utc)
     for run, attempt_id, moves_to in ended:
         rows = rows_of.get(run["run_id"], [])
-        history = [outcome_of(row, parsed) for row in rows if row["termination_reason"]]
+        history = [outcome_of(row, read) for row in rows if row["termination_reason"]]
         spent = sum(row["gpu_seconds"] or 0.0 for row in rows)
         run_ref = run["name"] or run["run_id"]
         # Runs submitted alike share a policy: trackway.toml's [retry] parsed once, not once per end.
@@ -191,29 +191,30 @@ def _evidence(evidence_json: str | None) -> dict | None:
     return evidence if isinstance(evidence, dict) else None
 
 
-def outcome_of(row: RowMapping, parsed: dict[str, dict] | None = None) -> AttemptOutcome:
+def outcome_of(row: RowMapping, read: dict[str, dict] | None = None) -> AttemptOutcome:
     """What the policy needs of one ended attempt, from its row.
 
-    `parsed`: evidence already parsed, by its text, kept by a caller deciding many ends at once (a
-    burst's completed attempts share one evidence text); read only.
+    `read`: what was read of evidence texts already, by text, kept by a caller deciding many ends
+    at once (a burst's completed attempts share one evidence text).
     """
     text = row["termination_evidence"]
-    evidence = parsed.get(text) if parsed is not None and text else None
-    if evidence is None:
-        evidence = _evidence(text) or {}
-        if parsed is not None and text:
-            parsed[text] = evidence
+    said = read.get(text) if read is not None and text else None
+    if said is None:
+        said = _said_in(_evidence(text) or {})
+        if read is not None and text:
+            read[text] = said
+    return AttemptOutcome(reason=TerminationReason(row["termination_reason"]),
+                          committed_checkpoint=bool(row["checkpoints_committed"]),
+                          memory_fingerprint=row["memory_fingerprint"], **said)
+
+
+def _said_in(evidence: dict) -> dict:
+    """The outcome's fields that its termination evidence gives."""
     signature = evidence.get("signature") if isinstance(evidence.get("signature"), dict) else {}
-    return AttemptOutcome(
-        reason=TerminationReason(row["termination_reason"]),
-        committed_checkpoint=bool(row["checkpoints_committed"]),
-        memory_fingerprint=row["memory_fingerprint"],
-        disk_full=_disk_full_in(evidence),
-        rule=_rule_in(evidence),
-        signature=signature.get("key") if isinstance(signature.get("key"), str) else None,
-        failure=_failure_text(signature),
-        step=signature.get("step") if isinstance(signature.get("step"), int) else None,
-    )
+    return dict(disk_full=_disk_full_in(evidence), rule=_rule_in(evidence),
+                signature=signature.get("key") if isinstance(signature.get("key"), str) else None,
+                failure=_failure_text(signature),
+                step=signature.get("step") if isinstance(signature.get("step"), int) else None)
 
 
 def _failure_text(signature: dict) -> str | None:

@@ -83,8 +83,6 @@ LOG_TAIL_LINES = 200
 # Ends recorded in one write transaction: a burst's first receipts are readable long before its last,
 # and each batch's statements are one executemany each, not one per end.
 END_BATCH = 500
-# The run columns a script without the SDK is watched by (log patterns, checkpoint paths, workdir), cached per run.
-OUTSIDE_SDK_COLUMNS = ("run_id", "workdir", "log_patterns", "checkpoint_paths")
 
 
 def read_log_tail(path: str | os.PathLike, max_bytes: int = LOG_TAIL_BYTES, max_lines: int = LOG_TAIL_LINES
@@ -205,8 +203,9 @@ class Supervisor:
         self._secrets: dict[str, tuple[str, ...]] = {}
         self._run_watchers: dict[str, str | None] = {}  # each running run's own watcher thresholds, as stored
         self.backlog = False  # the last tick left ends or running attempts for the next one
-        # Scripts without the SDK: each run's log patterns and declared checkpoint paths (fixed at submit).
-        self._outside_sdk: dict[str, RowMapping] = {}
+        # Each running run's row as this supervisor first read it. Only what is set at submit is read from it
+        # (its command, workdir, resource, policy, log patterns...): its state, approval and verdict move on.
+        self._runs: dict[str, RowMapping] = {}
         self.outside_checkpoints = OutsideCheckpoints()
         self._executor_for = executor_for or (lambda name: get_executor(name, settings.home))
         self.duties = tuple(duties)
@@ -230,6 +229,7 @@ class Supervisor:
         self._handles = {key: value for key, value in self._handles.items() if key in live}
         running = {a["run_id"] for a in pending}
         self._secrets = {key: value for key, value in self._secrets.items() if key in running}
+        self._runs = {key: value for key, value in self._runs.items() if key in running}
         self._run_watchers = {key: value for key, value in self._run_watchers.items() if key in running}
         # A tick is bounded in time. Every attempt is polled (a few file reads each), and every end
         # found is recorded first: a receipt and a retry are what people wait for, while ingesting and
@@ -267,7 +267,7 @@ class Supervisor:
                 self._read_all(watched[number:number + END_BATCH])
             report = ingest_attempt(self.ledger, attempt, self._read_offsets, self._run_secrets(attempt["run_id"]),
                                     fallbacks)
-            run = self._run_outside_sdk(attempt["run_id"])
+            run = self._run(attempt["run_id"])
             logged = self._ingest_log(attempt, run)
             self._watch(attempt, new_points=report.points > 0 or logged.points > 0, nan=logged.nan)
             self._note_resume_not_taken_up(attempt)
@@ -415,9 +415,9 @@ class Supervisor:
         return ends
 
     def _gathered(self, batch: list[tuple[Any, JobStatus]]) -> list[tuple[Any, JobStatus, dict | None, dict, bool]]:
-        """What each ended attempt wrote last brought in, then its row, its run and its notice read, for all at once.
+        """What each ended attempt wrote last brought in, then its row and its notice read, for all at once.
 
-        (attempt as it is now, status, the SDK's note, run, a preemption notice without `finish()`).
+        (attempt as it is now, status, the SDK's note, run as first read, a preemption notice without `finish()`).
         """
         self._read_all([attempt for attempt, _ in batch])
         # Listed after the poll: an attempt seen ended has made every fallback directory it will.
@@ -427,7 +427,7 @@ class Supervisor:
             # Ingest after polling: an attempt seen ended has written all it will write.
             report = ingest_attempt(self.ledger, attempt, self._read_offsets, self._run_secrets(attempt["run_id"]),
                                     fallbacks)
-            run = self._run_outside_sdk(attempt["run_id"])
+            run = self._run(attempt["run_id"])
             logged = self._ingest_log(attempt, run)
             if logged.nan is not None:
                 # It ended before a tick saw the NaN (exit 0 included): the end is the NaN's, not `completed`.
@@ -440,10 +440,10 @@ class Supervisor:
         ids = [attempt["attempt_id"] for attempt, _ in batch]
         with self.ledger.read() as conn:
             now = attempts_by_id(conn, ids)
-            runs_now = runs_by_id(conn, [attempt["run_id"] for attempt, _ in batch])
             notices = notices_without_finish(conn, [attempt["attempt_id"] for attempt, status in batch
                                                     if status.exit_code == 0])
-        return [(now[attempt["attempt_id"]], status, note, runs_now[attempt["run_id"]], attempt["attempt_id"] in notices)
+        # The runs as read when first met: what an end reads of its run is set at submit (see `_runs`).
+        return [(now[attempt["attempt_id"]], status, note, self._run(attempt["run_id"]), attempt["attempt_id"] in notices)
                 for attempt, status, note in noted if attempt["attempt_id"] in now]
 
     def _read_all(self, batch: list[RowMapping]) -> None:
@@ -451,15 +451,15 @@ class Supervisor:
         one by one."""
         run_ids = {attempt["run_id"] for attempt in batch}
         unread = [attempt["attempt_id"] for attempt in batch if attempt["attempt_id"] not in self._read_offsets]
-        if not unread and run_ids <= self._secrets.keys() and run_ids <= self._outside_sdk.keys():
+        if not unread and run_ids <= self._secrets.keys() and run_ids <= self._runs.keys():
             return
         with self.ledger.read() as conn:
-            found = runs_by_id(conn, run_ids - (self._secrets.keys() & self._outside_sdk.keys()))
+            found = runs_by_id(conn, run_ids - (self._secrets.keys() & self._runs.keys()))
             descriptions: dict = {}
             for run_id, run in found.items():
                 if run_id not in self._secrets:
                     self._secrets[run_id] = run_secret_values(conn, self.settings, run, descriptions)
-                self._outside_sdk.setdefault(run_id, {key: run[key] for key in OUTSIDE_SDK_COLUMNS})
+                self._runs.setdefault(run_id, run)
             self._read_offsets.update(spool_offsets(conn, unread))
 
     def start_evaluations(self, deadline: float | None = None) -> list[str]:
@@ -644,14 +644,12 @@ class Supervisor:
                 ends.append(end)
         return ends
 
-    def _run_outside_sdk(self, run_id: str) -> RowMapping:
-        """The run's columns for scripts without the SDK (log patterns, checkpoint paths, workdir), cached."""
-        if run_id not in self._outside_sdk:
+    def _run(self, run_id: str) -> RowMapping:
+        """The run as this supervisor first read it (see `_runs`: what is set at submit), read once."""
+        if run_id not in self._runs:
             with self.ledger.read() as conn:
-                self._outside_sdk[run_id] = conn.execute(
-                    select(*(runs.c[key] for key in OUTSIDE_SDK_COLUMNS)).where(runs.c.run_id == run_id)
-                ).mappings().one()
-        return self._outside_sdk[run_id]
+                self._runs[run_id] = runs_by_id(conn, [run_id])[run_id]
+        return self._runs[run_id]
 
     def _ingest_log(self, attempt: RowMapping, run: RowMapping) -> LogReport:
         """Metrics from the run's log patterns (a script without the SDK); never stops the tick."""

@@ -123,3 +123,20 @@ def test_a_row_holding_the_unless_value_is_left_as_it_is(filled):
 def test_an_update_names_only_the_tables_own_columns(filled):
     with filled.write() as conn, pytest.raises(ValueError, match="not columns of attempts: exit_code = 0 --"):
         update_many(conn, attempts, "attempt_id", [{"attempt_id": "r00033/1", "exit_code = 0 --": 1}])
+
+
+def test_a_few_columns_are_read_as_select_reads_them(filled, monkeypatch):
+    import trackway.ledger.bulk as bulk
+
+    wanted = ["r00000", "r00001"]
+    with filled.read() as conn:
+        few = rows_where_in(conn, attempts, "run_id", wanted, order_by=("run_id", "attempt_number"),
+                            columns=("attempt_id", "started_at"))
+        monkeypatch.setattr(bulk, "_POSITIONAL", {})
+        assert rows_where_in(conn, attempts, "run_id", wanted, order_by=("run_id", "attempt_number"),
+                             columns=("attempt_id", "started_at")) == few
+        with pytest.raises(ValueError, match="not columns of attempts: started_at, 1"):
+            rows_where_in(conn, attempts, "run_id", wanted, columns=("started_at, 1",))
+    assert few == [{"attempt_id": "r00000/1", "started_at": BASE + timedelta(minutes=1)},
+                   {"attempt_id": "r00000/2", "started_at": BASE + timedelta(minutes=2)},
+                   {"attempt_id": "r00001/1", "started_at": BASE + timedelta(minutes=1)}]

@@ -39,20 +39,22 @@ def _own_names(table: Table, names: Iterable[str]) -> None:
 
 
 def rows_where_in(conn: Connection, table: Table, column: str, values: Iterable[Any],
-                  order_by: Sequence[str] = ()) -> list[dict[str, Any]]:
+                  order_by: Sequence[str] = (), columns: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """The rows of `table` whose `column` is one of `values`, as `select(table)` gives them (UTC times), as dicts.
 
-    A chunk of values at a time. `order_by`: column names, within each chunk.
+    A chunk of values at a time. `order_by`: column names, within each chunk. `columns`: only
+    these, for a caller that reads a few of a wide table's.
     """
-    _own_names(table, [column, *order_by])
+    _own_names(table, [column, *order_by, *(columns or ())])
+    chosen = [table.c[name] for name in columns] if columns is not None else list(table.c)
     mark = _POSITIONAL.get(conn.dialect.paramstyle)
     if mark is None:  # a driver of another style: SQLAlchemy's way
-        query = select(table).where(table.c[column].in_(bindparam("values", expanding=True)))
+        query = select(*chosen).where(table.c[column].in_(bindparam("values", expanding=True)))
         query = query.order_by(*(table.c[name] for name in order_by))
         return [dict(row) for part in chunks(list(values)) for row in conn.execute(query, {"values": part}).mappings()]
-    names = [c.name for c in table.c]
-    stamps = [c.name for c in table.c if isinstance(c.type, UTCDateTime)]
-    flags = [c.name for c in table.c if isinstance(c.type, Boolean)]
+    names = [c.name for c in chosen]
+    stamps = [c.name for c in chosen if isinstance(c.type, UTCDateTime)]
+    flags = [c.name for c in chosen if isinstance(c.type, Boolean)]
     found: list[dict[str, Any]] = []
     for part in chunks(list(values)):
         sql = (f"SELECT {', '.join(names)} FROM {table.name} WHERE {column} IN "

@@ -154,3 +154,40 @@ def test_a_runs_second_end_in_one_tick_waits_for_the_next_batch_and_the_order_ho
     # ra's second end is decided after its first is recorded; nothing is dropped or repeated.
     assert batches == [["ra/1", "rb/1", "rc/1"], ["ra/2", "rd/1"]]
     assert [len(batch) for batch in end_batches(ends[2:], 2)] == [2, 1]
+
+
+def test_each_end_of_a_batch_is_decided_from_its_runs_attempts_as_they_are_with_it(tmp_path, sqlite_url):
+    from trackway.supervisor.retry import attempts_of_runs, decide_ends
+
+    # One retry of a code error: each run's first failure resumes it; its second, the same failure, stops it.
+    (tmp_path / "trackway.toml").write_text('[retry.reasons.code_error]\naction = "resume"\nbudget = 1\n'
+                                            'backoff_seconds = 0\n')
+    executor = Given()
+    settings = load_settings(home=tmp_path / "home", db=sqlite_url, cwd=tmp_path)
+    ledger = open_ledger(sqlite_url)
+    supervisor = Supervisor(ledger, settings, executor_for=lambda name: executor)
+    run_ids = [submit_run(ledger, settings, RunSpec(command=[sys.executable, "train.py"], cwd=tmp_path))
+               for _ in range(4)]
+    for run_id in run_ids:
+        executor.ended[start_attempt(ledger, settings, run_id, executor)] = 1
+    assert len(supervisor.tick()) == 4  # which also launched the retries, due at once
+    with ledger.read() as conn:
+        assert {row["attempt_id"] for row in list_attempts(conn, limit=None)} == {
+            f"{run_id}/{number}" for run_id in run_ids for number in (1, 2)}
+    for run_id in run_ids:
+        executor.ended[f"{run_id}/2"] = 1
+    ends = supervisor.tick()
+    assert sorted(end.attempt_id for end in ends) == sorted(f"{run_id}/2" for run_id in run_ids)
+    with ledger.read() as conn:
+        rows = {row["attempt_id"]: row for row in list_attempts(conn, limit=None)}
+        runs = {run_id: resolve_run(conn, run_id) for run_id in run_ids}
+        # What the batch wrote is what deciding again from the ledger as it now is gives.
+        again = decide_ends(settings, [(runs[run_id], f"{run_id}/2", None) for run_id in run_ids],
+                            attempts_of_runs(conn, run_ids))
+    for run_id in run_ids:
+        first, second = (json.loads(rows[f"{run_id}/{number}"]["retry_decision"]) for number in (1, 2))
+        assert (first["action"], first["rule"]) == ("resume", "code_error: resume (1 of 1)")
+        assert (second["action"], second["rule"]) == ("stop", "code_error: the same failure again")  # read off both
+        assert second == again.decisions[f"{run_id}/2"].as_record()
+        assert runs[run_id]["state"] == "failed" and runs[run_id]["termination_reason"] == "code_error"
+        assert rows[f"{run_id}/2"]["termination_reason"] == "code_error" and rows[f"{run_id}/2"]["gpu_seconds"] >= 0

@@ -39,11 +39,13 @@ def _own_names(table: Table, names: Iterable[str]) -> None:
 
 
 def rows_where_in(conn: Connection, table: Table, column: str, values: Iterable[Any],
-                  order_by: Sequence[str] = (), columns: Sequence[str] | None = None) -> list[dict[str, Any]]:
+                  order_by: Sequence[str] = (), columns: Sequence[str] | None = None,
+                  for_update: bool = False) -> list[dict[str, Any]]:
     """The rows of `table` whose `column` is one of `values`, as `select(table)` gives them (UTC times), as dicts.
 
     A chunk of values at a time. `order_by`: column names, within each chunk. `columns`: only
-    these, for a caller that reads a few of a wide table's.
+    these, for a caller that reads a few of a wide table's. `for_update`: the rows locked until
+    the transaction ends (PostgreSQL; a SQLite writer holds the whole database already).
     """
     _own_names(table, [column, *order_by, *(columns or ())])
     chosen = [table.c[name] for name in columns] if columns is not None else list(table.c)
@@ -51,6 +53,7 @@ def rows_where_in(conn: Connection, table: Table, column: str, values: Iterable[
     if mark is None:  # a driver of another style: SQLAlchemy's way
         query = select(*chosen).where(table.c[column].in_(bindparam("values", expanding=True)))
         query = query.order_by(*(table.c[name] for name in order_by))
+        query = query.with_for_update() if for_update else query
         return [dict(row) for part in chunks(list(values)) for row in conn.execute(query, {"values": part}).mappings()]
     names = [c.name for c in chosen]
     stamps = [c.name for c in chosen if isinstance(c.type, UTCDateTime)]
@@ -58,7 +61,8 @@ def rows_where_in(conn: Connection, table: Table, column: str, values: Iterable[
     found: list[dict[str, Any]] = []
     for part in chunks(list(values)):
         sql = (f"SELECT {', '.join(names)} FROM {table.name} WHERE {column} IN "
-               f"({', '.join([mark] * len(part))})" + (f" ORDER BY {', '.join(order_by)}" if order_by else ""))
+               f"({', '.join([mark] * len(part))})" + (f" ORDER BY {', '.join(order_by)}" if order_by else "")
+               + (" FOR UPDATE" if for_update and conn.dialect.name != "sqlite" else ""))
         result = conn.exec_driver_sql(sql, tuple(part))
         try:
             rows = result.cursor.fetchall()  # the driver's tuples: a Row per row would cost more than reading it

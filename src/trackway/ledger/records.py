@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -174,49 +174,81 @@ def record_attempt_ends(conn: Connection, ends: Sequence[AttemptEndRecord]) -> d
     result. Its rows are locked first (PostgreSQL), so two writers never both take one for open.
     Each end is what `record_attempt_end` writes: at most one end per run in one call.
     """
-    if not ends:
-        return {}
+    rows = end_rows(conn, ends)
+    write_end_rows(conn, rows)
+    return rows.written
+
+
+@dataclass
+class EndRows:
+    """The rows that record ends, before they are written: for a caller that adds to them (a retry decided at once)."""
+
+    attempts: list[dict[str, Any]]  # one per attempt: its id and the columns its end sets
+    runs: list[dict[str, Any]]  # one per run: its id and its state, reason and end
+    written: dict[str, float]  # gpu_seconds of each attempt ended here
+
+
+def end_rows(conn: Connection, ends: Sequence[AttemptEndRecord], still_open: set[str] | None = None) -> EndRows:
+    """What `record_attempt_ends` writes, not written yet.
+
+    `still_open`: the attempts among `ends` not ended yet, read under the write lock by the caller
+    (rows locked, on PostgreSQL); None reads them here.
+    """
     ids = [end.attempt["attempt_id"] for end in ends]
-    still_open: set[str] = set()
+    open_now: set[str] = set()
     last_commit: dict[str, Any] = {}
     for part in chunks(ids):
         asked = set(part)
-        still_open.update(conn.execute(
-            select(attempts.c.attempt_id)
-            .where(attempts.c.attempt_id.in_(part), attempts.c.state != AttemptState.ENDED.value)
-            .with_for_update()).scalars())
+        if still_open is None:
+            open_now.update(conn.execute(
+                select(attempts.c.attempt_id)
+                .where(attempts.c.attempt_id.in_(part), attempts.c.state != AttemptState.ENDED.value)
+                .with_for_update()).scalars())
         failed = [end.attempt["attempt_id"] for end in ends
                   if end.attempt["attempt_id"] in asked and end.reason is not TerminationReason.COMPLETED]
         if failed:
             last_commit.update((attempt_id, committed) for attempt_id, committed in conn.execute(
                 select(checkpoints.c.attempt_id, func.max(checkpoints.c.committed_at))
                 .where(checkpoints.c.attempt_id.in_(failed)).group_by(checkpoints.c.attempt_id)))
-    written: dict[str, float] = {}
-    attempt_rows, run_rows = [], []
+    if still_open is not None:
+        open_now = still_open
+    rows = EndRows([], [], {})
     for end in ends:
         attempt = end.attempt
         attempt_id = attempt["attempt_id"]
-        if attempt_id not in still_open:
+        if attempt_id not in open_now:
             continue
         started_at = attempt["started_at"] or end.ended_at
         wall = max(0.0, (end.ended_at - started_at).total_seconds())
         gpus = max(1, attempt["gpu_count"] or 0)
         gpu_seconds = wall * gpus
         useful = _useful_seconds(end.reason, started_at, end.ended_at, last_commit.get(attempt_id)) * gpus
-        attempt_rows.append({
+        rows.attempts.append({
             "attempt_id": attempt_id, "state": AttemptState.ENDED.value, "ended_at": end.ended_at,
             "gpu_seconds": gpu_seconds, "useful_gpu_seconds": useful, "wasted_gpu_seconds": gpu_seconds - useful,
             "cost_usd": gpu_seconds / 3600 * end.cost_per_gpu_hour, "exit_code": end.exit_code, "signal": end.signal,
             "termination_reason": end.reason.value,
             "termination_evidence": redacted_evidence(end.evidence, end.secrets),
         })
-        run_rows.append({"run_id": attempt["run_id"], "state": run_state_for(end.reason).value,
-                         "termination_reason": end.reason.value, "ended_at": end.ended_at})
-        written[attempt_id] = gpu_seconds
-    if attempt_rows:
-        update_many(conn, attempts, "attempt_id", attempt_rows, unless=("state", AttemptState.ENDED.value))
-        update_many(conn, runs, "run_id", run_rows)
-    return written
+        rows.runs.append({"run_id": attempt["run_id"], "state": run_state_for(end.reason).value,
+                          "termination_reason": end.reason.value, "ended_at": end.ended_at})
+        rows.written[attempt_id] = gpu_seconds
+    return rows
+
+
+def write_end_rows(conn: Connection, rows: EndRows) -> None:
+    """Write `end_rows`' rows (with what a caller added): one UPDATE for each set of columns its rows set."""
+    for same in _by_columns(rows.attempts):
+        update_many(conn, attempts, "attempt_id", same, unless=("state", AttemptState.ENDED.value))
+    for same in _by_columns(rows.runs):
+        update_many(conn, runs, "run_id", same)
+
+
+def _by_columns(rows: list[dict[str, Any]]) -> Iterable[list[dict[str, Any]]]:
+    shapes: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    for row in rows:
+        shapes.setdefault(tuple(row), []).append(row)
+    return shapes.values()
 
 
 def _useful_seconds(reason: TerminationReason, started_at, ended_at, last_commit) -> float:

@@ -3,8 +3,9 @@
 A burst of ends (a node lost, a sweep failing at its first step, a thousand short runs) is what a
 supervisor tick meets at its busiest. Each receipt is prepared on its own, from what the attempt
 left and what its run holds; the receipts of a batch are then written together: one write
-transaction, one statement per kind of change (records.record_attempt_ends,
-retry.decide_after_ends), instead of several transactions and a dozen statements per end.
+transaction: the runs' attempts read once, locked, then one UPDATE per kind of row, each attempt's
+end and its retry decision together (records.end_rows, retry.decide_ends), instead of several
+transactions and a dozen statements per end.
 
 Every receipt stays whole and every one is recorded: a batch whose transaction fails for anything
 but the ledger itself (a bug, bad data in one attempt) is written again one end per transaction,
@@ -27,17 +28,17 @@ from trackway.errors import LedgerError
 from trackway.executors.base import JobPhase, JobStatus
 from trackway.ledger import Ledger
 from trackway.ledger.bulk import chunks, rows_where_in
-from trackway.ledger.records import AttemptEndRecord, record_attempt_ends
+from trackway.ledger.records import AttemptEndRecord, end_rows, write_end_rows
 from trackway.ledger.schema import attempt_events, attempts, runs
 from trackway.resources.placement import project_settings, resource_after_oom
 from trackway.settings import Settings
 from trackway.supervisor.classify import Classification, Evidence, classify
 from trackway.supervisor.launch import pieces_asked
 from trackway.supervisor.policy import Decision
-from trackway.supervisor.retry import decide_after_ends
+from trackway.supervisor.retry import DECIDED_BY, attempts_of_runs, decide_ends
 from trackway.supervisor.watchers import STOP_MARKER
 from trackway.spool import read_json
-from trackway.taxonomy import RunKind, TerminationReason
+from trackway.taxonomy import AttemptState, RunKind, TerminationReason
 
 @dataclass(frozen=True)
 class AttemptEnd:
@@ -158,7 +159,7 @@ def write_ends(ledger: Ledger, settings: Settings, prepared: Sequence[PreparedEn
     Each run as it was read to prepare its end, not again under the write lock: what is read of it
     here (its id and name, kind, project, resource, GPUs, time limit and retry policy) is set at
     submit and never changed, while what does change (the run's state, its attempts) is read and
-    written under the lock by record_attempt_ends and decide_after_ends.
+    written here, under the lock.
     """
     runs = {p.attempt["run_id"]: p.run for p in prepared}
     with ledger.write() as conn:
@@ -176,10 +177,24 @@ def write_ends(ledger: Ledger, settings: Settings, prepared: Sequence[PreparedEn
                 exit_code=p.status.exit_code, signal=p.status.signal,
                 cost_per_gpu_hour=prices[run["workdir"], resource],
                 secrets=p.secrets))
-        written = record_attempt_ends(conn, records)
+        # The runs' attempts first, locked: which of these are still open, and what the retry decisions read.
+        rows_of = attempts_of_runs(conn, list(runs), columns=(*DECIDED_BY, "attempt_id", "state"), lock=True)
+        rows = end_rows(conn, records, still_open={row["attempt_id"] for rows in rows_of.values() for row in rows
+                                                   if row["state"] != AttemptState.ENDED.value})
+        written = rows.written
         recorded = [p for p in prepared if p.attempt["attempt_id"] in written]
-        decisions = decide_after_ends(conn, settings, [(runs[p.attempt["run_id"]], p.attempt["attempt_id"], p.moves_to)
-                                                       for p in recorded])
+        # Decided from the attempts as they are with these ends, then written with them: one UPDATE per attempt.
+        ending = {row["attempt_id"]: row for row in rows.attempts}
+        for run_rows in rows_of.values():
+            run_rows[:] = [{**row, **ending[row["attempt_id"]]} if row["attempt_id"] in ending else row
+                           for row in run_rows]
+        decided = decide_ends(settings, [(runs[p.attempt["run_id"]], p.attempt["attempt_id"], p.moves_to)
+                                         for p in recorded], rows_of)
+        decisions = decided.decisions
+        for row in rows.attempts:
+            row.update(decided.attempt_values[row["attempt_id"]])
+        rows.runs = [decided.queued_runs.get(row["run_id"], row) for row in rows.runs]
+        write_end_rows(conn, rows)
         for p in recorded:
             run = runs[p.attempt["run_id"]]
             if run["kind"] == RunKind.EVAL.value:

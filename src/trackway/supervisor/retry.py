@@ -9,9 +9,11 @@ from __future__ import annotations
 import json
 import os
 import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import Connection, RowMapping, select
 
@@ -101,15 +103,41 @@ def decide_after_ends(
 
     The runs' attempts are read in one query and the decisions written in one statement each.
     """
-    rows_of: dict[str, list] = {}
-    run_ids = [run["run_id"] for run, _, _ in ended]
+    decided = decide_ends(settings, ended, attempts_of_runs(conn, [run["run_id"] for run, _, _ in ended]))
+    update_many(conn, attempts, "attempt_id", [{"attempt_id": attempt_id, **values}
+                                               for attempt_id, values in decided.attempt_values.items()])
+    update_many(conn, runs, "run_id", list(decided.queued_runs.values()))
+    return decided.decisions
+
+
+def attempts_of_runs(conn: Connection, run_ids: Sequence[str], columns: Sequence[str] = DECIDED_BY,
+                     lock: bool = False) -> dict[str, list[dict[str, Any]]]:
+    """Each run's attempts in order, with the columns deciding reads (and any more asked); `lock`: for update."""
+    rows_of: dict[str, list] = {run_id: [] for run_id in run_ids}
     for row in rows_where_in(conn, attempts, "run_id", run_ids, order_by=("run_id", "attempt_number"),
-                             columns=DECIDED_BY):
-        rows_of.setdefault(row["run_id"], []).append(row)
+                             columns=columns, for_update=lock):
+        rows_of[row["run_id"]].append(row)
+    return rows_of
+
+
+@dataclass
+class Decided:
+    """Decisions after ends, and what they write: each attempt's decision, each run queued for its retry."""
+
+    decisions: dict[str, Decision]
+    attempt_values: dict[str, dict[str, Any]]  # attempt id → its retry_decision column
+    queued_runs: dict[str, dict[str, Any]]  # run id → the run's row as queued (state, end cleared, not_before)
+
+
+def decide_ends(settings: Settings, ended: Sequence[tuple[RowMapping, str, str | None]],
+                rows_of: Mapping[str, list[Mapping[str, Any]]]) -> Decided:
+    """The decisions after `ended`'s ends from each run's attempts as they are with those ends (`attempts_of_runs`).
+
+    Reads and writes nothing: the caller holds the rows, and writes what is decided.
+    """
     policies: dict[str | None, RetryPolicy] = {}
     read: dict[str, dict] = {}
-    decisions: dict[str, Decision] = {}
-    decided, queued = [], []
+    decided = Decided({}, {}, {})
     now = datetime.now(timezone.utc)
     for run, attempt_id, moves_to in ended:
         rows = rows_of.get(run["run_id"], [])
@@ -138,15 +166,14 @@ def decide_after_ends(
                 run_ref=run_ref,
                 pieces=pieces_of(run, rows) if policy.in_pieces else None,
             )
-        decisions[attempt_id] = decision
-        decided.append({"attempt_id": attempt_id, "retry_decision": json.dumps(decision.as_record())})
+        decided.decisions[attempt_id] = decision
+        decided.attempt_values[attempt_id] = {"retry_decision": json.dumps(decision.as_record())}
         if decision.action == "resume":
             # The run has not ended: its attempt's reason is on the attempt.
-            queued.append({"run_id": run["run_id"], "state": RunState.QUEUED.value, "ended_at": None,
-                           "termination_reason": None, "not_before": now + timedelta(seconds=decision.delay_s)})
-    update_many(conn, attempts, "attempt_id", decided)
-    update_many(conn, runs, "run_id", queued)
-    return decisions
+            decided.queued_runs[run["run_id"]] = {
+                "run_id": run["run_id"], "state": RunState.QUEUED.value, "ended_at": None,
+                "termination_reason": None, "not_before": now + timedelta(seconds=decision.delay_s)}
+    return decided
 
 
 def pieces_of(run: RowMapping, rows: list) -> Pieces | None:

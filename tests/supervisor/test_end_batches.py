@@ -154,6 +154,8 @@ def test_a_runs_second_end_in_one_tick_waits_for_the_next_batch_and_the_order_ho
     # ra's second end is decided after its first is recorded; nothing is dropped or repeated.
     assert batches == [["ra/1", "rb/1", "rc/1"], ["ra/2", "rd/1"]]
     assert [len(batch) for batch in end_batches(ends[2:], 2)] == [2, 1]
+    # A smaller first batch: the oldest ends are written before the rest are even read.
+    assert [len(batch) for batch in end_batches(ends[2:], 2, first=1)] == [1, 2]
 
 
 def test_each_end_of_a_batch_is_decided_from_its_runs_attempts_as_they_are_with_it(tmp_path, sqlite_url):

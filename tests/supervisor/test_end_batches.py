@@ -193,3 +193,22 @@ def test_each_end_of_a_batch_is_decided_from_its_runs_attempts_as_they_are_with_
         assert second == again.decisions[f"{run_id}/2"].as_record()
         assert runs[run_id]["state"] == "failed" and runs[run_id]["termination_reason"] == "code_error"
         assert rows[f"{run_id}/2"]["termination_reason"] == "code_error" and rows[f"{run_id}/2"]["gpu_seconds"] >= 0
+
+
+def test_the_cycle_collector_is_paused_for_a_burst_and_left_as_it_was_found():
+    import gc
+
+    from trackway.supervisor.loop import collector_paused
+
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), collector_paused():
+        assert not gc.isenabled()
+        raise RuntimeError("a batch that failed")
+    assert gc.isenabled()  # on again, whatever ended the burst
+    gc.disable()
+    try:
+        with collector_paused():
+            pass
+        assert not gc.isenabled()  # a process that had it off keeps it off
+    finally:
+        gc.enable()

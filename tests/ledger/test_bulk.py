@@ -140,3 +140,22 @@ def test_a_few_columns_are_read_as_select_reads_them(filled, monkeypatch):
     assert few == [{"attempt_id": "r00000/1", "started_at": BASE + timedelta(minutes=1)},
                    {"attempt_id": "r00000/2", "started_at": BASE + timedelta(minutes=2)},
                    {"attempt_id": "r00001/1", "started_at": BASE + timedelta(minutes=1)}]
+
+
+def test_rows_read_for_update_stay_locked_until_their_transaction_ends(filled):
+    from sqlalchemy.exc import DBAPIError
+
+    if filled.dialect != "postgresql":
+        pytest.skip("a SQLite writer holds the whole database (BEGIN IMMEDIATE): there are no rows to lock")
+    ask = "SELECT attempt_id FROM attempts WHERE run_id = %s FOR UPDATE NOWAIT"
+    with filled.write() as conn:
+        assert len(rows_where_in(conn, attempts, "run_id", ["r00040"], for_update=True)) == 2
+        with filled.engine.connect() as other:
+            with pytest.raises(DBAPIError, match="lock"):
+                other.exec_driver_sql(ask, ("r00040",))
+            other.rollback()
+            assert other.exec_driver_sql(ask, ("r00041",)).all() == [("r00041/1",)]  # the others are free
+            other.rollback()
+    with filled.engine.connect() as other:
+        assert len(other.exec_driver_sql(ask, ("r00040",)).all()) == 2  # free once it ended
+        other.rollback()

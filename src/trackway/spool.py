@@ -99,14 +99,25 @@ def heartbeat_file(spool_dir: Path, rank: int) -> Path:
     return spool_dir / (HEARTBEAT_FILE if rank == 0 else f"{HEARTBEAT_PREFIX}r{rank}.json")
 
 
-def read_heartbeats(spool_dir: Path) -> dict[int, dict[str, Any]]:
+def read_heartbeats(spool_dir: str | os.PathLike) -> dict[int, dict[str, Any]]:
     """Every rank's last heartbeat that can be read, by rank."""
+    # One listing, not a glob of Paths: the supervisor asks this of every running attempt it watches.
+    try:
+        with os.scandir(spool_dir) as entries:
+            names = [entry.name for entry in entries]
+    except (FileNotFoundError, NotADirectoryError):
+        return {}
     beats = {}
-    paths = [spool_dir / HEARTBEAT_FILE, *spool_dir.glob(f"{HEARTBEAT_PREFIX}r*.json")]
-    for path in paths:
-        number = path.name.removeprefix(f"{HEARTBEAT_PREFIX}r").removesuffix(".json")
-        rank = 0 if path.name == HEARTBEAT_FILE else int(number) if number.isdigit() and len(number) < 10 else None
-        beat = read_json(path) if rank is not None else None
+    ranked = f"{HEARTBEAT_PREFIX}r"
+    for name in names:
+        if name == HEARTBEAT_FILE:
+            rank = 0
+        elif name.startswith(ranked) and name.endswith(".json"):
+            number = name[len(ranked):-len(".json")]
+            rank = int(number) if number.isdigit() and len(number) < 10 else None
+        else:
+            continue
+        beat = read_json(os.path.join(spool_dir, name)) if rank is not None else None
         if beat is not None:
             beats[rank] = beat
     return beats

@@ -195,7 +195,8 @@ class LocalExecutor(Executor):
         key = str(handle.state_dir)
         job = self._running_jobs.pop(key, None) or read_json(os.path.join(key, "job.json"))
         exit_json = os.path.join(key, "exit.json")
-        ended = read_json(exit_json)
+        # Asked first: a running job has none yet, and a failed open costs an exception (a thousand a tick).
+        ended = read_json(exit_json) if os.access(exit_json, os.F_OK) else None
         shim_alive = ended is None and job is not None and same_process(job["shim_pid"], job["create_time"])
         if ended is None and job is not None and not shim_alive:
             # The shim may have written exit.json between the two reads above.
@@ -213,7 +214,10 @@ class LocalExecutor(Executor):
                 reason=ended.get("reason"),  # absent from the exit.json of an older shim
                 evidence=tuple(ended["evidence"]),
             )
-        cancelled = os.path.exists(os.path.join(key, "cancel.json"))
+        cancelled = os.access(os.path.join(key, "cancel.json"), os.F_OK)
+        if shim_alive:
+            self._running_jobs[key] = job
+            return JobStatus(phase=JobPhase.RUNNING, started_at=started_at, cancelled=cancelled)
         state_dir = Path(key)
         if job is None:
             return JobStatus(
@@ -221,9 +225,6 @@ class LocalExecutor(Executor):
                 cancelled=cancelled,
                 evidence=(f"no job.json in {state_dir}: the executor shim never started the command",),
             )
-        if shim_alive:
-            self._running_jobs[key] = job
-            return JobStatus(phase=JobPhase.RUNNING, started_at=started_at, cancelled=cancelled)
         shim_gone = f"executor shim pid {job['shim_pid']} is gone"
         if same_process(job["child_pid"], job["child_create_time"]):
             return JobStatus(

@@ -199,8 +199,12 @@ def process_create_time(pid: int) -> float | None:
     if pid <= 0:
         return None
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
+        # os.open and one read, not a file object: a supervisor asks this of every running attempt each tick.
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            stat = os.read(fd, 4096)
+        finally:
+            os.close(fd)
     except (FileNotFoundError, ProcessLookupError):
         return None
     except OSError:

@@ -117,17 +117,20 @@ class NodeSamples:
             out.write(json.dumps(sample, separators=(",", ":")) + "\n")
 
 
-def newest_sample(spool: Path, max_bytes: int = 8192) -> dict | None:
+def newest_sample(spool: str | os.PathLike, max_bytes: int = 8192) -> dict | None:
     """The last whole line of the spool's samples, or None."""
-    path = spool / SAMPLES_FILE
+    # os.open and one pread, not a file object: the supervisor asks this of every running attempt it watches.
     try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - max_bytes))
-            tail = f.read()
+        fd = os.open(os.path.join(spool, SAMPLES_FILE), os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
+    try:
+        size = os.fstat(fd).st_size
+        tail = os.pread(fd, min(size, max_bytes), max(0, size - max_bytes))
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
     lines = tail.split(b"\n")[:-1]  # whatever follows the last newline is still being written
     for line in reversed(lines):
         try:

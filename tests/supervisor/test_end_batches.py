@@ -212,3 +212,24 @@ def test_the_cycle_collector_is_paused_for_a_burst_and_left_as_it_was_found():
         assert not gc.isenabled()  # a process that had it off keeps it off
     finally:
         gc.enable()
+
+
+def test_an_end_is_decided_by_its_own_projects_retry_policy_not_the_supervisors(tmp_path, sqlite_url):
+    # A supervisor started in another project (a background one, say) decides each run's retry by the
+    # [retry] of the project the run was submitted from, as it prices and places it.
+    supervising, project = tmp_path / "elsewhere", tmp_path / "project"
+    supervising.mkdir()
+    project.mkdir()
+    (project / "trackway.toml").write_text('[retry.reasons.code_error]\naction = "resume"\nbudget = 1\n'
+                                           'backoff_seconds = 600\n')
+    executor = Given()
+    ledger = open_ledger(sqlite_url)
+    own = load_settings(home=tmp_path / "home", db=sqlite_url, cwd=project)
+    run_id = submit_run(ledger, own, RunSpec(command=[sys.executable, "train.py"], cwd=project))
+    executor.ended[start_attempt(ledger, own, run_id, executor)] = 1
+    supervisor = Supervisor(ledger, load_settings(home=tmp_path / "home", db=sqlite_url, cwd=supervising),
+                            executor_for=lambda name: executor)
+    [end] = supervisor.tick()
+    assert (end.decision.action, end.decision.rule) == ("resume", "code_error: resume (1 of 1)")
+    with ledger.read() as conn:
+        assert resolve_run(conn, run_id)["state"] == "queued"  # held back by its project's backoff

@@ -20,6 +20,7 @@ from sqlalchemy import Connection, RowMapping, select
 from trackway.errors import InputError
 from trackway.ledger.bulk import rows_where_in, update_many
 from trackway.ledger.schema import attempts, runs
+from trackway.resources.placement import project_settings
 from trackway.settings import Settings
 from trackway.supervisor.classify import DiskFull
 from trackway.supervisor.policy import (
@@ -38,8 +39,12 @@ from trackway.taxonomy import AttemptState, RunState, TerminationReason
 
 
 def run_policy(settings: Settings, run: RowMapping) -> RetryPolicy:
-    """trackway.toml's [retry], then the run's own --retry-policy (stored with the run at submit)."""
-    layers: list[tuple[dict, str]] = [(settings.retry, PROJECT_SOURCE)]
+    """The [retry] of the run's own project's trackway.toml, then the run's own --retry-policy (stored at submit).
+
+    Its project's, as its end is priced and its retry placed (`project_settings`): a supervisor started
+    in another project (a background one) must not decide by its own.
+    """
+    layers: list[tuple[dict, str]] = [(project_settings(settings, run).retry, PROJECT_SOURCE)]
     if run["retry_policy"]:
         layers.append((tomllib.loads(run["retry_policy"]), f"run {run['run_id']}: its --retry-policy"))
     return policy_from_layers(layers)
@@ -135,7 +140,7 @@ def decide_ends(settings: Settings, ended: Sequence[tuple[RowMapping, str, str |
 
     Reads and writes nothing: the caller holds the rows, and writes what is decided.
     """
-    policies: dict[str | None, RetryPolicy] = {}
+    policies: dict[tuple[str | None, str | None], RetryPolicy] = {}
     read: dict[str, dict] = {}
     decided = Decided({}, {}, {})
     now = datetime.now(timezone.utc)
@@ -144,11 +149,12 @@ def decide_ends(settings: Settings, ended: Sequence[tuple[RowMapping, str, str |
         history = [outcome_of(row, read) for row in rows if row["termination_reason"]]
         spent = sum(row["gpu_seconds"] or 0.0 for row in rows)
         run_ref = run["name"] or run["run_id"]
-        # Runs submitted alike share a policy: trackway.toml's [retry] parsed once, not once per end.
-        policy = policies.get(run["retry_policy"])
+        # Runs submitted alike share a policy: their project's [retry] parsed once, not once per end.
+        key = (run["workdir"], run["retry_policy"])
+        policy = policies.get(key)
         if policy is None:
             try:
-                policy = policies[run["retry_policy"]] = run_policy(settings, run)
+                policy = policies[key] = run_policy(settings, run)
             except InputError as exc:
                 # A policy stored before validation tightened, or a trackway.toml edited since: stopping costs
                 # no GPU time; guessing what was meant might.

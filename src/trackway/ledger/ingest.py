@@ -105,9 +105,9 @@ def ingest_attempt(ledger: Ledger, attempt: RowMapping,
     spool = os.path.join(attempt["state_dir"], "spool")
     there = _listed(spool)
     present = there[1] if there is not None else ()
-    report = IngestReport(note=read_json(Path(spool, NOTE_FILE)) if NOTE_FILE in present else None)
+    report = IngestReport(note=read_json(os.path.join(spool, NOTE_FILE)) if NOTE_FILE in present else None)
     sources = _sources(spool, there, fallbacks)
-    beat = read_json(Path(spool, HEARTBEAT_FILE)) if HEARTBEAT_FILE in present else None
+    beat = read_json(os.path.join(spool, HEARTBEAT_FILE)) if HEARTBEAT_FILE in present else None
     known = read_offsets.get(attempt_id) if read_offsets is not None else None
     if known is not None and not _has_news(sources, known, attempt, beat):
         return report  # the common case on a busy supervisor: not even a read transaction

@@ -195,7 +195,7 @@ def end_rows(conn: Connection, ends: Sequence[AttemptEndRecord], still_open: set
     (rows locked, on PostgreSQL); None reads them here.
     """
     ids = [end.attempt["attempt_id"] for end in ends]
-    open_now: set[str] = set()
+    open_now: set[str] = still_open if still_open is not None else set()
     last_commit: dict[str, Any] = {}
     for part in chunks(ids):
         asked = set(part)
@@ -210,8 +210,6 @@ def end_rows(conn: Connection, ends: Sequence[AttemptEndRecord], still_open: set
             last_commit.update((attempt_id, committed) for attempt_id, committed in conn.execute(
                 select(checkpoints.c.attempt_id, func.max(checkpoints.c.committed_at))
                 .where(checkpoints.c.attempt_id.in_(failed)).group_by(checkpoints.c.attempt_id)))
-    if still_open is not None:
-        open_now = still_open
     rows = EndRows([], [], {})
     for end in ends:
         attempt = end.attempt

@@ -17,7 +17,7 @@ import pytest
 from trackway.errors import NotFound
 from trackway.executors.base import JobHandle, JobPhase
 from trackway.executors.local import LocalExecutor
-from trackway.executors.local_shim import group_alive, read_json
+from trackway.executors.local_shim import group_alive, process_started_at, read_json
 
 from .conftest import is_alive, log_lines, log_text, python, wait_ended, wait_for, wait_terminal
 
@@ -43,6 +43,20 @@ def test_exit_code_is_reported(executor, make_request, code):
     assert status.started_at == sub.started_at
     assert status.ended_at >= status.started_at
     assert status.evidence == ()
+
+
+def test_a_commands_start_is_when_its_process_started_not_when_the_launcher_heard_of_it():
+    # On a loaded host the launcher learns the pid late: an attempt's wall time (its GPU hours) would be cut short.
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        time.sleep(0.5)
+        started = process_started_at(child.pid)
+        assert timedelta(seconds=0.45) <= datetime.now(timezone.utc) - started < timedelta(seconds=60)
+    finally:
+        child.kill()
+        child.wait()
+    gone = process_started_at(child.pid)  # no /proc entry: now, the launcher's own reading
+    assert abs(datetime.now(timezone.utc) - gone) < timedelta(seconds=5)
 
 
 def test_submission_names_the_shim_and_the_child(executor, make_request):

@@ -84,9 +84,9 @@ from trackway.executors.local_shim import (
     descendants,
     live_members,
     process_create_time,
+    process_started_at,
     process_groups,
     read_json,
-    utc_now,
 )
 
 # Short: a submit after a quiet spell pays one host start (~0.3 s, what every submit paid for its own
@@ -545,7 +545,7 @@ class HostedShim(Shim):
             return 0
         child_pid = int(answer[1:])
         self.child_pid = child_pid
-        started_at = utc_now()
+        started_at = process_started_at(child_pid)
         started = time.monotonic()
         job = self._write_job(child_pid, process_create_time(child_pid), started_at)
         if not self._reply({"job": job}):

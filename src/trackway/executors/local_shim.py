@@ -69,7 +69,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 try:  # installed; else the copy delivered beside this file (a Slurm job's state directory, an SSH host)
@@ -216,6 +216,24 @@ def process_create_time(pid: int) -> float | None:
 
 
 _GONE = (b"Z", b"X")  # a zombie, or dead: still listed in /proc, no longer running
+
+
+def process_started_at(pid: int) -> datetime:
+    """When `pid` started, in UTC: now less its age, to Linux's 10 ms tick; now where /proc does not say.
+
+    What launched a command learns its pid only once the command runs, later still on a loaded host: the
+    time taken then would cut the start of every attempt short. The age, not `process_create_time`: that
+    adds ticks to /proc/stat's boot time, which is whole seconds.
+    """
+    now = utc_now()
+    fields = _read_stat(pid)
+    try:
+        with open("/proc/uptime", "rb") as f:
+            uptime = float(f.read().split()[0])
+        age = uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, TypeError):  # TypeError: no stat (None)
+        return now
+    return now - timedelta(seconds=min(max(age, 0.0), uptime))
 
 
 def _stat_fields(stat: bytes) -> list[bytes]:
@@ -690,7 +708,7 @@ class Shim:
         except (OSError, ValueError, subprocess.SubprocessError) as exc:
             return self._cannot_start(log, exc)
 
-        started_at = utc_now()
+        started_at = process_started_at(child.pid)
         started = time.monotonic()
         self.child_pid = child.pid
         self._write_job(child.pid, process_create_time(child.pid), started_at)

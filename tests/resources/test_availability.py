@@ -22,10 +22,12 @@ def test_a_slurm_partition_shows_its_gpus_and_jobs(slurm_node):
                           "--output=/dev/null", "--wrap=sleep 60"], capture_output=True, text=True, check=True)
     job_id = job.stdout.strip().split(";")[0]
     try:
+        # The GPU is taken from the moment Slurm allocates it; the job reads as pending (CONFIGURING) until its
+        # node is ready, and sinfo and squeue are two calls: wait until both say it runs.
         deadline = time.monotonic() + 30
         while True:
             during = availability(test)
-            if during.free_gpus == before.free_gpus - 1 or time.monotonic() > deadline:
+            if (during.free_gpus == before.free_gpus - 1 and during.running_jobs) or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
         assert during.free_gpus == before.free_gpus - 1

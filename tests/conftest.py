@@ -248,25 +248,14 @@ from leftovers import pytest_sessionfinish, pytest_testnodedown  # noqa: E402,F4
 # when asked (tests/slowest_first.py).
 from slowest_first import pytest_collection_modifyitems, pytest_runtest_logreport  # noqa: E402,F401
 
+# Bytecode for the workers, written before they start (tests/worker_bytecode.py).
+from worker_bytecode import compile_for_workers  # noqa: E402
+
 
 def pytest_configure(config):
     if os.environ.get("PYTEST_XDIST_WORKER") is None:
-        _compile_bytecode()
+        compile_for_workers(config)
     # The PostgreSQL variants of some end-to-end files are trials (tests/backend_trials.py).
     from backend_trials import BackendTrials
 
     config.pluginmanager.register(BackendTrials(config.rootpath), "trackway-backend-trials")
-
-
-def _compile_bytecode() -> None:
-    """trackway's modules and the examples compiled once, before the workers start (only what changed).
-
-    Under PYTHONDONTWRITEBYTECODE (set on this project's machines) no interpreter writes what it compiles: every
-    command, supervisor and script the suite starts compiled the trackway modules it imports from source again
-    (0.2 s of CPU for a `trackway submit`). An installed trackway has its bytecode, as pip compiles it.
-    """
-    import compileall
-
-    root = Path(__file__).resolve().parents[1]
-    for tree in ("src", "examples"):
-        compileall.compile_dir(root / tree, quiet=1, workers=0)

@@ -17,8 +17,6 @@ import re
 import sys
 from pathlib import Path
 
-from _pytest.pathlib import fnmatch_ex
-
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -42,6 +40,7 @@ def _write_rewritten(config) -> None:
         from _pytest.assertion.rewrite import (
             PYC_TAIL, _read_pyc, _rewrite_test, _write_pyc, assertstate_key, get_cache_dir,
         )
+        from _pytest.pathlib import fnmatch_ex
 
         state = config.stash[assertstate_key]
     except (ImportError, AttributeError, KeyError):
@@ -60,4 +59,4 @@ def _write_rewritten(config) -> None:
             _write_pyc(state, code, source_key, pyc)
         except (OSError, SyntaxError, TypeError) as exc:
             # The worker importing this file meets the same error and reports it on the test it belongs to.
-            print(f"tests/bytecode.py: {path.relative_to(ROOT)} not pre-rewritten: {exc}", file=sys.stderr)
+            print(f"tests/worker_bytecode.py: {path.relative_to(ROOT)} not pre-rewritten: {exc}", file=sys.stderr)

@@ -106,7 +106,10 @@ def _kill_leftover_jobs(tmp_path: Path):
     for job_file in tmp_path.rglob("job.json"):
         job = read_json(job_file)
         if same_process(job["shim_pid"], job["create_time"]):
-            os.kill(job["shim_pid"], signal.SIGKILL)
+            try:
+                os.kill(job["shim_pid"], signal.SIGKILL)
+            except ProcessLookupError:
+                pass  # it ended between the look and the kill
         if job["pgid"] and same_process(job["child_pid"], job["child_create_time"]):
             try:
                 os.killpg(job["pgid"], signal.SIGKILL)

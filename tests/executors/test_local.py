@@ -17,7 +17,7 @@ import pytest
 from trackway.errors import NotFound
 from trackway.executors.base import JobHandle, JobPhase
 from trackway.executors.local import LocalExecutor
-from trackway.executors.local_shim import group_alive, process_started_at, read_json
+from trackway.executors.local_shim import group_alive, launch_times, read_json
 
 from .conftest import is_alive, log_lines, log_text, python, wait_ended, wait_for, wait_terminal
 
@@ -54,14 +54,15 @@ def test_a_commands_start_is_when_its_process_started_not_when_the_launcher_hear
     try:
         time.sleep(0.5)  # the launcher, late to hear of it
         asked = datetime.now(timezone.utc)
-        started = process_started_at(child.pid)
+        created, started = launch_times(child.pid)
         assert before - tick <= started <= launched + tick < asked
+        assert created is not None  # the same read names the process
     finally:
         child.kill()
         child.wait()
     asked = datetime.now(timezone.utc)
-    gone = process_started_at(child.pid)  # no /proc entry: now, the launcher's own reading
-    assert asked <= gone <= datetime.now(timezone.utc)
+    created, gone = launch_times(child.pid)  # no /proc entry: now, the launcher's own reading
+    assert created is None and asked <= gone <= datetime.now(timezone.utc)
 
 
 def test_submission_names_the_shim_and_the_child(executor, make_request):

@@ -82,9 +82,9 @@ from trackway.executors.local_shim import (
     _children,
     _read_stat,
     descendants,
+    launch_times,
     live_members,
     process_create_time,
-    process_started_at,
     process_groups,
     read_json,
 )
@@ -545,9 +545,9 @@ class HostedShim(Shim):
             return 0
         child_pid = int(answer[1:])
         self.child_pid = child_pid
-        started_at = process_started_at(child_pid)
+        create_time, started_at = launch_times(child_pid)
         started = time.monotonic()
-        job = self._write_job(child_pid, process_create_time(child_pid), started_at)
+        job = self._write_job(child_pid, create_time, started_at)
         if not self._reply({"job": job}):
             # Whoever launched the attempt is gone (killed) without hearing that it started: the launch
             # was interrupted, and trackway stops the command. A retry starts it again; the SIGTERM is ours.

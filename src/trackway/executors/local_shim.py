@@ -209,7 +209,10 @@ def process_create_time(pid: int) -> float | None:
         return None
     except OSError:
         return _psutil_create_time(pid)
-    fields = _stat_fields(stat)
+    return _create_time(_stat_fields(stat))
+
+
+def _create_time(fields: list[bytes]) -> float | None:
     if fields[0] in _GONE:
         return None
     return _linux_boot_time() + int(fields[19]) / os.sysconf("SC_CLK_TCK")
@@ -218,22 +221,25 @@ def process_create_time(pid: int) -> float | None:
 _GONE = (b"Z", b"X")  # a zombie, or dead: still listed in /proc, no longer running
 
 
-def process_started_at(pid: int) -> datetime:
-    """When `pid` started, in UTC: now less its age, to Linux's 10 ms tick; now where /proc does not say.
+def launch_times(pid: int) -> tuple[float | None, datetime]:
+    """A command just launched: its `process_create_time` (which names the process) and when it started, in UTC.
 
     What launched a command learns its pid only once the command runs, later still on a loaded host: the
-    time taken then would cut the start of every attempt short. The age, not `process_create_time`: that
-    adds ticks to /proc/stat's boot time, which is whole seconds.
+    time taken then would cut the start of every attempt short. The start is now less the process's age, to
+    Linux's 10 ms tick (now where /proc does not say), not the create time: that adds ticks to /proc/stat's
+    boot time, which is whole seconds. Both come from one read of /proc/PID/stat.
     """
     now = utc_now()
     fields = _read_stat(pid)
+    if fields is None:
+        return process_create_time(pid), now  # gone, or /proc unreadable: psutil's create time, if it has one
     try:
         with open("/proc/uptime", "rb") as f:
             uptime = float(f.read().split()[0])
         age = uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, TypeError):  # TypeError: no stat (None)
-        return now
-    return now - timedelta(seconds=min(max(age, 0.0), uptime))
+    except (OSError, ValueError, IndexError):
+        return _create_time(fields), now
+    return _create_time(fields), now - timedelta(seconds=min(max(age, 0.0), uptime))
 
 
 def _stat_fields(stat: bytes) -> list[bytes]:
@@ -708,10 +714,10 @@ class Shim:
         except (OSError, ValueError, subprocess.SubprocessError) as exc:
             return self._cannot_start(log, exc)
 
-        started_at = process_started_at(child.pid)
+        create_time, started_at = launch_times(child.pid)
         started = time.monotonic()
         self.child_pid = child.pid
-        self._write_job(child.pid, process_create_time(child.pid), started_at)
+        self._write_job(child.pid, create_time, started_at)
         pumps = [
             threading.Thread(target=log.pump, args=(child.stdout, b"out"), daemon=True),
             threading.Thread(target=log.pump, args=(child.stderr, b"err"), daemon=True),

@@ -151,6 +151,7 @@ def test_a_resumed_run_reads_as_one_curve_with_its_restart_marked_and_explained(
         wait_for(lambda: api.get(f"/api/jobs/{other['id']}")[1]["status"] in ("completed", "failed")
                  or subprocess.run([sys.executable, "-m", "trackway", "supervise", "--once"], env=environ,
                                    capture_output=True, timeout=120) and False, "the second job to end", timeout=90)
+        page.evaluate("delete document.body.dataset.chart")  # the flag is the compare page's, not an earlier one's
         page.goto(f"{base}/#/compare/{job['id']},{other['id']}")
         page.wait_for_function("document.body.dataset.chart === 'drawn'")
         assert page.get_attribute("#chart", "data-series") == "2"
@@ -207,3 +208,67 @@ def test_a_run_with_two_ranks_offers_a_rank_selector_that_draws_that_ranks_value
         page.goto(f"{base}/#/runs/rone")
         page.wait_for_function("document.body.dataset.chart === 'drawn'")
         assert page.locator("#rank").count() == 0  # one rank: nothing to choose
+
+
+# The page's own scripts, reached from the test: `listeners` (the current page's event listeners) is app.js's, and
+# fetch is wrapped so that the runs list's requests can be held until the test lets them answer.
+HOLD_RUNS_LIST = """() => {
+  window.heldJobs = [];
+  window.jobsAsked = 0;
+  const real = window.fetch;
+  window.fetch = (url, options) => {
+    if (!String(url).startsWith("/api/jobs?")) return real(url, options);
+    window.jobsAsked += 1;
+    if (!window.holding) return real(url, options);
+    return new Promise((resolve) => { window.heldJobs.push(() => resolve(real(url, options))); });
+  };
+}"""
+EVENT = "() => [...listeners].forEach((heard) => heard('attempt_ended', {attempt_id: 'x/1'}))"
+
+
+def test_a_refresh_the_reader_left_behind_neither_replaces_the_page_they_went_to_nor_multiplies(home, sqlite_url, browser):
+    from datetime import datetime, timezone
+
+    from trackway.ledger import open_ledger
+    from trackway.ledger.records import insert_run
+    from trackway.ledger.schema import metric_points, metric_series
+
+    ledger = open_ledger(sqlite_url)
+    with ledger.write() as conn:
+        for run_id in ("rfirst", "rsecond"):
+            insert_run(conn, dict(run_id=run_id, name=run_id, project="p", kind="full", state="completed",
+                                  command="[]", workdir="/w", resource="local", executor="local", gpus=0,
+                                  created_at=datetime.now(timezone.utc)))
+            series = conn.execute(metric_series.insert().values(run_id=run_id, key="loss", rank=0)).inserted_primary_key[0]
+            conn.execute(metric_points.insert(), [dict(series_id=series, step=s, value=1.0 / (s + 1),
+                                                       attempt_number=1, logged_at=1.0) for s in range(10)])
+    ledger.dispose()
+    with serving(home, sqlite_url) as (base, _):
+        page = browser.new_context(viewport={"width": 1280, "height": 900}, bypass_csp=True).new_page()
+        page.goto(base + f"/#/runs?token={TEST_TOKEN}")
+        page.wait_for_selector("a[href='#/runs/rsecond']")
+        page.evaluate(HOLD_RUNS_LIST)
+
+        # A busy runs list: every burst of events refreshes it once, however many bursts came before.
+        for burst in range(1, 5):
+            page.evaluate(EVENT)
+            page.wait_for_function(f"window.jobsAsked === {burst}")
+            page.wait_for_timeout(100)  # a refresh that registered a second listener would have done so by now
+            assert page.evaluate("listeners.size") == 1, f"after burst {burst}"
+        page.evaluate(EVENT)
+        page.wait_for_function("window.jobsAsked === 5")
+        page.wait_for_timeout(500)  # longer than the 300 ms a burst waits: a doubled refresh would have asked again
+        assert page.evaluate("window.jobsAsked") == 5
+
+        # The reader picks the two runs to compare while a refresh of the list is still waiting on the server: when
+        # its answer comes, the comparison stays.
+        page.evaluate("window.holding = true")
+        page.evaluate(EVENT)
+        page.wait_for_function("window.heldJobs.length === 1")
+        page.evaluate("delete document.body.dataset.chart")
+        page.goto(f"{base}/#/compare/rfirst,rsecond")
+        page.wait_for_function("document.body.dataset.chart === 'drawn'")
+        page.evaluate("window.heldJobs.forEach((answer) => answer())")
+        page.wait_for_timeout(500)  # the held answer arrives and is read
+        assert page.inner_text("h1") == "Compare rfirst · rsecond"
+        assert page.get_attribute("#chart", "data-series") == "2"

@@ -8,6 +8,9 @@ const page = document.getElementById("page");
 const STEP_INCREMENTS = [];
 for (let scale = 1; scale <= 1e12; scale *= 10) STEP_INCREMENTS.push(scale, 2 * scale, 5 * scale);
 const listeners = new Set();  // what the current page refreshes on an event
+// Each route() is a new visit. A page renders only into the visit it began in: a refresh still waiting on the server
+// when the reader went elsewhere would otherwise replace the page they went to with the one they left.
+let visit = 0;
 
 // -- plumbing ---------------------------------------------------------------------------------------------------
 
@@ -106,6 +109,11 @@ function stateCell(status, approval) {
 }
 function show(...nodes) { page.replaceChildren(...nodes); }
 function failed(error) { show(el("p", { class: "error" }, String(error.message || error))); }
+function shower() {
+  // `show` for the page being rendered now: a no-op once the reader has moved to another route.
+  const here = visit;
+  return (...nodes) => { if (here === visit) show(...nodes); };
+}
 
 // -- the event stream: fetch (so the token can go in a header), read as server-sent events -----------------------
 
@@ -137,12 +145,21 @@ async function listen() {
 }
 
 function onEvents(refresh, wanted) {
+  // A burst of events is one refresh, and none once the reader has left (the timer outlives listeners.clear()).
+  // The refreshed page listens for itself: this listener goes, else each refresh would add one and a busy page's
+  // refreshes would double with every burst.
+  const here = visit;
   let timer = null;
-  listeners.add((kind, data) => {
+  const heard = (kind, data) => {
     if (wanted && !wanted(kind, data)) return;
     clearTimeout(timer);
-    timer = setTimeout(refresh, 300);  // a burst of events is one refresh
-  });
+    timer = setTimeout(() => {
+      if (here !== visit) return;
+      listeners.delete(heard);
+      refresh().catch((error) => { if (here === visit) failed(error); });
+    }, 300);
+  };
+  listeners.add(heard);
 }
 
 // -- runs ---------------------------------------------------------------------------------------------------------
@@ -150,6 +167,7 @@ function onEvents(refresh, wanted) {
 const RUNS_PAGE = 100;
 
 async function runsPage() {
+  const show = shower();
   const asked = new URLSearchParams(location.hash.split("?")[1] || "");
   const filters = { search: asked.get("search") || "", project: asked.get("project") || "", kind: asked.get("kind") || "",
     state: asked.get("state") || "", sort: asked.get("sort") || "created", offset: Number(asked.get("offset") || 0) };
@@ -194,7 +212,7 @@ async function runsPage() {
       el("span", { title: job.created_at }, age(job.created_at) + " ago"),
     ])),
   );
-  onEvents(() => { if (location.hash.startsWith("#/runs") && !location.hash.startsWith("#/runs/")) runsPage().catch(failed); },
+  onEvents(() => runsPage(),
     (kind) => kind.startsWith("attempt_") || kind === "checkpoint_committed");
 }
 
@@ -258,7 +276,7 @@ function drawChart(target, names, data, attempts, opts) {
     cursor: { drag: { x: true, y: false } },
     plugins: opts.markers || (attempts ? [restartMarkers(attempts)] : []),
     hooks: {
-      ready: [() => { document.body.dataset.chart = "drawn"; }],
+      ready: [() => { if (target.isConnected) document.body.dataset.chart = "drawn"; }],  // not a left page's chart
       // The visible steps, on the element: what a reader (or a test) can check without reading the canvas.
       setScale: [(u, key) => { if (key === "x") target.dataset.steps = `${Math.round(u.scales.x.min)}..${Math.round(u.scales.x.max)}`; }],
     },
@@ -283,6 +301,7 @@ function drawChart(target, names, data, attempts, opts) {
 }
 
 async function runPage(runId, rank = 0) {
+  const show = shower();
   const [job, chart] = await Promise.all([api(`/api/jobs/${runId}`),
     api(`/api/runs/${runId}/metrics?max_points=2000&rank=${rank}`)]);
   const keys = Object.keys(chart.series);
@@ -336,7 +355,7 @@ async function runPage(runId, rank = 0) {
   );
   redraw();
   open("attempts");
-  onEvents(() => { if (location.hash === "#/runs/" + runId) runPage(runId, chart.rank).catch(failed); },
+  onEvents(() => runPage(runId, chart.rank),
     (kind, data) => data.run_id === runId || (data.attempt_id || "").startsWith(runId + "/"));
 }
 
@@ -426,6 +445,7 @@ async function overlay(target, ids, key, labels) {
 }
 
 async function comparePage(ids) {
+  const show = shower();
   const key = new URLSearchParams(location.hash.split("?")[1] || "").get("key") || "loss";
   const facts = await api(`/api/compare?runs=${encodeURIComponent(ids.join(","))}`);
   const labels = Object.fromEntries(facts.runs.map((r) => [r.run_id, r.name || r.run_id]));
@@ -452,6 +472,7 @@ async function comparePage(ids) {
 // -- waste, resources, experiments ---------------------------------------------------------------------------------
 
 async function wastePage() {
+  const show = shower();
   const rows = await api("/api/waste?weeks=8");
   const most = Math.max(1e-9, ...rows.map((r) => r.gpu_hours));
   show(el("h1", {}, "Compute hours by termination reason, by week"),
@@ -463,6 +484,7 @@ async function wastePage() {
 }
 
 async function resourcesPage() {
+  const show = shower();
   const rows = await api("/api/resources");
   show(el("h1", {}, "Resources and queue"), table(["resource", "executor", "gpu", "free / total", "running", "pending", "$/GPU-h", "reachable"],
     rows.map((r) => [r.resource, r.executor, r.gpu, r.total_gpus === null ? "-" : `${r.free_gpus} / ${r.total_gpus}`,
@@ -470,6 +492,7 @@ async function resourcesPage() {
 }
 
 async function experimentsPage() {
+  const show = shower();
   const rows = await api("/api/experiments");
   show(el("h1", {}, "Experiments"), rows.length ? table(["experiment", "title", "status", "verdict", "baseline", "full run"],
     rows.map((e) => [el("a", { href: "#/experiments/" + e.experiment_id }, e.experiment_id), e.title, e.status,
@@ -478,6 +501,7 @@ async function experimentsPage() {
 }
 
 async function experimentPage(id) {
+  const show = shower();
   const d = await api(`/api/experiments/${id}`);
   const detail = d.verdict_detail || {};
   const link = (runId, label) => (runId ? el("a", { href: "#/runs/" + runId }, label || runId) : "not started");
@@ -506,6 +530,7 @@ async function experimentPage(id) {
 // -- routing --------------------------------------------------------------------------------------------------------
 
 async function route() {
+  const here = ++visit;
   listeners.clear();
   delete document.body.dataset.chart;
   const path = location.hash.replace(/^#/, "").split("?")[0] || "/runs";
@@ -518,7 +543,7 @@ async function route() {
     else if (parts[0] === "experiments" && parts[1]) await experimentPage(parts[1]);
     else if (parts[0] === "experiments") await experimentsPage();
     else await runsPage();
-  } catch (error) { failed(error); }
+  } catch (error) { if (here === visit) failed(error); }
 }
 
 takeToken();

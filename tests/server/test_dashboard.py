@@ -25,8 +25,9 @@ FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--
          "--disable-sync", "--no-first-run", "--disable-default-apps"]
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def browser():
+    """One Chromium for the module's tests (a launch costs seconds); each test opens its own pages."""
     if not Path(CHROMIUM).exists() or shutil.which("chromium") is None:
         pytest.skip("chromium is not installed (bash scripts/ensure-chromium.sh installs Debian's)")
     from playwright.sync_api import sync_playwright
@@ -39,7 +40,21 @@ def browser():
             launched.close()
 
 
-def test_a_resumed_run_reads_as_one_curve_with_its_restart_marked_and_explained(home, sqlite_url, browser):
+@pytest.fixture
+def new_page(browser):
+    """`new_page(**options)`: a page at 1280x900 in a context of its own, closed when the test ends."""
+    contexts = []
+
+    def make(**options):
+        contexts.append(browser.new_context(viewport={"width": 1280, "height": 900}, **options))
+        return contexts[-1].new_page()
+
+    yield make
+    for context in contexts:
+        context.close()
+
+
+def test_a_resumed_run_reads_as_one_curve_with_its_restart_marked_and_explained(home, sqlite_url, new_page):
     environ = {**os.environ, "TRACKWAY_HOME": str(home), "TRACKWAY_DB": sqlite_url}
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with serving(home, sqlite_url) as (base, _):
@@ -57,7 +72,7 @@ def test_a_resumed_run_reads_as_one_curve_with_its_restart_marked_and_explained(
 
         # Under the server's Content-Security-Policy (no inline script, no eval, no framing) the dashboard draws
         # the run's page, and the browser reports no violation.
-        strict = browser.new_page(viewport={"width": 1280, "height": 900})
+        strict = new_page()
         said: list[str] = []
         strict.on("console", lambda message: said.append(message.text))
         strict.goto(base + f"/#/runs/{job['id']}?token={TEST_TOKEN}")
@@ -66,7 +81,7 @@ def test_a_resumed_run_reads_as_one_curve_with_its_restart_marked_and_explained(
         strict.close()
 
         # Playwright's own waits evaluate strings, which that policy forbids: the rest bypasses it.
-        page = browser.new_context(viewport={"width": 1280, "height": 900}, bypass_csp=True).new_page()
+        page = new_page(bypass_csp=True)
         outside: list[str] = []
         page.on("request", lambda request: None if request.url.startswith(base) else outside.append(request.url))
 
@@ -168,7 +183,7 @@ def test_a_resumed_run_reads_as_one_curve_with_its_restart_marked_and_explained(
         assert outside == [], f"the dashboard asked beyond this server: {outside}"
 
 
-def test_a_run_with_two_ranks_offers_a_rank_selector_that_draws_that_ranks_values(home, sqlite_url, browser):
+def test_a_run_with_two_ranks_offers_a_rank_selector_that_draws_that_ranks_values(home, sqlite_url, new_page):
     from datetime import datetime, timezone
 
     from trackway.ledger import open_ledger
@@ -188,7 +203,7 @@ def test_a_run_with_two_ranks_offers_a_rank_selector_that_draws_that_ranks_value
                                                            attempt_number=1, logged_at=1.0) for s in range(10)])
     ledger.dispose()
     with serving(home, sqlite_url) as (base, _):
-        page = browser.new_context(viewport={"width": 1280, "height": 900}, bypass_csp=True).new_page()
+        page = new_page(bypass_csp=True)
 
         def hovered() -> str:
             box = page.locator("#chart .u-over").bounding_box()
@@ -226,7 +241,7 @@ HOLD_RUNS_LIST = """() => {
 EVENT = "() => [...listeners].forEach((heard) => heard('attempt_ended', {attempt_id: 'x/1'}))"
 
 
-def test_a_refresh_the_reader_left_behind_neither_replaces_the_page_they_went_to_nor_multiplies(home, sqlite_url, browser):
+def test_a_refresh_the_reader_left_behind_neither_replaces_the_page_they_went_to_nor_multiplies(home, sqlite_url, new_page):
     from datetime import datetime, timezone
 
     from trackway.ledger import open_ledger
@@ -244,7 +259,7 @@ def test_a_refresh_the_reader_left_behind_neither_replaces_the_page_they_went_to
                                                        attempt_number=1, logged_at=1.0) for s in range(10)])
     ledger.dispose()
     with serving(home, sqlite_url) as (base, _):
-        page = browser.new_context(viewport={"width": 1280, "height": 900}, bypass_csp=True).new_page()
+        page = new_page(bypass_csp=True)
         page.goto(base + f"/#/runs?token={TEST_TOKEN}")
         page.wait_for_selector("a[href='#/runs/rsecond']")
         page.evaluate(HOLD_RUNS_LIST)

@@ -28,11 +28,13 @@ services:
 	bash scripts/ensure-chromium.sh
 
 # Tests that need a background supervisor turn it on themselves; elsewhere none is started,
-# so that no supervisor outlives the test that caused it. Three workers on two cores: much of a test's time
-# is waiting (on a scheduler, a login, a poll), which a third worker fills; four were no faster here.
+# so that no supervisor outlives the test that caused it. Four workers on two cores: much of a test's time
+# is waiting (on a scheduler, a login, a poll, a time limit), which the other workers fill. With three the
+# cores idled 10% of the run; with four they idle 3%, and the suite took 7:53 where three took 8:37
+# (docs/guide/performance.md, "The test suite").
 # The slow fault trials (`-m slow`) are `make trials`.
 test: $(STAMP) services
-	TRACKWAY_BACKGROUND_SUPERVISOR=0 $(PY) -m pytest -n 3 --dist loadfile -m "not slow"
+	TRACKWAY_BACKGROUND_SUPERVISOR=0 $(PY) -m pytest -n 4 --dist loadfile -m "not slow"
 
 # The slow fault trials the suite leaves out (tests marked `slow`: whole-minute Slurm limits, every framework's
 # launchers, ...), run as the suite runs; `make bench` runs them too (bench/bench_trials.py).

@@ -1,6 +1,6 @@
 """Write tests/file_seconds.json (each test file's seconds) from a measured run, for the suite's order.
 
-    TRACKWAY_TEST_SECONDS=/tmp/seconds.txt .venv/bin/python -m pytest -n 3 --dist loadfile -m "not slow"
+    TRACKWAY_TEST_SECONDS=/tmp/seconds.txt .venv/bin/python -m pytest -n 4 --dist loadfile -m "not slow"
     python scripts/test_durations.py /tmp/seconds.txt
 
 The run appends "seconds file" for every test phase (set-up, call, tear-down) as it ends

@@ -35,6 +35,12 @@ s3_server = s3_server_module.s3_server
 # never idles out), whoever starts pytest: as under `make test`. Tests of that supervisor turn it on.
 os.environ.setdefault("TRACKWAY_BACKGROUND_SUPERVISOR", "0")
 
+# One intra-op thread for every PyTorch process the suite starts (and for the workers' own): four workers share
+# two cores, and a script's OpenMP threads spin between operations while the other workers wait for a core. A
+# nanoGPT-style example of 100 iterations took 4.3 s of CPU with torch's default two threads and 2.9 s with one,
+# on an idle machine. torchrun sets the same for its ranks; nothing the tests check depends on the thread count.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 # CI starts PostgreSQL before the suite (see .ci/run); a developer may point elsewhere.
 PG_ADMIN_URL = os.environ.get("TRACKWAY_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 

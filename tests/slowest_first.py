@@ -1,6 +1,6 @@
 """The suite's order: test files that took longest in a measured run go first, so no slow file starts last.
 
-`pytest -n 3 --dist loadfile` hands each worker whole files in collection order (with
+`pytest -n 4 --dist loadfile` hands each worker whole files in collection order (with
 `--no-loadscope-reorder`, in pyproject's addopts: by default xdist reorders the files by their number
 of tests); a five-minute file collected last leaves one worker alone with it while the others idle. tests/file_seconds.json holds
 each file's seconds from a whole run; files it does not know (new ones) keep their place after the

@@ -105,8 +105,10 @@ class SshHost:
             "AllowTcpForwarding no",
             # Every login runs root's ~/.bashrc, whose `pyenv init` rehashes under a lock file shared by all
             # hosts (one home); a session killed mid-rehash (reclaim) leaves the lock, and each later login
-            # would wait 60 s for it. A stale lock now costs a second.
-            "SetEnv PYENV_REHASH_TIMEOUT=1",
+            # would wait 60 s for it. A stale lock now costs a second. And every "host" shares this machine's two
+            # cores with the suite's other workers: one intra-op thread for the PyTorch a job runs there, as the
+            # suite sets for its own (tests/conftest.py).
+            "SetEnv PYENV_REHASH_TIMEOUT=1 OMP_NUM_THREADS=1",
             "",
         ]))
         Path("/run/sshd").mkdir(exist_ok=True)

@@ -318,7 +318,8 @@ async function runPage(runId, rank = 0) {
   };
   // Each rank's own values: offered when more than one process logged (rank 0's by default).
   const ranks = chart.ranks.length > 1 ? el("select", { id: "rank",
-    onchange: (e) => { listeners.clear(); runPage(runId, Number(e.target.value)).catch(failed); } },
+    // Another rank is another visit: a refresh of this rank's page still pending must not draw it back.
+    onchange: (e) => { visit += 1; listeners.clear(); runPage(runId, Number(e.target.value)).catch(failed); } },
     chart.ranks.map((r) => el("option", { value: r, ...(r === chart.rank ? { selected: "" } : {}) }, `rank ${r}`))) : "";
   const controls = el("div", { class: "controls" }, ranks,
     keys.map((k) => el("label", {}, el("input", { type: "checkbox", ...(chosen.has(k) ? { checked: "" } : {}),

@@ -8,9 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-import mcp
 import pytest
-from mcp.client.stdio import StdioServerParameters
 
 from trackway.agents.guardrails import agent_of
 from trackway.agents.mcp_server import build_server
@@ -63,6 +61,8 @@ def project(home: Path) -> Path:
 
 def call(session: AgentSession, *steps: tuple[str, dict]) -> list:
     """Each (tool, arguments) through an in-process MCP client; each result's (is_error, structured content)."""
+    import mcp  # here, not at the top: every worker collects this file, and only the one that runs it needs mcp
+
     async def go():
         answers = []
         async with mcp.Client(build_server(session)) as client:
@@ -80,6 +80,9 @@ def session_for(name: str, work: Path) -> AgentSession:
 
 
 def test_an_agent_runs_the_loop_over_stdio_and_its_runs_are_credited_to_it(project: Path):
+    import mcp
+    from mcp.client.stdio import StdioServerParameters
+
     params = StdioServerParameters(command=sys.executable, args=["-m", "trackway", "mcp", "--agent", "night"],
                                    cwd=str(project), env=dict(os.environ))
 
@@ -276,6 +279,8 @@ def test_an_agents_experiment_is_gated_credited_and_its_full_run_waits_for_a_per
 
 
 def test_receipts_and_explain_texts_are_resources_and_the_loop_is_a_prompt(project: Path):
+    import mcp
+
     session = session_for("day", project)
 
     async def go():

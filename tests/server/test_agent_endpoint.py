@@ -8,9 +8,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-import mcp
 import pytest
-from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
 
 from api_server import serving
 
@@ -34,6 +32,10 @@ def token_add(name: str, role: str) -> str:
 
 
 def call_as(base: str, token: str, *steps: tuple[str, dict]) -> list:
+    # mcp is imported here, not at the top: every worker collects this file, and only the one that runs it needs it.
+    import mcp
+    from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
+
     async def go():
         answers = []
         async with create_mcp_http_client(headers={"Authorization": f"Bearer {token}"}) as http:

@@ -6,10 +6,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import schemathesis
-from hypothesis import HealthCheck, given, settings
-from schemathesis.specs.openapi.checks import positive_data_acceptance
-
 from waiting import wait_for
 
 from trackway.ledger import open_ledger
@@ -27,6 +23,10 @@ FUZZ_TOKEN = "fuzz-token-0123456789"
 
 
 def _schema(home: Path, sqlite_url: str):
+    # schemathesis and hypothesis are imported where they are used: every worker collects this file, and importing
+    # them costs 1.4 s of CPU, which only the worker that runs the test needs to pay.
+    import schemathesis
+
     configured = load_settings()
     ledger = open_ledger(sqlite_url)
     supervisor = Supervisor(ledger, configured)
@@ -56,6 +56,9 @@ def test_no_generated_request_is_a_server_error_and_every_answer_matches_the_sch
 
 
 def _fuzz(operations) -> None:
+    from hypothesis import HealthCheck, given, settings
+    from schemathesis.specs.openapi.checks import positive_data_acceptance
+
     for operation in operations:
         @given(case=operation.as_strategy())
         @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck), database=None)

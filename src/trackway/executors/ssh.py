@@ -1,9 +1,9 @@
 """The SSH executor: attempts on machines reached over SSH (workstations, shared boxes, rented spot pods).
 
-`submit()` picks a host of the resource, sends it what the attempt needs in one tar over one
-SSH call (the remote agent and shim, once per host; the code snapshot, once per commit and
-diff; the attempt's launch.json and config), starts the shim there detached in its own process
-group and returns. The shim's contract is the local executor's: exit status and signal in
+`submit()` picks a host of the resource, asks it what it already holds, then sends it what the
+attempt needs in one tar (the remote agent and shim, once per host; the code snapshot, once per
+commit and diff; the attempt's launch.json and config) and starts the shim there detached in its
+own process group over the same SSH call, and returns: two calls a launch. The shim's contract is the local executor's: exit status and signal in
 exit.json, a timestamped output.log, the time limit, SIGTERM then SIGKILL to the group.
 
     on the host, under the resource's workdir W:
@@ -180,10 +180,12 @@ class SshExecutor(Executor):
         if has_agent != "agent":
             files.update(_support_files(support))
         bundle = _bundle(files, code if code is not None and has_code != "code" else None)
-        client.run(f"cd {workdir_q} && mkdir -p {shlex.quote(attempt_rel)}/spool && tar -xzf - "
-                   f"&& chmod 700 {shlex.quote(attempt_rel)}", stdin=bundle)
         agent = posixpath.join(remote_root, ".trackway", support, "agent.py")
-        answer = self._agent(client, resource.python, agent, ["start", remote_dir])
+        # The files and the start over one call: each call is a login on the host, which runs its shell's rc files
+        # (with pyenv's init, about 0.1 s of the host's CPU), and a failed extract stops the call before the start.
+        answer = self._agent(client, resource.python, agent, ["start", remote_dir], stdin=bundle,
+                             setup=f"cd {workdir_q} && mkdir -p {shlex.quote(attempt_rel)}/spool && tar -xzf - "
+                                   f"&& chmod 700 {shlex.quote(attempt_rel)}")
         if "error" in answer or "job" not in answer:
             said = answer.get("error") or "the agent vanished from the host while starting the attempt"
             raise ExecutorError(f"attempt {request.attempt_id} on {client.target.spec}: {said}")
@@ -555,11 +557,15 @@ class SshExecutor(Executor):
         return self._agent(client, python, agent, args)
 
     def _agent(self, client: SshClient, python: str, agent: str, args: list[str], stdin: bytes | None = None,
-               timeout_s: float | None = None) -> dict:
+               timeout_s: float | None = None, setup: str | None = None) -> dict:
+        """The agent's answer; `setup`: a shell command run first over the same call, in a subshell (the agent
+        starts where a login starts), whose failure is the call's."""
         # A host whose workdir was wiped has no agent any more: that answers "nothing of yours is here".
         command = (f"if [ -f {shlex.quote(agent)} ]; then exec "
                    + " ".join(shlex.quote(part) for part in [python, agent, *args])
                    + "; else echo '{\"agent_missing\": true}'; fi")
+        if setup is not None:
+            command = f"( {setup} ) && {command}"
         out = client.run(command, stdin=stdin, **({"timeout_s": timeout_s} if timeout_s else {}))
         try:
             return json.loads(out)

@@ -9,8 +9,10 @@ written into the pod's and the Job's status as the API reference describes them.
 
 from __future__ import annotations
 
+import base64
 import json
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -357,3 +359,28 @@ def test_the_kubernetes_client_imports_in_a_process_that_loaded_the_ssh_executor
                            "import kubernetes, sys\nprint(kubernetes.__file__)"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert "trackway" not in done.stdout
+
+
+def test_a_line_the_script_prints_inside_a_spool_frame_is_its_output_and_the_frame_still_arrives(tmp_path, cluster):
+    # The pod's relay and the script share its stdout: a step line printed while a frame is being written lands
+    # among the frame's base64 lines. The frame's bytes must still arrive (the pod never sends them again) and
+    # the line is the script's output.
+    executor, request = launch(tmp_path, resource(cluster))
+    submission, job, pod = started(cluster, executor, request)
+    cluster.pod_status(NS, pod, {"phase": "Running", "startTime": "2026-01-01T00:00:00Z",
+                                 "containerStatuses": [{"name": "attempt", "image": "python:3.12-slim", "imageID": "sha256:" + "ab" * 32, "ready": True,
+                                                        "restartCount": 0,
+                                                        "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}]})
+    events = b"".join(json.dumps({"seq": i, "kind": "checkpoint_committed", "step": 10 * i}).encode() + b"\n"
+                      for i in range(4))
+    wrapped = base64.encodebytes(events).decode().splitlines()  # 76 characters a line, as base64(1) prints
+    assert len(wrapped) > 2
+    printed = ["@@trackway-spool events.jsonl 0", wrapped[0], "step 25: loss 1.5", *wrapped[1:],
+               "@@trackway-spool-end events.jsonl", "step 26: loss 1.4"]
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+    cluster.logs[pod] = [(f"{stamp}.{i:06d}123Z", line) for i, line in enumerate(printed)]
+
+    assert executor.poll(submission.handle).phase is JobPhase.RUNNING
+    assert (request.state_dir / "spool" / "events.jsonl").read_bytes() == events
+    said = request.log_path.read_text()
+    assert "step 25: loss 1.5" in said and "step 26: loss 1.4" in said and "@@trackway" not in said

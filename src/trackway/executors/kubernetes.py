@@ -54,6 +54,8 @@ CANCEL_FILE = "cancel.json"
 # Environment that names this machine's paths or ledger: never sent to the pod.
 LOCAL_ONLY_ENV = ("TRACKWAY_HOME", "TRACKWAY_DB", "TRACKWAY_RESUME_PATH")
 LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?)(Z|[+-]\d\d:\d\d) ?(.*)$")
+# One line of base64(1)'s output: what a spool frame's lines between its markers are.
+BASE64_LINE = re.compile(r"[A-Za-z0-9+/]*={0,2}")
 REQUEST_TIMEOUT_S = 30
 SINCE_MARGIN_S = 60
 
@@ -428,6 +430,11 @@ class KubernetesExecutor(Executor):
             if name and not name.startswith(".") and name != "quarantine.jsonl":
                 _apply_frame(state_dir / "spool" / name, offset, data)
             return True
+        if not BASE64_LINE.fullmatch(text.strip()):
+            # The script's own line, printed while the relay was mid-frame (they share the pod's stdout): the
+            # script's output, not the frame's. Taken as the frame's, it made the frame undecodable, and its
+            # bytes were lost (the pod does not send them again).
+            return False
         spool["chunks"].append(text.strip())
         return True
 

@@ -3,8 +3,9 @@
 `submit()` picks a host of the resource, asks it what it already holds, then sends it what the
 attempt needs in one tar (the remote agent and shim, once per host; the code snapshot, once per
 commit and diff; the attempt's launch.json and config) and starts the shim there detached in its
-own process group over the same SSH call, and returns: two calls a launch. The shim's contract is the local executor's: exit status and signal in
-exit.json, a timestamped output.log, the time limit, SIGTERM then SIGKILL to the group.
+own process group over the same SSH call, and returns: two calls a launch. The shim's contract is
+the local executor's: exit status and signal in exit.json, a timestamped output.log, the time
+limit, SIGTERM then SIGKILL to the group.
 
     on the host, under the resource's workdir W:
       .trackway/<hash>/agent.py, local_shim.py   stdlib only (python3 is all a host needs)

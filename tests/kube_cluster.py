@@ -195,6 +195,15 @@ class Cluster:
 
     # -- the kubelet -------------------------------------------------------------------------
 
+    def report_running(self, namespace: str, pod: str, image: str, image_digest: str = "sha256:" + "ab" * 32) -> None:
+        """The pod's status as the kubelet writes it once its container runs."""
+        started = now_rfc3339()
+        self.pod_status(namespace, pod, {
+            "phase": "Running", "startTime": started,
+            "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}],
+            "containerStatuses": [{"name": "attempt", "image": image, "imageID": image_digest,
+                                   "ready": True, "restartCount": 0, "state": {"running": {"startedAt": started}}}]})
+
     def run_pod(self, namespace: str, pod: str, image_digest: str = "sha256:" + "ab" * 32) -> subprocess.Popen:
         """Start the pod's container as a local process, as the kubelet would, and report it running."""
         spec = self.core.read_namespaced_pod(pod, namespace)
@@ -225,12 +234,7 @@ class Cluster:
                                    start_new_session=True)
         self.processes[pod] = process
         self.logs[pod] = []
-        started = now_rfc3339()
-        self.pod_status(namespace, pod, {
-            "phase": "Running", "startTime": started,
-            "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}],
-            "containerStatuses": [{"name": "attempt", "image": container["image"], "imageID": image_digest,
-                                   "ready": True, "restartCount": 0, "state": {"running": {"startedAt": started}}}]})
+        self.report_running(namespace, pod, container["image"], image_digest)
 
         def pump():
             for raw in process.stdout:

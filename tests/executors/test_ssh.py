@@ -275,3 +275,19 @@ def test_the_agent_sends_every_ranks_heartbeat_whole(tmp_path):
     files = answer["attempts"][str(tmp_path / "attempt")]["files"]
     sent = {rel: jsonlib.loads(base64.b64decode(item["data"]))["rank"] for rel, item in files.items() if item.get("whole")}
     assert sent == {"spool/heartbeat.json": 0, "spool/heartbeat-r1.json": 1}
+
+
+def test_a_host_without_this_trackways_agent_is_sent_it_and_then_answers(tmp_path, loopback_host):
+    # `trackway checkpoints` asks a host that may hold no agent, or another version's (a wiped workdir, an upgrade).
+    from trackway.executors.ssh import SshClient, SshTarget
+
+    root = loopback_host.work / "fresh"
+    root.mkdir(parents=True)
+    client = SshClient(SshTarget.parse(loopback_host.spec), str(loopback_host.key), NO_HOST_KEYS)
+    try:
+        answer = SshExecutor(tmp_path / "home").ask_agent(client, sys.executable, str(root),
+                                                          ["checkpoints", str(root / "runs" / "run1" / "checkpoints")])
+    finally:
+        client.close()
+    assert answer == {"exists": False, "entries": {}}  # the agent's own answer: no checkpoints there yet
+    assert list((root / ".trackway").glob("*/agent.py"))  # sent, where the next call finds it

@@ -554,8 +554,8 @@ class SshExecutor(Executor):
         answer = self._agent(client, python, agent, args)
         if not answer.get("agent_missing"):
             return answer
-        client.run(f"cd {shlex.quote(remote_root)} && tar -xzf -", stdin=_bundle(_support_files(support), None))
-        return self._agent(client, python, agent, args)
+        return self._agent(client, python, agent, args, stdin=_bundle(_support_files(support), None),
+                           setup=f"cd {shlex.quote(remote_root)} && tar -xzf -")
 
     def _agent(self, client: SshClient, python: str, agent: str, args: list[str], stdin: bytes | None = None,
                timeout_s: float | None = None, setup: str | None = None) -> dict:

@@ -12,6 +12,8 @@ The SDK writes here and nothing else, so training never waits on the ledger; the
       heartbeat-r1.json  and on: each other rank's, the same fields (the supervisor compares their steps)
       termination.json   the attempt's own note on why it ends: {"reason", "message", "step", ...}
       quarantine.jsonl   written by the ingester: a copy of each line it could not read (see below)
+      lost-bytes.jsonl   written by an executor that copies the spool over a channel that can lose
+                         (Kubernetes' pod log): each byte range of a file here that never arrived
 
 Every file here is created with mode 0600: a script can log or note a secret.
 
@@ -37,6 +39,15 @@ A line the ingester cannot read (torn by hand, garbage bytes, JSON of the wrong 
 skipped, copied to `quarantine.jsonl` as {"file", "offset", "error", "line", "line_base64"}, and
 recorded as an attempt event `spool_line_quarantined`; the lines after it are ingested as usual.
 A retried ingest may copy a line twice; ("file", "offset") names it.
+
+An executor that brings the spool back from where the attempt ran may lose part of it on the way
+(a pod's log is the one channel back from a pod, and a line of it can be spoiled or lost). Such a
+range is never passed over in silence: `record_lost_bytes` stands blanks in for it (a newline,
+spaces, a newline: every later byte keeps its offset, the ingester skips a blank line and
+quarantines the parts of a line the gap cut), and appends {"file", "from", "to", "why"} to
+`lost-bytes.jsonl` (`record_lost_copy`: a copy of a file replaced whole, {..., "whole": true}),
+which the ingester records as an attempt event `spool_bytes_lost`. What those
+bytes held (events, points) is then not known, and a reader of the attempt is told so.
 
 When the spool cannot be written (ENOSPC, EIO, a read-only remount), the SDK's writer keeps the
 unwritten lines in memory and retries on every flush. When what it holds passes a bound, and at
@@ -80,6 +91,9 @@ HEARTBEAT_FILE = "heartbeat.json"
 HEARTBEAT_PREFIX = "heartbeat-"  # heartbeat-r<N>.json: rank N's, for every rank but 0
 NOTE_FILE = "termination.json"
 QUARANTINE_FILE = "quarantine.jsonl"
+LOST_FILE = "lost-bytes.jsonl"
+# Written here, on the machine that ingests, never copied from where the attempt ran.
+LOCAL_ONLY_FILES = frozenset({QUARANTINE_FILE, LOST_FILE})
 FALLBACK_ENV = "TRACKWAY_SPOOL_FALLBACK"
 FALLBACK_DIR_NAME = "trackway-spool-fallback"
 FALLBACK_PREFIX = "fallback/"  # how the ingester names a fallback file in its cursors and events
@@ -475,6 +489,51 @@ def quarantine_line(spool_dir: Path, file: str, offset: int, line: bytes, error:
     path = spool_dir / QUARANTINE_FILE
     append_lines(path, [json.dumps(record).encode() + b"\n"], fsync=True)
     return path
+
+
+# -- bytes lost on the way -------------------------------------------------------------------------
+
+
+def record_lost_bytes(spool_dir: Path, name: str, upto: int, why: str) -> tuple[int, int] | None:
+    """Say that spool file `name`'s bytes from its present end to `upto` never arrived, blanks standing in.
+
+    The range (`from`, `to`) recorded, or None when the file already reaches `upto`. The blanks keep
+    each byte that arrives later at its own offset; see the module's docstring.
+    """
+    path = spool_dir / name
+    spool_dir.mkdir(parents=True, exist_ok=True)
+    start = path.stat().st_size if path.exists() else 0
+    if start >= upto:
+        return None
+    length = upto - start
+    blanks = b"\n" if length == 1 else b"\n" + b" " * (length - 2) + b"\n"
+    append_lines(spool_dir / LOST_FILE, [json.dumps({"file": name, "from": start, "to": upto, "why": why}).encode()
+                                         + b"\n"], fsync=True)
+    append_lines(path, [blanks])
+    return start, upto
+
+
+def record_lost_copy(spool_dir: Path, name: str, size: int, why: str) -> None:
+    """Say that a copy of `name`, a file replaced whole (`size` bytes), never arrived; the file is left as it is."""
+    spool_dir.mkdir(parents=True, exist_ok=True)
+    append_lines(spool_dir / LOST_FILE, [json.dumps({"file": name, "from": 0, "to": max(size, 1), "why": why,
+                                                     "whole": True}).encode() + b"\n"], fsync=True)
+
+
+def decode_lost_bytes(line: bytes) -> dict[str, Any]:
+    """One line of `lost-bytes.jsonl`; ValueError (naming the field) for anything else."""
+    record = json.loads(line)
+    if not isinstance(record, dict):
+        raise ValueError(f"expected a JSON object, got {type(record).__name__}")
+    if not isinstance(record.get("file"), str) or not record["file"]:
+        raise ValueError("field 'file': expected a spool file's name")
+    for field in ("from", "to"):
+        if isinstance(record.get(field), bool) or not isinstance(record.get(field), int) or record[field] < 0:
+            raise ValueError(f"field {field!r}: expected a byte offset")
+    if record["to"] <= record["from"]:
+        raise ValueError("field 'to': expected an offset past 'from'")
+    return {"file": record["file"], "from": record["from"], "to": record["to"], "why": str(record.get("why") or "")[:300],
+            "whole": record.get("whole") is True}
 
 
 # -- fallback --------------------------------------------------------------------------------------

@@ -160,6 +160,39 @@ def test_the_spool_arrives_while_the_pod_runs_each_byte_once(tmp_path, cluster):
     assert "@@trackway" not in request.log_path.read_text()
 
 
+CHATTY = """
+import json, os, sys, time
+spool = os.environ["TRACKWAY_SPOOL_DIR"]
+for step in range(60):
+    with open(os.path.join(spool, "events.jsonl"), "a") as f:
+        f.write(json.dumps({"seq": step, "kind": "step", "note": "x" * 300}) + "\\n")
+    sys.stdout.write("done\\nabcd\\n")  # all base64 characters, as a frame's lines were
+    sys.stdout.write(f"progress {step}")  # no newline yet: a frame may begin in the middle of this line
+    sys.stdout.flush()
+    time.sleep(0.01)
+    print(f" step {step}", flush=True)
+"""
+
+
+def test_the_commands_own_lines_never_spoil_a_frame_while_it_prints_among_them(tmp_path, cluster):
+    # The pod's real entry point, with the command printing as fast as it writes its spool: every byte of the
+    # events file arrives, and every line the command printed is its output.
+    executor, request = launch(tmp_path, resource(cluster), CHATTY)
+    request.run_env["TRACKWAY_RELAY_SECONDS"] = "0.05"
+    submission, job, pod = started(cluster, executor, request)
+    cluster.run_pod(NS, pod)
+    status = settle(executor, submission.handle)
+    assert status.exit_code == 0
+    spool = request.state_dir / "spool"
+    assert [json.loads(line)["seq"] for line in (spool / "events.jsonl").read_text().splitlines()] == list(range(60))
+    assert not (spool / "lost-bytes.jsonl").exists()
+    said = [line.split(" out ", 1)[1] for line in request.log_path.read_text().splitlines()]
+    assert said.count("done") == 60 and said.count("abcd") == 60
+    assert "".join(line for line in said if line.startswith(("progress", " step"))) == "".join(
+        f"progress {step} step {step}" for step in range(60))  # a line a frame cut in two keeps its parts in order
+    assert not any("@@" in line for line in said)
+
+
 def test_keep_pods_leaves_the_job_for_debugging(tmp_path, cluster):
     executor, request = launch(tmp_path, resource(cluster, keep_pods=True), "raise SystemExit(3)")
     submission, job, pod = started(cluster, executor, request)

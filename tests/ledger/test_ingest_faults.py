@@ -15,8 +15,9 @@ from sqlalchemy import event, func, select
 
 from trackway.ledger.ingest import ingest_attempt, ingester_event_key
 from trackway.ledger.schema import attempt_events, metric_points, metric_series, spool_cursors
-from trackway.spool import QUARANTINE_FILE, encode_metric_rows
-from trackway.reports.explain import incidents
+from trackway.spool import QUARANTINE_FILE, encode_metric_rows, record_lost_bytes
+from trackway.reports.explain import explain, incidents
+from trackway.reports.explain_layout import to_markdown
 
 from spool_attempt import attempt_with_spool
 
@@ -126,6 +127,33 @@ def test_a_quarantined_line_is_recorded_once_however_often_it_is_read(ledger, tm
     assert second.quarantined == 1 and third.quarantined == 0
     assert len(_events(ledger, attempt["attempt_id"], "spool_line_quarantined")) == 1
     assert _steps(ledger, "rfaults") == list(range(10))
+
+
+def test_bytes_that_never_arrived_are_recorded_once_and_explain_says_the_resume_is_not_known(ledger, tmp_path):
+    # A Kubernetes pod's events came back through its log and one frame was lost: the `started` event naming
+    # the checkpoint it resumed from was in it. The receipt must not say "from the start".
+    attempt = attempt_with_spool(ledger, tmp_path / "attempt", run_id="rlost")
+    spool = tmp_path / "attempt" / "spool"
+    events = spool / "events.jsonl"
+    _append(events, _event_line(0, "note", message="hello"))
+    start = events.stat().st_size
+    lost = _event_line(1, "started", resume_from="step-00000028") + _event_line(2, "note", message="half")
+    assert record_lost_bytes(spool, "events.jsonl", start + len(lost), "a frame lost") == (start, start + len(lost))
+    _append(events, _event_line(3, "note", message="after the gap"))
+    for _ in range(2):
+        report = ingest_attempt(ledger, attempt)
+    assert report.quarantined == 0  # the blanks are no line at all
+    assert [e["message"] for e in _events(ledger, attempt["attempt_id"], "note")] == ["hello", "after the gap"]
+    (gap,) = _events(ledger, attempt["attempt_id"], "spool_bytes_lost")
+    assert (gap["file"], gap["from"], gap["to"], gap["held"]) == ("events.jsonl", start, start + len(lost), "events")
+
+    with ledger.read() as conn:
+        facts = explain(conn, attempt["attempt_id"])
+    said = to_markdown(facts)
+    assert facts["checkpoints"]["resumed_from"] is None
+    assert f"not known: this attempt's events never arrived from where it ran (events.jsonl bytes {start}-" in said
+    assert "the start" not in said
+    assert f"events.jsonl bytes {start}-{start + len(lost)} never arrived" in " ".join(facts["incidents"])
 
 
 def test_one_bad_spool_does_not_stop_another_runs_ingest(ledger, tmp_path):

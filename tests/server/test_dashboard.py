@@ -140,7 +140,7 @@ def test_a_resumed_run_reads_as_one_curve_with_its_restart_marked_and_explained(
         assert "Ended: completed" in page.inner_text("#explain")
         page.select_option("#explain >> xpath=.. >> select", "1")
         page.wait_for_function("document.querySelector('#explain').innerText.includes('preempted')")
-        assert "Read from: the start" in page.inner_text("#explain")
+        assert "Resumed from: the start" in page.inner_text("#explain")
         page.screenshot(path=str(ARTIFACTS / "run-explain.png"), full_page=True)
 
         page.click("button[data-tab='checkpoints']")

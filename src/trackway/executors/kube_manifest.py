@@ -45,14 +45,22 @@ ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 # as a child (its exit status is the container's), pass SIGTERM on (Kubernetes sends it
 # terminationGracePeriodSeconds before SIGKILL: the SDK's preemption notice). Meanwhile, every
 # TRACKWAY_RELAY_SECONDS and once more at the end, print what the spool's files gained, framed
-# (`@@trackway-spool NAME OFFSET`, base64, `@@trackway-spool-end NAME`; files the SDK replaces whole,
-# heartbeat.json and termination.json, with OFFSET `whole`): the log API is the one way back from a pod
-# that the executor has, so the SDK's metrics, heartbeat and note come back through it while it runs.
+# (`@@trackway-spool NAME OFFSET SIZE`, base64 lines each prefixed `@@: `, `@@trackway-spool-end NAME`;
+# files the SDK replaces whole, heartbeat.json and termination.json, with OFFSET `whole`): the log API
+# is the one way back from a pod that the executor has, so the SDK's metrics, heartbeat and note come
+# back through it while it runs. The command shares the pod's stdout: each of the frame's lines is one
+# write (awk's fflush), so no line of the command's lands inside one, and the prefix tells the frame's
+# lines from the command's; SIZE lets the reader know a frame that lost a line (executors/kube_spool.py).
 LAUNCH_SCRIPT = """\
 set -u
 mkdir -p "$TRACKWAY_SPOOL_DIR" "$TRACKWAY_CODE_DIR" "$TRACKWAY_CODE_DIR.relay"
 tar -xzf "$TRACKWAY_BUNDLE/code.tar.gz" -C "$TRACKWAY_CODE_DIR" || { echo "trackway: could not unpack the code" >&2; exit 126; }
 cd "$TRACKWAY_CODE_DIR/$TRACKWAY_CODE_CWD" || exit 126
+frame() {
+  echo "@@trackway-spool $1 $2 $3"
+  base64 | awk '{ print "@@: " $0; fflush() }'
+  echo "@@trackway-spool-end $1"
+}
 relay() {
   for file in "$TRACKWAY_SPOOL_DIR"/*; do
     [ -f "$file" ] || continue
@@ -60,17 +68,16 @@ relay() {
     mark="$TRACKWAY_CODE_DIR.relay/$name"
     case "$name" in
       heartbeat.json|termination.json)
-        now=$(cksum < "$file")
+        cp "$file" "$mark.now" 2>/dev/null || continue
+        now=$(cksum < "$mark.now")
         [ "$now" != "$(cat "$mark" 2>/dev/null)" ] || continue
-        echo "@@trackway-spool $name whole"; base64 < "$file"; echo "@@trackway-spool-end $name"
+        frame "$name" whole "$(wc -c < "$mark.now" | tr -d ' ')" < "$mark.now"
         echo "$now" > "$mark" ;;
       *.jsonl)
         sent=$(cat "$mark" 2>/dev/null || echo 0)
         size=$(wc -c < "$file" | tr -d ' ')
         [ "$size" -gt "$sent" ] || continue
-        echo "@@trackway-spool $name $sent"
-        tail -c +$((sent + 1)) "$file" | head -c $((size - sent)) | base64
-        echo "@@trackway-spool-end $name"
+        tail -c +$((sent + 1)) "$file" | head -c $((size - sent)) | frame "$name" "$sent" $((size - sent))
         echo "$size" > "$mark" ;;
     esac
   done
@@ -92,6 +99,7 @@ exit "$status"
 """
 SPOOL_BEGIN = "@@trackway-spool "
 SPOOL_END = "@@trackway-spool-end "
+SPOOL_DATA = "@@: "
 
 
 @dataclass(frozen=True)

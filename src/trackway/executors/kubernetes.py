@@ -8,25 +8,25 @@ creates them and returns: the pod's placement shows up in `poll()`. The Job owns
     here, in the attempt's state directory:
       k8s-job.json     cluster (kubeconfig, context), namespace, Job name, what the resource said
       k8s-logs.json    how far the pod's log has been read (the last timestamp, and lines at it)
+      k8s-spool.json   a spool frame begun in the lines read so far and not yet ended (kube_spool.py)
       k8s-final.json   the end once known: later polls read it instead of asking the cluster
       cancel.json      trackway asked to stop it
       output.log, spool/   the pod's log as trackway's (`<UTC time> out <line>`), and the SDK's spool
 
 `poll_many()` asks the API once per namespace for the Jobs, the pods and the events of trackway's
 attempts (by label), maps each attempt's objects to a status (kube_endings.py), and appends the new
-lines of each running pod's log to output.log. The pod prints its spool's files, framed, after
-the command ends (kube_manifest.LAUNCH_SCRIPT); they are written back to spool/ here, so the SDK's
-metrics and its note reach the ledger as they do from any executor. When the attempt has ended,
+lines of each running pod's log to output.log. The pod prints what its spool's files gained, framed,
+while the command runs and once more after it ends (kube_manifest.LAUNCH_SCRIPT); kube_spool.py
+writes them back to spool/ here, so the SDK's metrics and its note reach the ledger as they do from
+any executor, and records what never arrived. When the attempt has ended,
 its Job (and so its pod and ConfigMap) is deleted, unless the resource says `keep_pods = true`.
 """
 
 from __future__ import annotations
 
 import base64
-import binascii
 import json
 import os
-import posixpath
 import re
 import time
 from collections.abc import Iterable
@@ -35,6 +35,7 @@ from pathlib import Path
 
 from trackway.errors import ExecutorError, NotFound
 from trackway.executors import kube_endings, kube_manifest
+from trackway.executors.kube_spool import SpoolFrames
 from trackway.executors.base import (
     Executor,
     JobHandle,
@@ -54,8 +55,6 @@ CANCEL_FILE = "cancel.json"
 # Environment that names this machine's paths or ledger: never sent to the pod.
 LOCAL_ONLY_ENV = ("TRACKWAY_HOME", "TRACKWAY_DB", "TRACKWAY_RESUME_PATH")
 LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?)(Z|[+-]\d\d:\d\d) ?(.*)$")
-# One line of base64(1)'s output: what a spool frame's lines between its markers are.
-BASE64_LINE = re.compile(r"[A-Za-z0-9+/]*={0,2}")
 REQUEST_TIMEOUT_S = 30
 SINCE_MARGIN_S = 60
 
@@ -129,25 +128,6 @@ class KubeCluster:
             raise ExecutorError(f"Kubernetes API: {exc.status} {exc.reason}: {_message(exc.body)}") from None
         except Exception as exc:
             raise ExecutorError(f"Kubernetes API unreachable: {type(exc).__name__}: {str(exc)[:200]}") from None
-
-
-def _apply_frame(target: Path, offset: str, data: bytes) -> None:
-    """A whole file replaced; bytes from `offset` appended unless this copy already holds them."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    if offset == "whole":
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, target)
-        return
-    try:
-        at = int(offset)
-    except ValueError:
-        return
-    size = target.stat().st_size if target.exists() else 0
-    if size > at:
-        return  # read already (a log read twice where the pod's clock and ours overlap)
-    with open(target, "ab") as f:  # a gap (a frame lost with its lines) is left out, the rest appended
-        f.write(data)
 
 
 def _stamp(when: str, zone: str) -> str:
@@ -389,6 +369,7 @@ class KubernetesExecutor(Executor):
         stamp, at_stamp = cursor.get("stamp"), int(cursor.get("at_stamp") or 0)
         skip = 0
         spool = read_json(state_dir / "k8s-spool.json") or {}
+        frames = SpoolFrames(state_dir / "spool", spool)
         for raw in lines:
             match = LOG_LINE.match(raw)
             if not match:
@@ -403,40 +384,15 @@ class KubernetesExecutor(Executor):
                 at_stamp += 1
             else:
                 stamp, at_stamp, skip = when, 1, 1
-            if self._spool_line(state_dir, spool, text):
-                continue
-            out.append(f"{when[:26]}Z out {text}\n")
+            said = frames.line(text)
+            if said is not None:
+                out.append(f"{when[:26]}Z out {said}\n")
         log = Path(record["local_log"])
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "a", encoding="utf-8") as f:
             f.writelines(out)
         write_json_atomic(state_dir / "k8s-spool.json", spool)
         write_json_atomic(state_dir / LOGS_FILE, {"pod": pod, "stamp": stamp, "at_stamp": at_stamp})
-
-    def _spool_line(self, state_dir: Path, spool: dict, text: str) -> bool:
-        """True when the line is part of a spool frame the pod printed; a frame complete is applied to spool/."""
-        if text.startswith(kube_manifest.SPOOL_BEGIN):
-            name, _, offset = text[len(kube_manifest.SPOOL_BEGIN):].strip().partition(" ")
-            spool.update(open=name, offset=offset, chunks=[])
-            return True
-        if "open" not in spool:
-            return False
-        if text.startswith(kube_manifest.SPOOL_END):
-            name, offset, chunks = posixpath.basename(spool.pop("open")), spool.pop("offset"), spool.pop("chunks")
-            try:
-                data = base64.b64decode("".join(chunks), validate=True)
-            except (binascii.Error, ValueError):
-                return True  # a frame cut short (a line lost): the next one carries on from its own offset
-            if name and not name.startswith(".") and name != "quarantine.jsonl":
-                _apply_frame(state_dir / "spool" / name, offset, data)
-            return True
-        if not BASE64_LINE.fullmatch(text.strip()):
-            # The script's own line, printed while the relay was mid-frame (they share the pod's stdout): the
-            # script's output, not the frame's. Taken as the frame's, it made the frame undecodable, and its
-            # bytes were lost (the pod does not send them again).
-            return False
-        spool["chunks"].append(text.strip())
-        return True
 
     def _delete(self, cluster: KubeCluster, record: dict) -> None:
         try:

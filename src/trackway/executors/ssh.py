@@ -69,6 +69,7 @@ from trackway.executors.base import (
 )
 from trackway.executors.local_shim import read_json, utc_now, write_json_atomic
 from trackway.executors.ssh_transport import HostUnreachable, SshClient, SshTarget
+from trackway.spool import LOCAL_ONLY_FILES
 
 JOB_FILE = "ssh-job.json"
 REACH_FILE = "ssh-reach.json"
@@ -651,7 +652,7 @@ def _offsets(state_dir: Path, job: RemoteJob) -> dict[str, int]:
     spool = state_dir / "spool"
     if spool.is_dir():
         candidates += [(f"spool/{entry.name}", Path(entry.path)) for entry in os.scandir(spool)
-                       if entry.name.endswith(".jsonl") and entry.name != "quarantine.jsonl"]
+                       if entry.name.endswith(".jsonl") and entry.name not in LOCAL_ONLY_FILES]
     for rel, path in candidates:
         try:
             offsets[rel] = path.stat().st_size
@@ -664,7 +665,7 @@ def _apply_files(state_dir: Path, job: RemoteJob, files: dict) -> bool:
     """Append what the host sent; True when every file is now complete here."""
     complete = True
     for rel, item in files.items():
-        if rel == "spool/quarantine.jsonl" or ".." in rel.split("/"):
+        if (rel.startswith("spool/") and rel[len("spool/"):] in LOCAL_ONLY_FILES) or ".." in rel.split("/"):
             continue
         path = _local_path(state_dir, job, rel)
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -11,6 +11,9 @@ foreground submit beside a supervisor). The write transaction first locks the at
 (PostgreSQL; SQLite's single writer already serializes), so the second reads the offsets the
 first committed; and an offset is saved by an upsert that never moves it backwards.
 
+A range of a spool file that never arrived from where the attempt ran (`lost-bytes.jsonl`, see
+`trackway.spool`) is recorded as a `spool_bytes_lost` event, once per range.
+
 A line that cannot be read (see `trackway.spool`) is quarantined: skipped, copied beside the
 spool, and recorded as a `spool_line_quarantined` event in the same transaction that moves the
 offset past it, keyed by (file, offset) so that it is recorded once however often it is read.
@@ -43,8 +46,10 @@ from trackway.spool import (
     EVENTS_FILE,
     FALLBACK_PREFIX,
     HEARTBEAT_FILE,
+    LOST_FILE,
     METRICS_PREFIX,
     NOTE_FILE,
+    decode_lost_bytes,
     decode_metric_line,
     fallback_dir_names,
     quarantine_line,
@@ -62,6 +67,7 @@ class IngestReport:
     note: dict[str, Any] | None = None
     checkpoints: list[str] = field(default_factory=list)
     quarantined: int = 0
+    lost: int = 0
 
 
 @dataclass(frozen=True)
@@ -70,7 +76,11 @@ class _Source:
 
     cursor: str
     path: Path
-    metrics: bool
+    kind: str  # "metrics", "events" or "lost" (the ranges of the spool's files that never arrived)
+
+    @property
+    def metrics(self) -> bool:
+        return self.kind == "metrics"
 
     @property
     def rank(self) -> int:
@@ -129,6 +139,8 @@ def ingest_attempt(ledger: Ledger, attempt: RowMapping,
             decoded = _decode_lines(conn, attempt, source, located, report, secrets)
             if source.metrics:
                 report.points += _ingest_metric_lines(conn, attempt, decoded, source.rank)
+            elif source.kind == "lost":
+                report.lost += _ingest_lost(conn, attempt, source, decoded)
             else:
                 events, committed = _ingest_events(conn, attempt, decoded, secrets)
                 report.events += events
@@ -165,9 +177,11 @@ def _sources_in(directory: Path, prefix: str, there: tuple[list[str], frozenset[
     if there is None:
         return []
     metrics, names = there
-    sources = [_Source(prefix + name, directory / name, True) for name in metrics]
+    sources = [_Source(prefix + name, directory / name, "metrics") for name in metrics]
     if EVENTS_FILE in names:
-        sources.append(_Source(prefix + EVENTS_FILE, directory / EVENTS_FILE, False))
+        sources.append(_Source(prefix + EVENTS_FILE, directory / EVENTS_FILE, "events"))
+    if LOST_FILE in names and not prefix:  # the executor writes it in the spool, never in a fallback directory
+        sources.append(_Source(LOST_FILE, directory / LOST_FILE, "lost"))
     return sources
 
 
@@ -237,13 +251,13 @@ def _save_offset(conn: Connection, attempt_id: str, name: str, offset: int) -> N
 def _decode_lines(conn: Connection, attempt: RowMapping, source: _Source, located: list[tuple[int, bytes]],
                   report: IngestReport, secrets: Sequence[str] = ()) -> list:
     """What each line says; a line that cannot be read is quarantined instead, and the rest go on."""
-    decode = decode_metric_line if source.metrics else decode_event
+    decode = {"metrics": decode_metric_line, "events": decode_event, "lost": decode_lost_bytes}[source.kind]
     decoded = []
     for offset, line in located:
         if not line.strip():
             continue  # an empty line says nothing and loses nothing
         try:
-            decoded.append(decode(line))
+            decoded.append(decode(line) if source.kind != "lost" else (offset, decode(line)))
         except Exception as exc:  # noqa: BLE001 - whatever a line holds, it must not stop the others
             _quarantine(conn, attempt, source, offset, line, _error_text(exc), secrets)
             report.quarantined += 1
@@ -286,6 +300,31 @@ def _quarantine(conn: Connection, attempt: RowMapping, source: _Source, offset: 
         payload=json.dumps(payload),
     )
     conn.execute(statement.on_conflict_do_nothing(index_elements=["attempt_id", "rank", "seq"]))
+
+
+def _ingest_lost(conn: Connection, attempt: RowMapping, source: _Source, ranges: list[tuple[int, dict]]) -> int:
+    """One `spool_bytes_lost` event per range of a spool file that never arrived, keyed by where the range is said."""
+    now = datetime.now(timezone.utc)
+    rows = []
+    for offset, lost in ranges:
+        rank, seq = ingester_event_key(source.cursor, offset)
+        payload = {"kind": "spool_bytes_lost", "t": now.timestamp(), **lost, "held": _held(lost["file"])}
+        rows.append({"attempt_id": attempt["attempt_id"], "rank": rank, "seq": seq, "kind": "spool_bytes_lost",
+                     "at": now, "payload": json.dumps(payload)})
+    if rows:
+        statement = dialect_insert(conn)(attempt_events).on_conflict_do_nothing(
+            index_elements=["attempt_id", "rank", "seq"])
+        conn.execute(statement, rows)
+    return len(rows)
+
+
+def _held(name: str) -> str:
+    """What a spool file's lost bytes held, as a reader is told it: explain reads this, not the spool's file names."""
+    if name == EVENTS_FILE:
+        return "events"
+    if name.startswith(METRICS_PREFIX):
+        return "metric points"
+    return "the attempt's note" if name == NOTE_FILE else "lines"
 
 
 def ingester_event_key(cursor: str, offset: int) -> tuple[int, int]:

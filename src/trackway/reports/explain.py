@@ -113,6 +113,7 @@ def explain(reader: Reader | Any, ref: str, now: datetime | None = None) -> dict
     previous = next((a for a in history if a["attempt_number"] == number - 1), None)
     first = history[0] if history and history[0]["attempt_number"] != number else None
     run_checkpoints = _run_checkpoints(reader, run["run_id"])
+    lost = events_lost(reader, run["run_id"])
     evidence = json.loads(attempt["termination_evidence"]) if attempt["termination_evidence"] else {}
     config = _config_of(reader, attempt)
     facts = {
@@ -150,12 +151,12 @@ def explain(reader: Reader | Any, ref: str, now: datetime | None = None) -> dict
         | {"kind": run["kind"]},
         "compared_with": previous["attempt_id"] if previous is not None else None,
         "changes": _changes(reader, previous, attempt) if previous is not None else {},
-        "checkpoints": _checkpoint_facts(attempt, run_checkpoints) | {"read_from": _read_from(reader, attempt),
+        "checkpoints": _checkpoint_facts(attempt, run_checkpoints, lost) | {"read_from": _read_from(reader, attempt),
                                                                       "not_taken_up": _not_taken_up(reader, attempt)},
         "watchers": _watched(reader, attempt["attempt_id"]),
         "memory": memory_facts(reader, run, attempt, evidence.get("lines", []) + evidence.get("executor", [])),
         "incidents": incidents(reader, attempt["attempt_id"]),
-        "history": [_timeline_row(a, run_checkpoints) for a in history],
+        "history": [_timeline_row(a, run_checkpoints, lost) for a in history],
         "evaluations": _evaluations(reader, run, run_checkpoints),
         "expectations": _expectations(run),
         # An evaluator answers through its output file, never the SDK: its missing heartbeat is no news.
@@ -257,15 +258,37 @@ def _changes(reader: Reader, previous: Mapping[str, Any], attempt: Mapping[str, 
     }
 
 
-def _checkpoint_facts(attempt: Mapping[str, Any], run_checkpoints: list[dict[str, Any]]) -> dict[str, Any]:
-    """Resumed from, committed during this attempt, and the newest committed checkpoint of the run."""
+def _checkpoint_facts(attempt: Mapping[str, Any], run_checkpoints: list[dict[str, Any]],
+                      events_lost: Mapping[str, list[str]]) -> dict[str, Any]:
+    """Resumed from, committed during this attempt, the newest committed checkpoint of the run; events that never came.
+
+    `events_lost`: where an attempt's events never arrived (`_events_lost`). Then a resume or a
+    commit it made may be among them: no checkpoint named is "not known", not "the start".
+    """
     committed = [c for c in run_checkpoints if c["attempt_id"] == attempt["attempt_id"]]
     newest = [c for c in run_checkpoints if c["state"] == "committed"]
     return {
         "resumed_from": attempt["resumed_from_checkpoint"],
         "committed": committed,
         "newest_of_run": newest[-1] if newest else None,
+        "events_lost": events_lost.get(attempt["attempt_id"], []),
     }
+
+
+def events_lost(reader: Reader | Any, run_id: str) -> dict[str, list[str]]:
+    """Each attempt of the run whose events file lost bytes on the way here: `events.jsonl bytes A-B` for each range.
+
+    `reader`: a plain `Reader`, or a SQLAlchemy connection the same SQL runs through.
+    """
+    reader = Reader.of(reader)
+    lost: dict[str, list[str]] = {}
+    for row in reader.dicts("SELECT e.attempt_id, e.payload FROM attempt_events e JOIN attempts a"
+                            " ON a.attempt_id = e.attempt_id WHERE a.run_id = :run_id AND e.kind = 'spool_bytes_lost'"
+                            " ORDER BY e.attempt_id, e.rank, e.seq", {"run_id": run_id}):
+        event = json.loads(row["payload"])
+        if event.get("held") == "events":
+            lost.setdefault(row["attempt_id"], []).append(f"{event.get('file')} bytes {event.get('from')}-{event.get('to')}")
+    return lost
 
 
 def _not_taken_up(reader: Reader, attempt: Mapping[str, Any]) -> str | None:
@@ -311,7 +334,8 @@ def _script_config(reader: Reader, attempt_id: str) -> dict[str, Any]:
     return {"merged": "init_config" in kinds, "conflicts": redact_structure(conflicts)}
 
 
-def _timeline_row(a: Mapping[str, Any], run_checkpoints: list[dict[str, Any]]) -> dict[str, Any]:
+def _timeline_row(a: Mapping[str, Any], run_checkpoints: list[dict[str, Any]],
+                  events_lost: Mapping[str, list[str]]) -> dict[str, Any]:
     """One attempt as one row of the run's timeline: who started it, where, what it did, how it ended, what followed."""
     evidence = json.loads(a["termination_evidence"]) if a["termination_evidence"] else {}
     return {
@@ -326,6 +350,7 @@ def _timeline_row(a: Mapping[str, Any], run_checkpoints: list[dict[str, Any]]) -
         "last_step": a["last_step"],
         "resumed_from": a["resumed_from_checkpoint"],
         "committed": [c["name"] for c in run_checkpoints if c["attempt_id"] == a["attempt_id"]],
+        "events_lost": events_lost.get(a["attempt_id"], []),
         "state": a["state"],
         "reason": a["termination_reason"],
         "rule": evidence.get("rule"),
@@ -338,7 +363,7 @@ def _timeline_row(a: Mapping[str, Any], run_checkpoints: list[dict[str, Any]]) -
 
 
 # What the training process or the ingester recorded that a reader of a failure must not miss.
-INCIDENT_KINDS = ("checkpoint_restored", "spool_line_quarantined", "spool_write_failed")
+INCIDENT_KINDS = ("checkpoint_restored", "spool_line_quarantined", "spool_write_failed", "spool_bytes_lost")
 
 
 def incidents(reader: Reader | Any, attempt_id: str) -> list[str]:
@@ -369,6 +394,12 @@ def _incident_line(event: dict[str, Any]) -> str | None:
     if kind == "spool_line_quarantined":
         return (f"a spool line was quarantined: {event.get('file')} at byte {event.get('offset')} "
                 f"({event.get('error')}): {str(event.get('preview', ''))[:120]!r}")
+    if kind == "spool_bytes_lost":
+        if event.get("whole"):
+            return (f"{event.get('file')}, as the attempt last wrote it where it ran, never arrived here "
+                    f"({event.get('why')}): what it said is not known")
+        return (f"{event.get('file')} bytes {event.get('from')}-{event.get('to')} never arrived from where the attempt "
+                f"ran ({event.get('why')}): the {event.get('held') or 'lines'} they held are not known")
     if kind == "spool_write_failed":
         details = ", ".join(f"{k} {v}" for k, v in event.items() if k not in ("kind", "t", "seq", "rank"))
         return f"the spool could not be written for a while: {details}"

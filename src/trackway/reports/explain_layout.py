@@ -325,14 +325,22 @@ def _checkpoint_blocks(facts: dict[str, Any]) -> list[Block]:
         f"{newest['name']} (step {newest['step']}, by {d.text_or(newest['attempt_id'])}, "
         f"{d.when(newest['committed_at'], now)})" if newest else "none: the run has no committed checkpoint"
     )
+    lost = ckpt.get("events_lost") or []
+    if lost:  # the resume, or a commit, may be among the events that never came
+        committed = f"{committed}; perhaps more: {_lost_text(lost)}" if committed else f"not known: {_lost_text(lost)}"
     return [
         ("heading", "Checkpoints"),
-        ("item", 0, "resumed from", ckpt["resumed_from"] or "the start (no checkpoint)"),
+        ("item", 0, "resumed from", ckpt["resumed_from"] or ("not known: " + _lost_text(lost) if lost
+                                                             else "the start (no checkpoint)")),
         *([("item", 1, "read from", ckpt["read_from"])] if ckpt.get("read_from") and ckpt["resumed_from"] else []),
         *([("item", 1, None, ckpt["not_taken_up"])] if ckpt.get("not_taken_up") else []),
         ("item", 0, "committed during this attempt", committed or "none"),
         ("item", 0, "newest committed of the run", newest_text),
     ]
+
+
+def _lost_text(lost: list[str]) -> str:
+    return f"this attempt's events never arrived from where it ran ({', '.join(lost)})"
 
 
 def _retry_blocks(facts: dict[str, Any]) -> list[Block]:
@@ -389,16 +397,23 @@ def timeline_cells(row: dict[str, Any]) -> dict[str, str]:
     ending = _ending_text(row)
     if row["evidence"] and row["reason"] != R.COMPLETED.value:
         ending += f": {row['evidence']}"
+    lost = bool(row.get("events_lost"))
     return {
         "#": str(row["number"]),
         "started by": who_started(row["started_by"]),
         "placement": _placement_text(row["placement"]),
         "steps": d.steps_text(row["first_step"], row["last_step"]),
-        "resumed from": row["resumed_from"] or "the start",
-        "committed": ", ".join(row["committed"]) or "none",
+        "resumed from": row["resumed_from"] or ("not known (events lost)" if lost else "the start"),
+        "committed": _committed_cell(row["committed"], lost),
         "ending": ending,
         "decision": _decision_text(row["decision"], row["state"] == "ended"),
     }
+
+
+def _committed_cell(names: list[str], events_lost: bool) -> str:
+    if not events_lost:
+        return ", ".join(names) or "none"
+    return f"{', '.join(names)} (perhaps more: events lost)" if names else "not known (events lost)"
 
 
 def timeline_entry(row: dict[str, Any]) -> tuple[str, list[str]]:

@@ -276,10 +276,13 @@ def get_job(job_id: str, request: Request) -> dict[str, Any]:
         tried = conn.execute(
             select(attempts).where(attempts.c.run_id == run["run_id"]).order_by(attempts.c.attempt_number)
         ).mappings().all()
+        from trackway.reports.explain import events_lost
+
+        lost = events_lost(conn, run["run_id"])
     from trackway.experiments.expectation_verdicts import verdict_of
 
     return {**_summary({**run, "attempt_count": len(tried)}), "expectations": verdict_of(dict(run)),
-            "attempts": [_attempt(a) for a in tried]}
+            "attempts": [_attempt(a, lost.get(a["attempt_id"], [])) for a in tried]}
 
 
 @router.get("/{job_id}/logs", response_class=StreamingResponse,
@@ -322,14 +325,16 @@ def _summary(run) -> dict[str, Any]:
     }
 
 
-def _attempt(a) -> dict[str, Any]:
+def _attempt(a, events_lost: list[str]) -> dict[str, Any]:
+    """An attempt as the API shows it; `events_lost`: ranges of its events that never arrived (its resume not known)."""
     decision = json.loads(a["retry_decision"]) if a["retry_decision"] else None
     return {
         "attempt_id": a["attempt_id"], "number": a["attempt_number"], "state": a["state"],
         "termination_reason": a["termination_reason"], "exit_code": a["exit_code"], "signal": a["signal"],
         "started_at": a["started_at"], "ended_at": a["ended_at"], "resource": a["resource"], "host": a["host"],
         "gpu_ids": a["gpu_ids"], "first_step": a["first_step"], "last_step": a["last_step"],
-        "resumed_from": a["resumed_from_checkpoint"], "started_by": a["started_by"], "decision": decision,
+        "resumed_from": a["resumed_from_checkpoint"], "events_lost": events_lost, "started_by": a["started_by"],
+        "decision": decision,
     }
 
 

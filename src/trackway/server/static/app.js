@@ -360,11 +360,20 @@ async function runPage(runId, rank = 0) {
     (kind, data) => data.run_id === runId || (data.attempt_id || "").startsWith(runId + "/"));
 }
 
+function resumedText(checkpoints) {
+  // A checkpoint's name (and where it was read), else the start; not known where the attempt's events never came.
+  if (checkpoints.resumed_from) {
+    return checkpoints.resumed_from + (checkpoints.read_from ? ` (read from ${checkpoints.read_from})` : "");
+  }
+  const lost = checkpoints.events_lost || [];
+  return lost.length ? `not known: this attempt's events never arrived (${lost.join(", ")})` : "the start";
+}
+
 function attemptsTable(job) {
   return table(["attempt", "started", "ended", "reason", "ended by", "steps", "resumed from", "decision", "started by"],
     job.attempts.map((a) => [a.attempt_id, when(a.started_at), when(a.ended_at), a.termination_reason, ending(a),
       a.first_step !== null ? `${a.first_step}..${a.last_step}` : "none logged",
-      a.resumed_from || "the start", a.decision ? words(`${a.decision.action}: ${a.decision.message}`) : "-", words(a.started_by)]));
+      a.resumed_from || (a.events_lost && a.events_lost.length ? "not known (events lost)" : "the start"), a.decision ? words(`${a.decision.action}: ${a.decision.message}`) : "-", words(a.started_by)]));
 }
 
 async function configView(runId, job) {
@@ -418,7 +427,7 @@ async function explainView(runId, job) {
     out.replaceChildren(
       el("p", {}, el("b", {}, "Ended: "), `${ended.reason || "not yet"}`, ended.rule ? ` (rule ${ended.rule})` : ""),
       ended.evidence && ended.evidence.length ? el("pre", {}, ended.evidence.join("\n")) : "",
-      el("p", {}, el("b", {}, "Read from: "), facts.checkpoints.read_from || "the start"),
+      el("p", {}, el("b", {}, "Resumed from: "), resumedText(facts.checkpoints)),
       changes.length ? el("div", {}, el("b", {}, "Changed against the previous attempt"),
         el("ul", {}, changes.map(([kind, lines]) => el("li", {}, `${kind}: ${lines.join("; ")}`)))) : "",
       facts.watchers && facts.watchers.length ? el("div", {}, el("b", {}, "Watchers"), el("ul", {}, facts.watchers.map((w) => el("li", {}, w)))) : "",

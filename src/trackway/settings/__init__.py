@@ -71,7 +71,7 @@ grace_seconds = 30
 # [resources.k8s]
 # executor = "kubernetes"
 # namespace = "ml-team"
-# image = "registry.example.com/train@sha256:..."   # needs sh, tar, base64 and your Python stack
+# image = "registry.example.com/train@sha256:..."   # needs sh, tar, base64, awk and your Python stack
 # gpus_per_node = 8
 # context = "prod"            # kubeconfig context
 # pvc = "team-checkpoints"    # checkpoints on a PersistentVolumeClaim (or checkpoint_root = "s3://...")

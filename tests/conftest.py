@@ -247,6 +247,15 @@ from pg_pool import DatabasePool  # noqa: E402
 from ssh_hosts import loopback_host, netns_hosts, ssh_key  # noqa: E402,F401
 
 
+@pytest.fixture(autouse=True)
+def _ssh_sessions_end_with_their_test() -> Iterator[None]:
+    """An SSH executor's long-lived agent sessions (executors/ssh_session.py) end with the test that opened them."""
+    yield
+    sessions = sys.modules.get("trackway.executors.ssh_session")
+    if sessions is not None:
+        sessions.close_all()
+
+
 # Nothing the suite started outlives it (tests/leftovers.py).
 from leftovers import pytest_sessionfinish, pytest_testnodedown  # noqa: E402,F401
 

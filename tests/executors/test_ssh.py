@@ -1,15 +1,21 @@
-"""The SSH executor against real sshd hosts: pulling output and spool by offset, losing and regaining a host, code snapshots."""
+"""The SSH executor against real sshd hosts: pulling output and spool by offset, losing and regaining a host, code
+snapshots, polls over one long-lived agent session."""
 
 from __future__ import annotations
 
+import io
+import json
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from trackway.errors import ExecutorError, InputError
+from trackway.executors import remote_agent, ssh_session
 from trackway.executors.base import JobPhase, LaunchRequest
 from trackway.executors.code_snapshot import build_snapshot
 from trackway.executors.ssh import SshExecutor
@@ -291,3 +297,88 @@ def test_a_host_without_this_trackways_agent_is_sent_it_and_then_answers(tmp_pat
         client.close()
     assert answer == {"exists": False, "entries": {}}  # the agent's own answer: no checkpoints there yet
     assert list((root / ".trackway").glob("*/agent.py"))  # sent, where the next call finds it
+
+
+# -- the long-lived agent session (executors/ssh_session.py) --------------------------------------
+
+
+def _ssh_processes_started(monkeypatch) -> list[list[str]]:
+    """Every ssh process this test's executor starts, by argv (a login each, but for `-O exit`)."""
+    started: list[list[str]] = []
+    popen = subprocess.Popen.__init__
+
+    def counted(self, args, *rest, **kwargs):
+        if isinstance(args, (list, tuple)) and args and args[0] == "ssh":
+            started.append(list(args))
+        popen(self, args, *rest, **kwargs)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", counted)
+    return started
+
+
+def _serving_agents(host_work) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = proc.info["cmdline"] or []
+        if cmdline[-1:] == ["serve"] and any(str(host_work) in part for part in cmdline):
+            found.append(proc)
+    return found
+
+
+def test_a_running_attempts_polls_are_answered_over_one_login(tmp_path, loopback_host, monkeypatch):
+    executor, request = launch(tmp_path, resource(loopback_host), SPOOLING)
+    submission = executor.submit(request)
+    started = _ssh_processes_started(monkeypatch)
+    status = wait_for(executor, submission.handle, lambda s: s.phase.is_terminal())
+    assert status.phase is JobPhase.ENDED and status.exit_code == 0
+    events = (request.state_dir / "spool" / "events.jsonl").read_text().splitlines()
+    assert events == [f'{{"seq": {i}}}' for i in range(6)]  # the same bytes a call each brought
+    logins = [argv for argv in started if "-O" not in argv]
+    assert len(logins) == 1 and logins[0][-1].endswith("serve; else echo '{\"agent_missing\": true}'; fi")
+    ssh_session.close_all()
+    deadline = time.monotonic() + 10
+    while _serving_agents(loopback_host.work) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _serving_agents(loopback_host.work) == []  # closing the session ends the agent on the host
+
+
+def test_an_agent_killed_on_the_host_costs_one_call_and_a_new_session_not_an_answer(tmp_path, loopback_host,
+                                                                                    monkeypatch):
+    executor, request = launch(tmp_path, resource(loopback_host), "import time\nprint('up', flush=True)\n"
+                                                                  "time.sleep(30)\n")
+    submission = executor.submit(request)
+    wait_for(executor, submission.handle, lambda s: "up" in request.log_path.read_text()
+             if request.log_path.exists() else False)
+    (agent,) = _serving_agents(loopback_host.work)
+    agent.kill()
+    agent.wait(5)
+    started = _ssh_processes_started(monkeypatch)
+    for _ in range(3):
+        assert executor.poll(submission.handle).phase is JobPhase.RUNNING
+    # A new session, and before it a call of its own when the broken one was found mid-ask.
+    commands = [argv[-1] for argv in started if "-O" not in argv]
+    assert "agent.py serve;" in commands[-1] and all("agent.py poll;" in command for command in commands[:-1])
+    assert len(commands) <= 2
+    executor.cancel(submission.handle)
+    assert wait_for(executor, submission.handle, lambda s: s.phase.is_terminal()).cancelled
+
+
+def test_the_agent_serves_one_answer_a_line_and_ends_at_eof_or_when_left_idle(tmp_path):
+    (tmp_path / "step-00000005").mkdir()
+    requests = "\n".join([json.dumps({"args": ["checkpoints", str(tmp_path)]}), "not json",
+                          json.dumps({"args": ["start", str(tmp_path)]})]) + "\n"
+    read, write = os.pipe()
+    os.write(write, requests.encode())
+    os.close(write)
+    out = io.StringIO()
+    with open(read, encoding="utf-8") as stdin:
+        assert remote_agent.serve(stdin, out, idle_s=5) == 0
+    first, second, third = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert list(first["entries"]) == ["step-00000005"]
+    assert second == {"error": "not a request: JSONDecodeError"}
+    assert third == {"error": "not an action this agent serves"}  # a start reads a bundle: never over a session
+
+    read, write = os.pipe()  # a client gone without closing its end: the agent does not wait for it forever
+    with open(read, encoding="utf-8") as stdin:
+        assert remote_agent.serve(stdin, io.StringIO(), idle_s=0.2) == 0
+    os.close(write)

@@ -1,8 +1,9 @@
 """The remote agent: what the SSH executor runs on a host to start, read and cancel attempts there.
 
 Copied to `WORKDIR/.trackway/<hash>/` beside a copy of `local_shim.py` (whose functions it
-uses), and run by the host's Python over one SSH call per action; stdlib only, like the shim,
-so a host needs nothing but python3. It answers in one JSON document on stdout.
+uses), and run by the host's Python over one SSH call per action, or for a supervisor's polls once,
+as a session that answers each (`serve`); stdlib only, like the shim, so a host needs nothing but
+python3. It answers in one JSON document on stdout.
 
     agent.py start STATE_DIR     starts the shim detached (its own session: an SSH disconnect
                                  does not reach it) and waits for job.json; prints
@@ -19,6 +20,10 @@ so a host needs nothing but python3. It answers in one JSON document on stdout.
                                  {"COMMITTED", "MANIFEST.json": base64 or null, "SUPERSEDED": bool,
                                  "bytes": size of its files, without a marker}}} for every step-*
                                  directory
+    agent.py serve               the same answers over one login: each stdin line {"args": [ACTION,
+                                 ARG], "input": the poll's request}, each answer one stdout line;
+                                 ends at EOF, or after SERVE_IDLE_S without a request (`start`,
+                                 which reads a bundle, is not served)
 
 `poll` sends each attempt's append-only files (output.log, the spool's `*.jsonl`) from the
 offsets the executor already holds, so nothing is read twice; small files that are replaced
@@ -43,6 +48,8 @@ else:  # run as a script on a host: the copy of local_shim.py delivered beside t
     import local_shim  # type: ignore[no-redef]
 
 START_TIMEOUT_S = 10.0
+# A session nobody asks for this long ends itself: its supervisor went without closing it.
+SERVE_IDLE_S = 120.0
 SHIM = [sys.executable, str(Path(local_shim.__file__))]
 # Replaced whole by their writers (write-then-rename): copied whole, never by offset.
 WHOLE = ("spool/heartbeat.json", "spool/termination.json")
@@ -180,19 +187,50 @@ def _read_b64(path: Path, offset: int, length: int) -> str:
         return base64.b64encode(f.read(length)).decode("ascii")
 
 
+def answer(argv: list[str], request) -> dict | None:
+    """The answer to one action (`poll` with its request); None for an action this agent does not know."""
+    if len(argv) == 1 and argv[0] == "poll" and isinstance(request, dict):
+        return poll(request)
+    if len(argv) == 2 and argv[0] == "cancel":
+        return cancel(Path(argv[1]))
+    if len(argv) == 2 and argv[0] == "checkpoints":
+        return checkpoints(Path(argv[1]))
+    return None
+
+
+def serve(stdin, stdout, idle_s: float) -> int:
+    """Answer request lines until EOF, or until `idle_s` passed without one (a client gone without closing)."""
+    import select
+
+    while True:
+        ready, _, _ = select.select([stdin], [], [], idle_s)
+        if not ready:
+            return 0
+        line = stdin.readline()
+        if not line:
+            return 0
+        try:
+            request = json.loads(line)
+            said = answer([str(part) for part in request["args"]], request.get("input"))
+        except (ValueError, KeyError, TypeError) as exc:
+            said = {"error": f"not a request: {type(exc).__name__}"}
+        stdout.write(json.dumps(said if said is not None else {"error": "not an action this agent serves"}) + "\n")
+        stdout.flush()
+
+
+
 def main(argv: list[str]) -> int:
     if len(argv) == 2 and argv[0] == "start":
-        answer = start(Path(argv[1]))
-    elif len(argv) == 1 and argv[0] == "poll":
-        answer = poll(json.load(sys.stdin))
-    elif len(argv) == 2 and argv[0] == "cancel":
-        answer = cancel(Path(argv[1]))
-    elif len(argv) == 2 and argv[0] == "checkpoints":
-        answer = checkpoints(Path(argv[1]))
+        said = start(Path(argv[1]))
+    elif argv == ["serve"]:
+        return serve(sys.stdin, sys.stdout, SERVE_IDLE_S)
     else:
-        print("usage: agent.py start STATE_DIR | poll < REQUEST | cancel STATE_DIR | checkpoints ROOT", file=sys.stderr)
+        said = answer(argv, json.load(sys.stdin) if argv == ["poll"] else None)
+    if said is None:
+        print("usage: agent.py start STATE_DIR | poll < REQUEST | cancel STATE_DIR | checkpoints ROOT | serve",
+              file=sys.stderr)
         return 2
-    json.dump(answer, sys.stdout)
+    json.dump(said, sys.stdout)
     sys.stdout.write("\n")
     return 0
 

@@ -20,8 +20,8 @@ limit, SIGTERM then SIGKILL to the group.
       ssh-final.json   the end once known: later polls read it instead of asking the host
       output.log, spool/   copies of the host's, pulled by offset on every poll
 
-`poll_many()` asks each host once for all of its attempts (the agent's `poll`; the hosts side by
-side), and appends the new bytes of output.log and the spool's files here, so that the supervisor
+`poll_many()` asks each host once for all of its attempts (the agent's `poll`, over the host's
+long-lived session, ssh_session.py; the hosts side by side), and appends the new bytes of output.log and the spool's files here, so that the supervisor
 ingests metrics, events and notes while the attempt runs, never reading a byte twice.
 
 Losing a host is not the job's death. A host that does not answer is polled again, with the
@@ -48,6 +48,7 @@ import os
 import posixpath
 import shlex
 import tarfile
+import threading
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -68,6 +69,7 @@ from trackway.executors.base import (
     status_to_json,
 )
 from trackway.executors.local_shim import read_json, utc_now, write_json_atomic
+from trackway.executors.ssh_session import AgentSession, SessionLost
 from trackway.executors.ssh_transport import HostUnreachable, SshClient, SshTarget
 from trackway.spool import LOCAL_ONLY_FILES
 
@@ -129,6 +131,8 @@ class SshExecutor(Executor):
 
     def __init__(self, home: Path):
         self.home = Path(home)
+        self._sessions: dict[tuple, AgentSession] = {}
+        self._sessions_lock = threading.Lock()
 
     # -- submit ------------------------------------------------------------------------------
 
@@ -417,7 +421,7 @@ class SshExecutor(Executor):
         request = {"attempts": [{"dir": job.remote_dir, "offsets": _offsets(Path(h.state_dir), job)}
                                 for h, job in group], "max_bytes": PULL_BYTES}
         try:
-            answer = self._agent(first.client(), first.python, first.agent, ["poll"], json.dumps(request).encode())
+            answer = self._ask(first.client(), first.python, first.agent, ["poll"], request)
         except HostUnreachable as exc:
             return {h.job_id: self._unreachable(h, job, str(exc)) for h, job in group}
         statuses = {}
@@ -557,6 +561,18 @@ class SshExecutor(Executor):
             return answer
         return self._agent(client, python, agent, args, stdin=_bundle(_support_files(support), None),
                            setup=f"cd {shlex.quote(remote_root)} && tar -xzf -")
+
+    def _ask(self, client: SshClient, python: str, agent: str, args: list[str], request: dict) -> dict:
+        """The agent's answer, asked over the host's long-lived session (ssh_session.py), else over a call of its own."""
+        key = (tuple(client.argv("")), python, agent)
+        with self._sessions_lock:
+            session = self._sessions.get(key)
+            if session is None:
+                session = self._sessions[key] = AgentSession(client, python, agent)
+        try:
+            return session.ask(args, request)
+        except SessionLost:
+            return self._agent(client, python, agent, args, json.dumps(request).encode())
 
     def _agent(self, client: SshClient, python: str, agent: str, args: list[str], stdin: bytes | None = None,
                timeout_s: float | None = None, setup: str | None = None) -> dict:

@@ -16,7 +16,8 @@ import waiting
 
 from trackway.executors.base import Executor, JobHandle, JobPhase, JobStatus, LaunchRequest
 from trackway.executors.local import LocalExecutor
-from trackway.executors.local_shim import process_create_time, read_json, same_process
+from trackway.executors.local_shim import read_json
+from trackway.executors.process_tree import process_create_time, same_process
 
 DEADLINE_S = 30.0
 

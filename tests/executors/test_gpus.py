@@ -12,7 +12,7 @@ import pytest
 
 from trackway.errors import InputError
 from trackway.executors.local import LocalExecutor, choose_gpus
-from trackway.executors.local_shim import process_create_time
+from trackway.executors.process_tree import process_create_time
 
 from .conftest import FakeGpu, log_lines, python, wait_ended, wait_for
 

@@ -17,7 +17,8 @@ import pytest
 from trackway.errors import NotFound
 from trackway.executors.base import JobHandle, JobPhase
 from trackway.executors.local import LocalExecutor
-from trackway.executors.local_shim import group_alive, launch_times, read_json
+from trackway.executors.local_shim import read_json
+from trackway.executors.process_tree import group_alive, launch_times
 
 from .conftest import is_alive, log_lines, log_text, python, wait_ended, wait_for, wait_terminal
 
@@ -408,7 +409,7 @@ def test_a_supervisor_polling_every_tick_reads_job_json_once_per_running_job(
 
 
 def test_group_members_are_the_live_processes_of_that_group_only(tmp_path):
-    from trackway.executors.local_shim import group_members
+    from trackway.executors.process_tree import group_members
 
     # A group of three: the shell (left a zombie once it exits, since we do not reap it yet), and two sleepers.
     leader = subprocess.Popen(["sh", "-c", "sleep 60 & sleep 60 & echo started; exec true"],

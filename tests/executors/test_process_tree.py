@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from trackway.executors.base import JobPhase
-from trackway.executors.local_shim import job_survivors, read_json
+from trackway.executors.local_shim import read_json
+from trackway.executors.process_tree import job_survivors
 
 from .conftest import is_alive, log_text, python, wait_ended, wait_for, wait_terminal
 

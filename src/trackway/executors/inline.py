@@ -13,7 +13,7 @@ from pathlib import Path
 
 from trackway.errors import InputError
 from trackway.executors.base import Executor, JobHandle, JobPhase, JobStatus, LaunchRequest, Submission
-from trackway.executors.local_shim import process_create_time, same_process
+from trackway.executors.process_tree import process_create_time, same_process
 
 
 def inline_job_id(pid: int) -> str:

@@ -118,4 +118,5 @@ class SpoolFrames:
             if name == NOTE_FILE:  # a heartbeat's copy is replaced by the next; the note is sent once
                 record_lost_copy(self.spool_dir, name, size, f"the pod's copy of {name} could not be read: {why}")
         elif offset is not None and str(offset).isdigit():
-            record_lost_bytes(self.spool_dir, name, int(offset) + size, f"a frame of the pod's log could not be read: {why}")
+            record_lost_bytes(self.spool_dir, name, int(offset) + size,
+                              f"a frame of the pod's log could not be read: {why}")

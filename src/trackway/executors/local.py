@@ -36,15 +36,12 @@ from trackway.executors.local_host import HostUnavailable, open_ended_signal, re
 from trackway.executors.local_shim import (
     LeaseFiles,
     StartFailed,
-    name_processes,
-    process_create_time,
     read_json,
-    same_process,
     settle_orphans,
-    signal_group,
     stop_job,
     write_json_atomic,
 )
+from trackway.executors.process_tree import name_processes, process_create_time, same_process, signal_group
 from trackway.receipts.placement import GpuInfo
 from trackway.receipts.placement import gpu_inventory as host_gpu_inventory
 

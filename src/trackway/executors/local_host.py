@@ -75,10 +75,10 @@ import _signal
 from pathlib import Path
 
 from trackway.executors import local_shim
-from trackway.executors.local_shim import (
-    INTERRUPTED_LAUNCH_REASON,
+from trackway.executors.local_shim import INTERRUPTED_LAUNCH_REASON, Shim, read_json
+from trackway.executors.process_tree import (
+    _GONE,
     TREE_ENV,
-    Shim,
     _children,
     _read_stat,
     descendants,
@@ -86,7 +86,6 @@ from trackway.executors.local_shim import (
     live_members,
     process_create_time,
     process_groups,
-    read_json,
 )
 
 # Short: a submit after a quiet spell pays one host start (~0.3 s, what every submit paid for its own
@@ -621,7 +620,7 @@ class HostedShim(Shim):
         if self.abandoned:
             return True  # a killed keeper ends supervision: nothing is stopped or written for it after that
         fields = _read_stat(pid)
-        return fields is None or fields[0] in local_shim._GONE
+        return fields is None or fields[0] in _GONE
 
     def _idle(self, timeout: float, wake_r: int, child_pid: int) -> None:
         if self.host.stopping and self.stop_signal is None:
@@ -681,7 +680,7 @@ class _Leader:
 class GroupScans:
     """The machine's process groups, read from /proc once for the attempts of this host that end together.
 
-    Each attempt's end looks for what is left of its command's process group (local_shim.group_members),
+    Each attempt's end looks for what is left of its command's process group (process_tree.group_members),
     and that reads every process of the machine: a few milliseconds with a thousand attempts running,
     under the host's one interpreter lock. A thousand attempts ending at once made that a thousand scans,
     and each end's exit.json waited behind the others' for up to 8 s. One scan serves every end that

@@ -31,7 +31,7 @@ only once none of them is left, each one that had to be stopped named in the evi
                                   (the command exits before that: what is left gets SIGKILL at once)
 
 Once the shim is gone (killed itself), its job's processes are found by group, session, or the
-mark TRACKWAY_JOB_TREE=<job.json's tree_token> in their environment (`job_survivors`), which
+mark TRACKWAY_JOB_TREE=<job.json's tree_token> in their environment (`process_tree.job_survivors`), which
 every descendant inherits unless it clears its environment.
 
 A shim SIGTERM is how `cancel()` works (it writes `cancel.json` first) and how a host shutdown
@@ -39,7 +39,7 @@ arrives. A shim SIGUSR1 (a preemption or time-limit notice, e.g. Slurm's `--sign
 sent on to the job's processes that handle it (to the group when none does: torchrun does not,
 and would die of it) and noted, with its time, in `exit.json`'s `notices`; it stops nothing.
 `--kill-tree STATE_DIR` is a second mode, for a job whose shim is gone: SIGTERM, then SIGKILL
-after the grace, to every process of the job still running (see `job_survivors`), and what it
+after the grace, to every process of the job still running (see `process_tree.job_survivors`), and what it
 killed in `stopped.json`.
 
 `--foreground STATE_DIR` runs the shim without forking, as the batch step of a Slurm job (the
@@ -50,7 +50,9 @@ that the scheduler's record agrees with exit.json. A SIGTERM is not sent on ther
 every process of the job itself (scancel, time limit, preemption), while `--signal=B:USR1` reaches
 only the batch step, the shim, which sends it on.
 
-Stdlib only, on purpose: this starts for every attempt and submit() waits for it.
+Stdlib only, on purpose: this starts for every attempt and submit() waits for it. Reading and
+signalling the attempt's processes is process_tree.py's; where trackway is not installed (an SSH
+host, a Slurm job) it and node_sampler.py are delivered beside this file and imported from there.
 """
 
 from __future__ import annotations
@@ -68,10 +70,13 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 
+try:  # installed; else the copy delivered beside this file, as node_sampler below
+    from trackway.executors import process_tree
+except ImportError:
+    import process_tree  # type: ignore[no-redef]
 try:  # installed; else the copy delivered beside this file (a Slurm job's state directory, an SSH host)
     from trackway.executors.node_sampler import NodeSamples
 except ImportError:
@@ -88,19 +93,11 @@ EXIT_RESERVE_BYTES = 16 << 10
 # What a batch job's shim keeps from its environment in job.json: where the scheduler placed it.
 BATCH_ENV = ("SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_JOB_PARTITION", "SLURM_JOB_QOS", "SLURM_JOB_ACCOUNT",
              "SLURM_JOB_GPUS", "SLURM_GPUS_ON_NODE", "CUDA_VISIBLE_DEVICES", "SLURM_RESTART_COUNT")
-# Set in the command's environment, unique per attempt: what finds its processes once the shim is
-# gone, even those that left its session (torchrun starts every rank with start_new_session=True).
-TREE_ENV = "TRACKWAY_JOB_TREE"
-PR_SET_CHILD_SUBREAPER = 36
 # exit.json's "reason" for a command the shim stopped because its launch was interrupted (its submitter
 # died before hearing that it started): TerminationReason.INFRA_TRANSIENT, spelled out (stdlib only).
 INTERRUPTED_LAUNCH_REASON = "infra_transient"
-# How long processes sent SIGKILL may take to go (a process in uninterruptible sleep holds on).
-KILL_WAIT_S = 10.0
-NAMED_MAX = 16  # processes named in one evidence line; the rest are counted
 # Output with no newline (a progress bar redrawn with \r) is cut into log lines of at most this many bytes.
 _MAX_LINE = 1 << 16
-_boot_time: float | None = None
 
 
 def utc_now() -> datetime:
@@ -176,369 +173,6 @@ def read_json(path: Path) -> dict | None:
             return json.load(f)
     except FileNotFoundError:
         return None
-
-
-def _linux_boot_time() -> float:
-    global _boot_time
-    if _boot_time is None:
-        with open("/proc/stat", "rb") as f:
-            for line in f:
-                if line.startswith(b"btime"):
-                    _boot_time = float(line.split()[1])
-                    break
-            else:
-                raise OSError("no btime in /proc/stat")
-    return _boot_time
-
-
-def process_create_time(pid: int) -> float | None:
-    """When `pid` started, in seconds since the epoch, or None if it does not exist or is a zombie.
-
-    Computed as psutil does on Linux, read straight from /proc: psutil costs the shim ~25 ms to import.
-    """
-    if pid <= 0:
-        return None
-    try:
-        # os.open and one read, not a file object: a supervisor asks this of every running attempt each tick.
-        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            stat = os.read(fd, 4096)
-        finally:
-            os.close(fd)
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    except OSError:
-        return _psutil_create_time(pid)
-    return _create_time(_stat_fields(stat))
-
-
-def _create_time(fields: list[bytes]) -> float | None:
-    if fields[0] in _GONE:
-        return None
-    return _linux_boot_time() + int(fields[19]) / os.sysconf("SC_CLK_TCK")
-
-
-_GONE = (b"Z", b"X")  # a zombie, or dead: still listed in /proc, no longer running
-
-
-def launch_times(pid: int) -> tuple[float | None, datetime]:
-    """A command just launched: its `process_create_time` (which names the process) and when it started, in UTC.
-
-    What launched a command learns its pid only once the command runs, later still on a loaded host: the
-    time taken then would cut the start of every attempt short. The start is now less the process's age, to
-    Linux's 10 ms tick (now where /proc does not say), not the create time: that adds ticks to /proc/stat's
-    boot time, which is whole seconds. Both come from one read of /proc/PID/stat.
-    """
-    now = utc_now()
-    fields = _read_stat(pid)
-    if fields is None:
-        return process_create_time(pid), now  # gone, or /proc unreadable: psutil's create time, if it has one
-    try:
-        with open("/proc/uptime", "rb") as f:
-            uptime = float(f.read().split()[0])
-        age = uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return _create_time(fields), now
-    return _create_time(fields), now - timedelta(seconds=min(max(age, 0.0), uptime))
-
-
-def _stat_fields(stat: bytes) -> list[bytes]:
-    """/proc/PID/stat's fields after the command's name (which may hold spaces and ")"): the state first."""
-    return stat[stat.rindex(b")") + 2 :].split()
-
-
-def _psutil_create_time(pid: int) -> float | None:
-    import psutil
-
-    try:
-        proc = psutil.Process(pid)
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return None
-        return proc.create_time()
-    except (psutil.NoSuchProcess, psutil.ZombieProcess):
-        return None
-
-
-def same_process(pid: int | None, create_time: float | None) -> bool:
-    """Whether `pid` is alive and is still the process that started at `create_time` (not a reused pid)."""
-    if pid is None or create_time is None:
-        return False
-    now = process_create_time(pid)
-    # btime in /proc/stat is whole seconds and follows clock adjustments, so allow a second of slack.
-    return now is not None and abs(now - create_time) < 1.0
-
-
-def group_alive(pgid: int | None) -> bool:
-    if not pgid:
-        return False
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def signal_group(pgid: int, signum: int) -> bool:
-    """Send `signum` to process group `pgid`; False when the group no longer exists."""
-    try:
-        os.killpg(pgid, signum)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-GROUP_NOT_SAID = -1  # process_groups' key for the processes getpgid() would not tell the group of
-
-
-def group_members(pgid: int) -> list[int]:
-    """Live pids in process group `pgid` (Linux /proc; empty where there is none).
-
-    Every shim asks this as its command ends, and a machine running hundreds of attempts has
-    thousands of processes: each is asked with one getpgid() call (~1 µs), and only the group's
-    own are read from /proc to leave out zombies. Reading every process's /proc stat (~20 µs
-    each) made a burst of 80 ends cost the machine seconds of CPU.
-    """
-    return live_members(process_groups(), pgid)
-
-
-def process_groups() -> dict[int, list[int]]:
-    """Every process's pid by its process group, as getpgid() says (zombies included: see `live_members`); those
-    whose group getpgid() would not say under GROUP_NOT_SAID."""
-    groups: dict[int, list[int]] = {}
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return groups
-    for name in names:
-        if not name.isdigit():
-            continue
-        pid = int(name)
-        try:
-            pgid = os.getpgid(pid)
-        except PermissionError:
-            pgid = GROUP_NOT_SAID  # a security module may refuse to say: /proc does, in live_members
-        except OSError:  # gone meanwhile
-            continue
-        groups.setdefault(pgid, []).append(pid)
-    return groups
-
-
-def live_members(groups: dict[int, list[int]], pgid: int) -> list[int]:
-    """The pids `process_groups` found in process group `pgid` (or whose group it was not told) that are alive
-    (not zombies) and in that group, as /proc says now."""
-    members = []
-    for pid in groups.get(pgid, []) + groups.get(GROUP_NOT_SAID, []):
-        fields = _read_stat(pid)
-        if fields is not None and fields[0] not in _GONE and int(fields[2]) == pgid:
-            members.append(pid)
-    return members
-
-
-def become_subreaper() -> bool:
-    """Make this process the reaper of its orphaned descendants (Linux prctl), so they stay below it.
-
-    A process that leaves the job's session still has the shim above it, whatever its own parent
-    does; False where the kernel does not offer it (then only the group and the scan find them).
-    """
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
-
-
-def _read_stat(pid: int) -> list[bytes] | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return _stat_fields(f.read())
-    except OSError:
-        return None
-
-
-def _children(pid: int) -> list[int]:
-    """Direct children of `pid` from /proc/PID/task/TID/children (each thread lists those it forked or adopted)."""
-    kids: list[int] = []
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return kids
-    for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
-                kids.extend(int(kid) for kid in f.read().split())
-        except OSError:
-            continue
-    return kids
-
-
-def _children_by_scan() -> dict[int, list[int]]:
-    """Every process's children, from each one's parent in /proc (kernels without the children files)."""
-    table: dict[int, list[int]] = {}
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return table
-    for name in names:
-        if name.isdigit() and (fields := _read_stat(int(name))) is not None:
-            table.setdefault(int(fields[1]), []).append(int(name))
-    return table
-
-
-def descendants(root: int) -> list[int]:
-    """The live processes below `root` (zombies left out), parents before their children."""
-    if os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children"):
-        children_of = _children
-    else:
-        table = _children_by_scan()
-        children_of = lambda pid: table.get(pid, [])  # noqa: E731
-    found, queue, seen = [], [root], {root}
-    while queue:
-        for kid in children_of(queue.pop(0)):
-            if kid not in seen:
-                seen.add(kid)
-                queue.append(kid)
-                found.append(kid)
-    return [pid for pid in found if (fields := _read_stat(pid)) is not None and fields[0] not in _GONE]
-
-
-def process_name(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as f:
-            return f.read().strip() or "name not known"
-    except OSError:
-        return "name not known"
-
-
-def name_processes(named: list[tuple[int, str]]) -> str:
-    """`pid 4101 (python3), pid 4102 (python3)`: at most NAMED_MAX of them, the rest counted."""
-    text = ", ".join(f"pid {pid} ({name})" for pid, name in named[:NAMED_MAX])
-    return text + (f" and {len(named) - NAMED_MAX} more" if len(named) > NAMED_MAX else "")
-
-
-def processes(count: int) -> str:
-    return f"{count} process{'es' if count != 1 else ''}"
-
-
-def handles(pid: int, signum: int) -> bool:
-    """Whether `pid` has a handler for `signum` (its SigCgt mask in /proc/PID/status)."""
-    try:
-        with open(f"/proc/{pid}/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"SigCgt:"):
-                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
-    except (OSError, ValueError, IndexError):
-        pass
-    return False
-
-
-def signal_each(pids: list[int], signum: int) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, signum)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
-def job_survivors(job: dict) -> list[int]:
-    """Live processes of a job whose shim is gone: in its group or session, or with its mark in their environment.
-
-    Read from every process in /proc (the environment only of those this user may read): for
-    the rare case of a dead shim, never on a running attempt's path.
-    """
-    pgid = job.get("pgid")
-    token = job.get("tree_token")
-    mark = f"{TREE_ENV}={token}".encode() if token else None
-    started = job.get("child_create_time") or 0.0
-    found = []
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return found
-    me = os.getpid()
-    for name in names:
-        if not name.isdigit() or int(name) == me:
-            continue
-        fields = _read_stat(int(name))
-        if fields is None or fields[0] in _GONE:
-            continue
-        # Started with or after the command: a pid reused as a group or session id later is not the job's.
-        if pgid and pgid in (int(fields[2]), int(fields[3])):
-            created = process_create_time(int(name))
-            if created is not None and created >= started - 1.0:
-                found.append(int(name))
-                continue
-        if mark is not None and _environ_has(int(name), mark):
-            found.append(int(name))
-    return found
-
-
-def _environ_has(pid: int, mark: bytes) -> bool:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            return mark in f.read().split(b"\0")
-    except OSError:
-        return False
-
-
-class Ending:
-    """What stopping a job's leftover processes did, as (pid, name) pairs: sent SIGTERM, needed SIGKILL, outlived it."""
-
-    def __init__(self) -> None:
-        self.termed: list[tuple[int, str]] = []
-        self.killed: list[tuple[int, str]] = []
-        self.stuck: list[tuple[int, str]] = []
-
-
-def end_processes(find: Callable[[], list[int]], grace_s: float, termed: bool,
-                  wait: Callable[[float], None] = time.sleep) -> Ending:
-    """Stop every process `find()` returns: SIGTERM (unless `termed`: it was sent already), the grace, SIGKILL.
-
-    `find()` is asked again while waiting, so a process forked meanwhile is stopped too; returns
-    once none is left, or KILL_WAIT_S after the SIGKILL with the ones still there in `stuck`.
-    """
-    ending = Ending()
-    names: dict[int, str] = {}
-
-    def left() -> list[int]:
-        pids = find()
-        for pid in pids:
-            names.setdefault(pid, process_name(pid))
-        return pids
-
-    pids = left()
-    if pids and not termed:
-        signal_each(pids, signal.SIGTERM)
-        signal_each(pids, signal.SIGCONT)  # a stopped process would sit on the SIGTERM
-        ending.termed = [(pid, names[pid]) for pid in pids]
-        deadline = time.monotonic() + grace_s
-        while pids and time.monotonic() < deadline:
-            wait(0.05)
-            pids = left()
-    deadline = time.monotonic() + KILL_WAIT_S
-    killed: set[int] = set()
-    while pids:
-        signal_each(pids, signal.SIGKILL)
-        ending.killed += [(pid, names[pid]) for pid in pids if pid not in killed]
-        killed.update(pids)
-        if time.monotonic() >= deadline:
-            ending.stuck = [(pid, names[pid]) for pid in pids]
-            break
-        wait(0.05)
-        pids = left()
-    return ending
-
-
-def signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
 
 
 class LeaseFiles:
@@ -678,7 +312,7 @@ class Shim:
         # The process that stands for the attempt (job.json's shim_pid, the GPU leases' holder): this
         # one here; a keeper process for an attempt the host shim runs (see local_host).
         self.owner_pid = os.getpid()
-        self.create_time = process_create_time(os.getpid())
+        self.create_time = process_tree.process_create_time(os.getpid())
         self.reserved = False
         self.log: _Log | None = None
         self.tree_token = os.urandom(8).hex()
@@ -694,13 +328,13 @@ class Shim:
         signal.signal(signal.SIGCHLD, lambda signum, frame: None)
         # Before the command starts: a rank that leaves the job's session (torchrun starts each in
         # its own) stays below the shim when its launcher dies, so the shim can end it too.
-        become_subreaper()
+        process_tree.become_subreaper()
         log = self._take_over_attempt()
         # A complete environment is the run's own, as submitted: the shim's (whichever process
         # launched this attempt) must not leak in, or a retry would train with other settings.
         env = {} if self.launch.get("env_is_complete") else dict(os.environ)
         env.update(self.launch.get("env", {}))
-        env[TREE_ENV] = self.tree_token
+        env[process_tree.TREE_ENV] = self.tree_token
         try:
             child = subprocess.Popen(
                 self.launch["command"],
@@ -714,7 +348,7 @@ class Shim:
         except (OSError, ValueError, subprocess.SubprocessError) as exc:
             return self._cannot_start(log, exc)
 
-        create_time, started_at = launch_times(child.pid)
+        create_time, started_at = process_tree.launch_times(child.pid)
         started = time.monotonic()
         self.child_pid = child.pid
         self._write_job(child.pid, create_time, started_at)
@@ -767,7 +401,7 @@ class Shim:
             self.stop_signal = signum
 
     def _on_notice(self, signum, frame) -> None:
-        self.notices.append({"signal": signal_name(signum), "at": utc_now().isoformat()})
+        self.notices.append({"signal": process_tree.signal_name(signum), "at": utc_now().isoformat()})
         self._unforwarded.append(signum)
 
     def _forward_notices(self, pgid: int, log: _Log) -> None:
@@ -778,15 +412,15 @@ class Shim:
         """
         while self._unforwarded:
             signum = self._unforwarded.pop(0)
-            handlers = [pid for pid in self._job_processes(pgid) if handles(pid, signum)]
+            handlers = [pid for pid in self._job_processes(pgid) if process_tree.handles(pid, signum)]
             if handlers:
-                signal_each(handlers, signum)
-                named = name_processes([(pid, process_name(pid)) for pid in handlers])
-                to = f"{processes(len(handlers))} of the job with a handler for it ({named})"
+                process_tree.signal_each(handlers, signum)
+                named = process_tree.name_processes([(pid, process_tree.process_name(pid)) for pid in handlers])
+                to = f"{process_tree.processes(len(handlers))} of the job with a handler for it ({named})"
             else:
-                signal_group(pgid, signum)
+                process_tree.signal_group(pgid, signum)
                 to = f"process group {pgid}"
-            note = f"executor shim received {signal_name(signum)} (a notice): sent it on to {to}"
+            note = f"executor shim received {process_tree.signal_name(signum)} (a notice): sent it on to {to}"
             self.evidence.append(note)
             log.note(note)
 
@@ -804,7 +438,7 @@ class Shim:
                 if (self.state_dir / "cancel.json").exists():
                     why = "cancel requested"
                 else:
-                    why = f"executor shim received {signal_name(self.stop_signal)}"
+                    why = f"executor shim received {process_tree.signal_name(self.stop_signal)}"
                 if self.foreground and self.stop_signal == signal.SIGTERM:
                     self._await_scheduler_kill(why, log)
                 else:
@@ -815,11 +449,11 @@ class Shim:
             if self.term_at is not None and not self.kill_sent and now >= self.term_at + self.grace_s:
                 self.kill_sent = True
                 left = self._job_processes(pgid)
-                named = [(pid, process_name(pid)) for pid in left]
-                signal_group(pgid, signal.SIGKILL)
-                signal_each(left, signal.SIGKILL)
+                named = [(pid, process_tree.process_name(pid)) for pid in left]
+                process_tree.signal_group(pgid, signal.SIGKILL)
+                process_tree.signal_each(left, signal.SIGKILL)
                 note = (f"process group {pgid} still running {format_seconds(self.grace_s)} s after SIGTERM"
-                        f" ({name_processes(named)}): sent SIGKILL")
+                        f" ({process_tree.name_processes(named)}): sent SIGKILL")
                 self.evidence.append(note)
                 log.note(note)
             wake_at = [now + 5.0]
@@ -860,23 +494,23 @@ class Shim:
         # Processes that left the group (torchrun's ranks, each in its own session) get it too, as
         # Slurm sends it to every process of a job.
         outside = [pid for pid in self._job_processes(pgid) if _pgid_of(pid) != pgid]
-        signal_group(pgid, signal.SIGTERM)
-        signal_each(outside, signal.SIGTERM)
+        process_tree.signal_group(pgid, signal.SIGTERM)
+        process_tree.signal_each(outside, signal.SIGTERM)
         # A stopped process would sit on the SIGTERM until the grace ran out.
-        signal_group(pgid, signal.SIGCONT)
-        signal_each(outside, signal.SIGCONT)
+        process_tree.signal_group(pgid, signal.SIGCONT)
+        process_tree.signal_each(outside, signal.SIGCONT)
         to = f"process group {pgid}"
         if outside:
-            named = name_processes([(pid, process_name(pid)) for pid in outside])
-            to += f" and to {processes(len(outside))} outside it ({named})"
+            named = process_tree.name_processes([(pid, process_tree.process_name(pid)) for pid in outside])
+            to += f" and to {process_tree.processes(len(outside))} outside it ({named})"
         note = f"{why}: sent SIGTERM to {to}, SIGKILL after {format_seconds(self.grace_s)} s grace"
         self.evidence.append(note)
         log.note(note)
 
     def _job_processes(self, pgid: int) -> list[int]:
         """The command's live processes: all below the shim (a subreaper keeps orphans there) and its group."""
-        found = descendants(os.getpid())
-        return found + [pid for pid in group_members(pgid) if pid not in found]
+        found = process_tree.descendants(os.getpid())
+        return found + [pid for pid in process_tree.group_members(pgid) if pid not in found]
 
     def _end_tree(self, pgid: int, log: _Log) -> None:
         """The command exited: every process left of it is gone before its end is written down.
@@ -894,25 +528,28 @@ class Shim:
             return pids
 
         termed = self.term_at is not None
-        ending = end_processes(left, self.grace_s, termed, self._wait)
-        signal_group(pgid, signal.SIGKILL)
+        ending = process_tree.end_processes(left, self.grace_s, termed, self._wait)
+        process_tree.signal_group(pgid, signal.SIGKILL)
         grace = format_seconds(self.grace_s)
         notes = []
         if ending.termed:
-            notes.append(f"the command exited with {processes(len(ending.termed))} of it still running"
-                         f" ({name_processes(ending.termed)}): sent SIGTERM, SIGKILL after {grace} s grace")
+            notes.append(f"the command exited with {process_tree.processes(len(ending.termed))} of it still running"
+                         f" ({process_tree.name_processes(ending.termed)}): sent SIGTERM,"
+                         f" SIGKILL after {grace} s grace")
         if ending.killed and termed:
             killed_outside = [pid for pid, _ in ending.killed if pid in outside]
             where = f"in process group {pgid}"
             if killed_outside:
                 where = (f"outside process group {pgid}" if len(killed_outside) == len(ending.killed)
                          else f"in process group {pgid} and outside it")
-            notes.append(f"killed {processes(len(ending.killed))} left {where} after the command exited:"
-                         f" {name_processes(ending.killed)}")
+            notes.append(f"killed {process_tree.processes(len(ending.killed))} left {where} after the command exited:"
+                         f" {process_tree.name_processes(ending.killed)}")
         elif ending.killed:
-            notes.append(f"{name_processes(ending.killed)} still running {grace} s after SIGTERM: sent SIGKILL")
+            notes.append(f"{process_tree.name_processes(ending.killed)} still running {grace} s after SIGTERM:"
+                         " sent SIGKILL")
         if ending.stuck:
-            notes.append(f"{name_processes(ending.stuck)} still there {format_seconds(KILL_WAIT_S)} s after SIGKILL")
+            notes.append(f"{process_tree.name_processes(ending.stuck)} still there"
+                         f" {format_seconds(process_tree.KILL_WAIT_S)} s after SIGKILL")
         for note in notes:
             self.evidence.append(note)
             log.note(note)
@@ -930,7 +567,7 @@ class Shim:
                         return
                 except ChildProcessError:
                     return
-        for pid in _children(os.getpid()):
+        for pid in process_tree._children(os.getpid()):
             if pid != keep:
                 try:
                     os.waitpid(pid, os.WNOHANG)
@@ -1053,7 +690,7 @@ def start_detached(argv: list[str], state_dir: Path, timeout_s: float) -> dict:
     launcher.wait()
     late = read_json(state_dir / "job.json")
     if late is not None and late.get("pgid"):
-        signal_group(late["pgid"], signal.SIGKILL)
+        process_tree.signal_group(late["pgid"], signal.SIGKILL)
     raise StartFailed(f"did not start the command within {timeout_s:g} s: "
                       f"{first_line(err_path) or 'shim.err is empty'}")
 
@@ -1069,7 +706,7 @@ def stop_job(state_dir: Path, job: dict, shim: list[str]) -> str | None:
         return None
     if not (state_dir / "cancel.json").exists():
         write_json_atomic(state_dir / "cancel.json", {"requested_at": utc_now().isoformat()})
-    if same_process(job["shim_pid"], job["create_time"]):
+    if process_tree.same_process(job["shim_pid"], job["create_time"]):
         try:
             os.kill(job["shim_pid"], signal.SIGTERM)
             return "shim"
@@ -1077,7 +714,7 @@ def stop_job(state_dir: Path, job: dict, shim: list[str]) -> str | None:
             pass
     if _stopper_at_work(state_dir):
         return "group"
-    if job_survivors(job):
+    if process_tree.job_survivors(job):
         start_stopper(state_dir, shim)
         return "group"
     return None
@@ -1096,13 +733,13 @@ def settle_orphans(state_dir: Path, job: dict, shim: list[str]) -> tuple[list[tu
     the evidence is None: the job has not ended. Then the helper's lines naming what it killed.
     """
     at_work = _stopper_at_work(state_dir)
-    survivors = job_survivors(job)
+    survivors = process_tree.job_survivors(job)
     stopped = read_json(state_dir / STOPPED)
     if survivors and not at_work and stopped is None:
         start_stopper(state_dir, shim)
         at_work = True
     if at_work or (survivors and stopped is None):
-        return [(pid, process_name(pid)) for pid in survivors], None
+        return [(pid, process_tree.process_name(pid)) for pid in survivors], None
     return [], list((stopped or {}).get("evidence", []))
 
 
@@ -1150,17 +787,19 @@ def kill_tree(state_dir: Path) -> int:
         return 0
     if (state_dir / STOPPED).exists():
         return 0  # a helper before this one did it all
-    ending = end_processes(lambda: job_survivors(job), grace_s, termed=False)
+    ending = process_tree.end_processes(lambda: process_tree.job_survivors(job), grace_s, termed=False)
     gone = f"executor shim pid {job['shim_pid']} gone"
     evidence = []
     if ending.termed:
-        evidence.append(f"{gone}: sent SIGTERM to {processes(len(ending.termed))} of the job still running"
-                        f" ({name_processes(ending.termed)}), SIGKILL after {format_seconds(grace_s)} s grace")
+        evidence.append(f"{gone}: sent SIGTERM to {process_tree.processes(len(ending.termed))} of the job still running"
+                        f" ({process_tree.name_processes(ending.termed)}),"
+                        f" SIGKILL after {format_seconds(grace_s)} s grace")
     if ending.killed:
-        evidence.append(f"{name_processes(ending.killed)} still running {format_seconds(grace_s)} s after SIGTERM:"
-                        " sent SIGKILL")
+        evidence.append(f"{process_tree.name_processes(ending.killed)} still running {format_seconds(grace_s)} s"
+                        " after SIGTERM: sent SIGKILL")
     if ending.stuck:
-        evidence.append(f"{name_processes(ending.stuck)} still there {format_seconds(KILL_WAIT_S)} s after SIGKILL")
+        evidence.append(f"{process_tree.name_processes(ending.stuck)} still there"
+                        f" {format_seconds(process_tree.KILL_WAIT_S)} s after SIGKILL")
     write_json_atomic(state_dir / STOPPED, {"ended_at": utc_now().isoformat(), "evidence": evidence})
     os.close(fd)
     return 0

@@ -1,9 +1,9 @@
 """The remote agent: what the SSH executor runs on a host to start, read and cancel attempts there.
 
-Copied to `WORKDIR/.trackway/<hash>/` beside a copy of `local_shim.py` (whose functions it
-uses), and run by the host's Python over one SSH call per action, or for a supervisor's polls once,
-as a session that answers each (`serve`); stdlib only, like the shim, so a host needs nothing but
-python3. It answers in one JSON document on stdout.
+Copied to `WORKDIR/.trackway/<hash>/` beside copies of `local_shim.py` and `process_tree.py`
+(whose functions it uses), and run by the host's Python over one SSH call per action, or for a
+supervisor's polls once, as a session that answers each (`serve`); stdlib only, like the shim, so
+a host needs nothing but python3. It answers in one JSON document on stdout.
 
     agent.py start STATE_DIR     starts the shim detached (its own session: an SSH disconnect
                                  does not reach it) and waits for job.json; prints
@@ -40,12 +40,13 @@ import sys
 from pathlib import Path
 
 if __package__:  # imported as trackway.executors.remote_agent (the SSH executor reads its names)
-    from trackway.executors import local_shim
+    from trackway.executors import local_shim, process_tree
 else:  # run as a script on a host: the copy of local_shim.py delivered beside this file
     # Only then on sys.path: a package's directory there would shadow top-level modules for the
     # whole process (its kubernetes.py would be `import kubernetes` for the Kubernetes executor).
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import local_shim  # type: ignore[no-redef]
+    import process_tree  # type: ignore[no-redef]
 
 START_TIMEOUT_S = 10.0
 # A session nobody asks for this long ends itself: its supervisor went without closing it.
@@ -85,8 +86,8 @@ def poll(request: dict) -> dict:
             "job": job,
             "exit": _read_json(state_dir / "exit.json"),
             "cancel_requested": (state_dir / "cancel.json").exists(),
-            "shim_alive": bool(job) and local_shim.same_process(job.get("shim_pid"), job.get("create_time")),
-            "child_alive": bool(job) and local_shim.same_process(job.get("child_pid"), job.get("child_create_time")),
+            "shim_alive": bool(job) and process_tree.same_process(job.get("shim_pid"), job.get("create_time")),
+            "child_alive": bool(job) and process_tree.same_process(job.get("child_pid"), job.get("child_create_time")),
             "files": {},
         }
         if job and answer["exit"] is None and not answer["shim_alive"] and not answer["child_alive"]:

@@ -10,7 +10,8 @@ Slurm's SIGTERM to the training process; the SDK treats both as a preemption not
 
     STATE_DIR/
       slurm.sbatch     the rendered script (0600: it holds the run's environment)
-      shim.py          a copy of local_shim.py (stdlib only): compute nodes need no trackway install
+      shim.py          a copy of local_shim.py (stdlib only): compute nodes need no trackway install;
+                       process_tree.py and node_sampler.py beside it, which it imports
       launch.json      what the shim runs (command, cwd, log path, grace)
       slurm-job.json   the Slurm job id, written the moment sbatch returned it
       slurm.out        the batch step's own output: the setup prologue, the shim's errors and
@@ -65,7 +66,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from trackway.errors import ExecutorError, NotFound
-from trackway.executors import local_shim, node_sampler
+from trackway.executors import local_shim, node_sampler, process_tree
 from trackway.executors.base import (
     Executor,
     JobHandle,
@@ -189,7 +190,8 @@ class SlurmExecutor(Executor):
                 raise ExecutorError(f"attempt {request.attempt_id}: {state_dir} already holds a submitted job")
         write_json_atomic(state_dir / "launch.json", launch_record(request, self.name))
         shutil.copyfile(local_shim.__file__, state_dir / SHIM)
-        shutil.copyfile(node_sampler.__file__, state_dir / "node_sampler.py")  # the shim imports it from beside itself
+        for module in (process_tree, node_sampler):  # the shim imports them from beside itself
+            shutil.copyfile(module.__file__, state_dir / Path(module.__file__).name)
         script = state_dir / SCRIPT
         fd = os.open(script, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as f:

@@ -8,7 +8,8 @@ the local executor's: exit status and signal in exit.json, a timestamped output.
 limit, SIGTERM then SIGKILL to the group.
 
     on the host, under the resource's workdir W:
-      .trackway/<hash>/agent.py, local_shim.py   stdlib only (python3 is all a host needs)
+      .trackway/<hash>/agent.py, local_shim.py   stdlib only (python3 is all a host needs), with the
+                                                 process_tree.py and node_sampler.py the shim imports
       code/<key>/                                the run's recorded commit + diff (code_snapshot.py)
       attempts/<attempt>/                        launch.json, job.json, exit.json, output.log, spool/
       runs/<run>/checkpoints/                    the run's local checkpoints: a cache, when the run's
@@ -57,7 +58,7 @@ from datetime import datetime
 from pathlib import Path
 
 from trackway.errors import ExecutorError, NotFound
-from trackway.executors import local_shim, node_sampler, remote_agent, ssh_gang
+from trackway.executors import local_shim, node_sampler, process_tree, remote_agent, ssh_gang
 from trackway.executors.base import (
     Executor,
     JobHandle,
@@ -86,7 +87,7 @@ LOCAL_ONLY_ENV = ("TRACKWAY_HOME", "TRACKWAY_DB", "TRACKWAY_RESUME_PATH")
 
 def _support_hash() -> str:
     digest = hashlib.sha256()
-    for module in (remote_agent, local_shim, node_sampler):
+    for module in (remote_agent, local_shim, process_tree, node_sampler):
         digest.update(Path(module.__file__).read_bytes())
     return digest.hexdigest()[:16]
 
@@ -631,8 +632,8 @@ class _locked:  # noqa: N801 - a context manager
 def _support_files(support: str) -> dict[str, bytes]:
     """The agent and the shim it runs, as a host keeps them (relative to the workdir)."""
     return {f".trackway/{support}/{name}": Path(module.__file__).read_bytes()
-            for name, module in (("local_shim.py", local_shim), ("node_sampler.py", node_sampler),
-                                 ("agent.py", remote_agent))}
+            for name, module in (("local_shim.py", local_shim), ("process_tree.py", process_tree),
+                                 ("node_sampler.py", node_sampler), ("agent.py", remote_agent))}
 
 
 def _bundle(files: dict[str, bytes], code) -> bytes:

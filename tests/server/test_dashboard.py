@@ -230,11 +230,12 @@ def test_a_run_with_two_ranks_offers_a_rank_selector_that_draws_that_ranks_value
 HOLD_RUNS_LIST = """() => {
   window.heldJobs = [];
   window.jobsAsked = 0;
+  window.jobsAnswered = 0;
   const real = window.fetch;
   window.fetch = (url, options) => {
     if (!String(url).startsWith("/api/jobs?")) return real(url, options);
     window.jobsAsked += 1;
-    if (!window.holding) return real(url, options);
+    if (!window.holding) return real(url, options).then((answer) => { window.jobsAnswered += 1; return answer; });
     return new Promise((resolve) => { window.heldJobs.push(() => resolve(real(url, options))); });
   };
 }"""
@@ -267,7 +268,8 @@ def test_a_refresh_the_reader_left_behind_neither_replaces_the_page_they_went_to
         # A busy runs list: every burst of events refreshes it once, however many bursts came before.
         for burst in range(1, 5):
             page.evaluate(EVENT)
-            page.wait_for_function(f"window.jobsAsked === {burst}")
+            # The server's answer came (on a loaded machine it may take a while) and the page is listening again.
+            page.wait_for_function(f"window.jobsAnswered === {burst} && listeners.size > 0")
             page.wait_for_timeout(100)  # a refresh that registered a second listener would have done so by now
             assert page.evaluate("listeners.size") == 1, f"after burst {burst}"
         page.evaluate(EVENT)

@@ -74,6 +74,9 @@ SLURM = '[resources.lab]\nexecutor = "slurm"\npartition = "test"\ngpus_per_node 
         'setup = "export FROM_SETUP=1"\n'
 
 
+SLEEPS = "import time; time.sleep(120)"
+
+
 def _squeue() -> str:
     return subprocess.run(["squeue", "--noheader", "-o", "%i %j"], capture_output=True, text=True, timeout=30).stdout
 
@@ -85,7 +88,8 @@ def test_a_slurm_dry_run_prints_the_sbatch_script_that_submit_then_writes(slurm_
     assert cli_sqlite("runs", "--json").code == 0
     before, queue = _row_counts(sqlite_url), _squeue()
 
-    shown = cli_sqlite("submit", "--dry-run", "--gpus", "1", "--time-limit", "0.5", "--", PY, "-c", "print('ran')")
+    # A command that is still running when the test cancels it below (a quick one may have completed by then).
+    shown = cli_sqlite("submit", "--dry-run", "--gpus", "1", "--time-limit", "0.5", "--", PY, "-c", SLEEPS)
 
     assert shown.code == 0, shown.err
     assert "resource: chose lab" in shown.out
@@ -99,7 +103,7 @@ def test_a_slurm_dry_run_prints_the_sbatch_script_that_submit_then_writes(slurm_
 
     # The real submit writes the same script: one renderer, no drift (the run id aside).
     assert cli_sqlite("submit", "--detach", "--name", "real", "--gpus", "1", "--time-limit", "0.5", "--",
-                      PY, "-c", "print('ran')").code == 0
+                      PY, "-c", SLEEPS).code == 0
     (attempt,) = cli_sqlite("attempts", "real", "--json").json()
     run_id = attempt["attempt_id"].split("/")[0]
     written = (home / "runs" / run_id / "attempts" / "1" / "slurm.sbatch").read_text()

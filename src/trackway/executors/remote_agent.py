@@ -219,7 +219,6 @@ def serve(stdin, stdout, idle_s: float) -> int:
         stdout.flush()
 
 
-
 def main(argv: list[str]) -> int:
     if len(argv) == 2 and argv[0] == "start":
         said = start(Path(argv[1]))

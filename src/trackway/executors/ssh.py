@@ -22,8 +22,9 @@ limit, SIGTERM then SIGKILL to the group.
       output.log, spool/   copies of the host's, pulled by offset on every poll
 
 `poll_many()` asks each host once for all of its attempts (the agent's `poll`, over the host's
-long-lived session, ssh_session.py; the hosts side by side), and appends the new bytes of output.log and the spool's files here, so that the supervisor
-ingests metrics, events and notes while the attempt runs, never reading a byte twice.
+long-lived session, ssh_session.py; the hosts side by side), and appends the new bytes of
+output.log and the spool's files here, so that the supervisor ingests metrics, events and notes
+while the attempt runs, never reading a byte twice.
 
 Losing a host is not the job's death. A host that does not answer is polled again, with the
 attempt shown `unreachable since ...`, for the resource's `unreachable_seconds`; if it comes back

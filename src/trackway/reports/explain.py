@@ -262,7 +262,7 @@ def _checkpoint_facts(attempt: Mapping[str, Any], run_checkpoints: list[dict[str
                       events_lost: Mapping[str, list[str]]) -> dict[str, Any]:
     """Resumed from, committed during this attempt, the newest committed checkpoint of the run; events that never came.
 
-    `events_lost`: where an attempt's events never arrived (`_events_lost`). Then a resume or a
+    `events_lost`: where each attempt's events never arrived (`events_lost()`). Then a resume or a
     commit it made may be among them: no checkpoint named is "not known", not "the start".
     """
     committed = [c for c in run_checkpoints if c["attempt_id"] == attempt["attempt_id"]]

@@ -151,18 +151,19 @@ def group_members(pgid: int) -> list[int]:
     return live_members(process_groups(), pgid)
 
 
+def all_pids() -> list[int]:
+    """Every pid /proc lists now (none where /proc cannot be read)."""
+    try:
+        return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return []
+
+
 def process_groups() -> dict[int, list[int]]:
     """Every process's pid by its process group, as getpgid() says (zombies included: see `live_members`); those
     whose group getpgid() would not say under GROUP_NOT_SAID."""
     groups: dict[int, list[int]] = {}
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return groups
-    for name in names:
-        if not name.isdigit():
-            continue
-        pid = int(name)
+    for pid in all_pids():
         try:
             pgid = os.getpgid(pid)
         except PermissionError:
@@ -228,13 +229,9 @@ def _children(pid: int) -> list[int]:
 def _children_by_scan() -> dict[int, list[int]]:
     """Every process's children, from each one's parent in /proc (kernels without the children files)."""
     table: dict[int, list[int]] = {}
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return table
-    for name in names:
-        if name.isdigit() and (fields := _read_stat(int(name))) is not None:
-            table.setdefault(int(fields[1]), []).append(int(name))
+    for pid in all_pids():
+        if (fields := _read_stat(pid)) is not None:
+            table.setdefault(int(fields[1]), []).append(pid)
     return table
 
 
@@ -304,25 +301,21 @@ def job_survivors(job: dict) -> list[int]:
     mark = f"{TREE_ENV}={token}".encode() if token else None
     started = job.get("child_create_time") or 0.0
     found = []
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return found
     me = os.getpid()
-    for name in names:
-        if not name.isdigit() or int(name) == me:
+    for pid in all_pids():
+        if pid == me:
             continue
-        fields = _read_stat(int(name))
+        fields = _read_stat(pid)
         if fields is None or fields[0] in _GONE:
             continue
         # Started with or after the command: a pid reused as a group or session id later is not the job's.
         if pgid and pgid in (int(fields[2]), int(fields[3])):
-            created = process_create_time(int(name))
+            created = process_create_time(pid)
             if created is not None and created >= started - 1.0:
-                found.append(int(name))
+                found.append(pid)
                 continue
-        if mark is not None and _environ_has(int(name), mark):
-            found.append(int(name))
+        if mark is not None and _environ_has(pid, mark):
+            found.append(pid)
     return found
 
 

@@ -104,8 +104,9 @@ class SpoolFrames:
         size = target.stat().st_size if target.exists() else 0
         if size > at:
             return  # read already (a log read twice where the pod's clock and ours overlap)
-        record_lost_bytes(self.spool_dir, name, at, "no frame of the pod's log brought them: the next that came "
-                                                    f"began at byte {at}")
+        if size < at:  # a frame between this copy's end and this one never came
+            record_lost_bytes(self.spool_dir, name, at, "no frame of the pod's log brought them: the next that came "
+                                                        f"began at byte {at}")
         with open(target, "ab") as f:
             f.write(data)
 

@@ -74,3 +74,33 @@ def test_show_runs_and_explain_read_a_sqlite_ledger_without_sqlalchemy(tmp_path)
         shown = subprocess.run([sys.executable, "-c", probe, *command], capture_output=True, text=True, env=env,
                                cwd=tmp_path, timeout=120)
         assert shown.returncode == 0 and shown.stderr.strip().splitlines()[-1] == "[]", (command, shown.stderr)
+
+
+def test_a_submit_with_nothing_to_check_builds_no_settings_models_and_a_bad_table_is_still_refused(tmp_path):
+    """A submit imported pydantic for an absent [retry] and no --watch, and YAML, statistics and NVML's bindings on a
+    machine without a driver: 0.91 s of CPU, 0.70 s without them (`farm-bench --vs`, 2026-11-30)."""
+    env = {**os.environ, "TRACKWAY_HOME": str(tmp_path / "home"), "TRACKWAY_BACKGROUND_SUPERVISOR": "0"}
+    env.pop("TRACKWAY_DB", None)
+    probe = (
+        "import sys; from trackway.cli.errors import run_app; from trackway.cli.main import app; "
+        "code = run_app(app, sys.argv[1:]); "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'pydantic', 'yaml', 'statistics'}), file=sys.stderr); "
+        "sys.exit(code)"
+    )
+
+    def submit(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", probe, "submit", *args, "--", sys.executable, "-c", "pass"],
+                              capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+
+    (tmp_path / "home").mkdir()
+    assert submit("--name", "first").returncode == 0  # the first command checks trackway.toml and remembers it
+    plain = submit("--name", "plain")
+    assert plain.returncode == 0 and plain.stderr.strip().splitlines()[-1] == "[]", plain.stderr
+
+    watched = submit("--name", "watched", "--watch", "loss_rising.window=3 parsecs")
+    assert watched.returncode == 2 and "--watch loss_rising.window" in watched.stderr, watched.stderr
+
+    (tmp_path / "trackway.toml").write_text("[retry.reasons.oom]\nbudget = -1\n")
+    refused = submit("--name", "refused")
+    assert refused.returncode == 2, refused.stderr
+    assert "trackway.toml [retry]: [reasons.oom] budget -1: expected a whole number of retries" in refused.stderr

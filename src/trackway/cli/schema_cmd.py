@@ -17,7 +17,7 @@ DRAFT = "https://json-schema.org/draft/2020-12/schema"
 def toml_schema() -> dict[str, Any]:
     """trackway.toml's models (settings/model.py) as one JSON Schema, `[retry]` as the retry policy reads it."""
     from trackway.settings.model import TrackwayToml
-    from trackway.supervisor.policy import policy_json_schema
+    from trackway.supervisor.policy_schema import policy_json_schema
 
     schema = TrackwayToml.model_json_schema()
     retry = policy_json_schema()

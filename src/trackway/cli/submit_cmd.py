@@ -106,10 +106,11 @@ def submit(
     from trackway.supervisor.launch import command_by
     from trackway.supervisor.submit import RunSpec, submit_run
 
-    from trackway.experiments.expectations import parse_all
-
     _check_eval_files(eval_specs)
-    parse_all(expect)  # refused in one line, before anything is recorded
+    if expect:  # refused in one line, before anything is recorded (the criteria's language loaded only then)
+        from trackway.experiments.expectations import parse_all
+
+        parse_all(expect)
     app = app_context(ctx)
     spec = RunSpec(
         command=list(command or []),

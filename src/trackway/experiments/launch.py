@@ -15,7 +15,6 @@ import json
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from statistics import median
 from typing import Any
 
 from sqlalchemy import select
@@ -28,6 +27,7 @@ from trackway.ledger.store import make_private_dirs
 from trackway.receipts import submitted_config
 from trackway.receipts.canonical import canonical_json
 from trackway.settings import Settings
+from trackway.supervisor.trends import median
 from trackway.taxonomy import Approval, RunKind
 
 DEFAULT_TEST_HOURS = 1.0

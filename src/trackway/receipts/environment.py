@@ -26,7 +26,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from trackway.receipts._nvml import nvml_session, text
+from trackway.receipts._nvml import DRIVER_VERSION_FILE, kernel_lists_drivers, nvml_session, text
 from trackway.receipts.canonical import canonical_json, sha256_hex
 
 # Checked in order. TRACKWAY_IMAGE_DIGEST is ours (executors set it when they know the image);
@@ -39,8 +39,6 @@ CACHE_KEEP = 64  # cached environments kept; the least recently written go first
 # A fingerprint whose newest metadata file changed this recently is not cached: a file system with
 # a coarse clock could show the same time for a second change made within the same tick.
 RACY_SECONDS = 2.0
-# Where Linux tells the loaded NVIDIA driver's version without NVML (the same string NVML reports).
-DRIVER_VERSION_FILE = Path("/sys/module/nvidia/version")
 
 
 @dataclass(frozen=True)
@@ -155,11 +153,6 @@ def _driver_file_text() -> str:
         return ""
 
 
-def _kernel_lists_drivers() -> bool:
-    """Whether DRIVER_VERSION_FILE exists exactly when a driver is loaded (Linux; WSL's GPUs come another way)."""
-    return sys.platform == "linux" and os.path.isdir("/sys/module") and not os.path.exists("/dev/dxg")
-
-
 # What this process read or wrote already, by (cache directory, fingerprint).
 _MEMORY: dict[tuple[str, str], EnvironmentDigest] = {}
 
@@ -177,7 +170,7 @@ class _Cache:
             if found is None:
                 return None
             _MEMORY[(str(self.directory), key)] = found
-        if not _kernel_lists_drivers():
+        if not kernel_lists_drivers():
             # Nothing the key reads would change with the driver here: ask NVML now.
             driver = _nvidia_driver()
             if driver != found.description.get("nvidia_driver"):

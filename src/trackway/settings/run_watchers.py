@@ -24,6 +24,8 @@ EXAMPLE = "KIND.KEY=VALUE, e.g. loss_rising.window=200 steps or gpu_underused.th
 
 def parse_watch(given: list[str], field: str = "--watch") -> dict[str, dict[str, Any]]:
     """Each `KIND.KEY=VALUE` as given, checked and typed: {kind: {key: value}}; InputError names the first bad one."""
+    if not given:
+        return {}  # most submits: no models to build
     # Imported here: explain and show read a run's thresholds without loading the settings models.
     from pydantic import ValidationError
 

@@ -34,12 +34,9 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Annotated, Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from typing import Any
 
 from trackway.errors import InputError
-from trackway.settings.refusal import shown
 from trackway.supervisor.classify import DiskFull
 from trackway.taxonomy import TerminationReason as R
 
@@ -265,46 +262,6 @@ def _stop_advice(reason: R, history: Sequence[AttemptOutcome]) -> str:
     return advice
 
 
-class _RuleOverride(BaseModel):
-    """One `[reasons.NAME]` table of a policy file: any subset of a ReasonRule's fields, each checked."""
-
-    # strict: TOML's "3" is not 3 and true is not 1; no inf/nan: a timer or a budget must end.
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=True)
-
-    action: Literal["resume", "stop", "none"] | None = None
-    budget: Annotated[int, Field(ge=0, le=MAX_BUDGET)] | None = None
-    backoff_seconds: Annotated[float, Field(ge=0, le=MAX_BACKOFF_S)] | None = None
-    backoff_factor: Annotated[float, Field(ge=1, le=MAX_BACKOFF_FACTOR)] | None = None
-    backoff_max_seconds: Annotated[float, Field(ge=0, le=MAX_BACKOFF_S)] | None = None
-    requires: Literal["newer_checkpoint", "changed_memory_fingerprint"] | None = None
-
-
-class _PolicyTop(BaseModel):
-    """The top level of a policy file: the run-level budget and the per-reason tables."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=True)
-
-    gpu_hours_budget: Annotated[float, Field(gt=0, le=MAX_GPU_HOURS)] | None = None
-    on_data_change: Literal["warn", "stop"] | None = None
-    in_pieces: bool | None = None
-    reasons: dict[str, Any] | None = None
-
-
-# What each field takes, said in the one-line refusal of a bad value.
-EXPECTED: dict[str, str] = {
-    "action": f"one of {', '.join(ACTIONS)}",
-    "budget": f"a whole number of retries from 0 to {MAX_BUDGET}",
-    "backoff_seconds": f"a finite number of seconds from 0 to {MAX_BACKOFF_S:g}",
-    "backoff_factor": f"a finite number from 1 to {MAX_BACKOFF_FACTOR:g}",
-    "backoff_max_seconds": f"a finite number of seconds from 0 to {MAX_BACKOFF_S:g}",
-    "requires": f"one of {', '.join(CONDITIONS)}",
-    "gpu_hours_budget": f"a positive finite number of GPU-hours, at most {MAX_GPU_HOURS:g}",
-    "on_data_change": "one of warn, stop",
-    "in_pieces": "true or false: the run's time limit is its total, run in pieces of the longest QoS tier",
-    "reasons": "a table of [reasons.NAME] tables",
-}
-
-
 @dataclass(frozen=True)
 class _Layer:
     """One validated policy document: rule overrides by reason, and the run-level budget if it sets one."""
@@ -320,7 +277,12 @@ def _validate(doc: Any, source: str) -> _Layer:
     """Check every key and value of one policy document; refuse the first bad one in one line."""
     if not isinstance(doc, Mapping):
         raise InputError(f"{source}: expected a table of retry settings")
-    top = _checked(_PolicyTop, doc, source, "")
+    if not doc:
+        return _Layer({}, None, False)  # trackway.toml without [retry], as most are: no models to build
+    from trackway.settings.refusal import shown
+    from trackway.supervisor.policy_schema import PolicyTop, RuleOverride, checked
+
+    top = checked(PolicyTop, doc, source, "")
     overrides: dict[R, Mapping[str, Any]] = {}
     for name, body in (top.reasons or {}).items():
         try:
@@ -329,21 +291,9 @@ def _validate(doc: Any, source: str) -> _Layer:
             raise InputError(f"{source}: [reasons.{name}]: expected one of {', '.join(r.value for r in R)}") from None
         if not isinstance(body, Mapping):
             raise InputError(f"{source}: [reasons.{name}]: expected a table, got {shown(body)}")
-        rule = _checked(_RuleOverride, body, source, f"[reasons.{name}] ")
+        rule = checked(RuleOverride, body, source, f"[reasons.{name}] ")
         overrides[reason] = rule.model_dump(exclude_unset=True)
     return _Layer(overrides, top.gpu_hours_budget, "gpu_hours_budget" in doc, top.on_data_change, top.in_pieces)
-
-
-def _checked(model: type[BaseModel], doc: Mapping[str, Any], source: str, where: str) -> Any:
-    try:
-        return model.model_validate(dict(doc))
-    except ValidationError as exc:
-        error = exc.errors()[0]
-        field = str(error["loc"][0])
-        if error["type"] == "extra_forbidden":
-            known = ", ".join(model.model_fields)
-            raise InputError(f"{source}: {where}{field}: unknown key; expected one of {known}") from None
-        raise InputError(f"{source}: {where}{field} {shown(error['input'])}: expected {EXPECTED[field]}") from None
 
 
 def disk_full_advice(full: DiskFull, run_ref: str) -> str:
@@ -449,20 +399,3 @@ def memory_fingerprint(config: Mapping[str, Any] | None, resource: str, gpus: in
     walk(config or {}, "")
     payload = json.dumps({"config": found, "resource": resource, "gpus": gpus}, sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
-
-
-def policy_json_schema() -> dict[str, Any]:
-    """The JSON Schema of a policy table (`[retry]` in trackway.toml, a `--retry-policy` file), for editors."""
-    schema = _PolicyTop.model_json_schema()
-    rule = _RuleOverride.model_json_schema()
-    for name, text in EXPECTED.items():
-        for model_schema in (schema, rule):
-            if name in model_schema["properties"]:
-                model_schema["properties"][name]["description"] = text
-    schema["properties"]["reasons"] = {
-        "type": "object",
-        "description": EXPECTED["reasons"],
-        "propertyNames": {"enum": [reason.value for reason in R]},
-        "additionalProperties": rule,
-    }
-    return schema

@@ -21,8 +21,8 @@ Pure functions of the points: the control loop (supervisor/loop.py) and the gate
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from statistics import NormalDist, median
 from typing import Literal
 
 from trackway.settings.windows import Window
@@ -31,8 +31,24 @@ MAX_POINTS = 120  # a window with more points is reduced to this many bin median
 HISTORY_POINTS = 200  # points before a window that the white noise is estimated on
 MAX_WINDOW_GROUPS = 48  # a rise is looked for over at most this many (grouped) points
 MIN_CHANGES = 8
-RECENT_SPANS = 4  # a rise's own noise is measured over this many of its lengths of history before it  # earlier positions a rise's own noise is measured at, at the least
+RECENT_SPANS = 4  # a rise's own noise is measured over this many of its lengths of history before it
 WANDER_POINTS = 50  # ... and the newest of them, the wander: a line fits a curved descent only locally
+
+
+# statistics (with the fractions it imports) is loaded on first use: every submit and command that
+# imports the watchers paid 15 ms for it, and only a supervisor watching a loss curve uses it.
+def median(values: Iterable[float]) -> float:
+    from statistics import median as median_of
+
+    return median_of(values)
+
+
+def _normal_quantile(p: float) -> float:
+    from statistics import NormalDist
+
+    return NormalDist().inv_cdf(p)
+
+
 @dataclass(frozen=True)
 class Points:
     """A series as logged: steps, when each was logged (unix seconds), and values; in step order, finite values only."""
@@ -89,7 +105,7 @@ def sen_trend(xs: list[float], ys: list[float], confidence: float = 0.90) -> Tre
     residuals = [y - intercept - slope * x for x, y in zip(xs, ys)]
     lag1 = _lag1(residuals)
     variance = n * (n - 1) * (2 * n + 5) / 18 * ((1 + lag1) / (1 - lag1) if lag1 > 0 else 1.0)
-    spread = NormalDist().inv_cdf(0.5 + confidence / 2) * math.sqrt(variance)
+    spread = _normal_quantile(0.5 + confidence / 2) * math.sqrt(variance)
     lower = max(0, min(count - 1, math.floor((count - spread) / 2)))
     upper = max(0, min(count - 1, math.ceil((count + spread) / 2)))
     return Trend(n, slope, slopes[lower], slopes[upper], xs[-1] - xs[0], intercept + slope * xs[-1])

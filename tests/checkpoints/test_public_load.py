@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -27,14 +30,31 @@ run.finish()
 """
 
 
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One real run of TRAIN, submitted as a user would: its working directory (expected.pt) and its home."""
+    root = tmp_path_factory.mktemp("trained")
+    work = root / "work"
+    work.mkdir()
+    (work / "train.py").write_text(TRAIN)
+    env = {**os.environ, "TRACKWAY_HOME": str(root / "home"), "TRACKWAY_BACKGROUND_SUPERVISOR": "0"}
+    env.pop("TRACKWAY_DB", None)
+    done = subprocess.run([sys.executable, "-m", "trackway", "submit", "--", sys.executable, "train.py"],
+                          capture_output=True, text=True, env=env, cwd=work, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return root
+
+
 @pytest.fixture
-def checkpoints(cli_process, home: Path) -> list[Path]:
-    Path("train.py").write_text(TRAIN)
-    done = cli_process("submit", "--", sys.executable, "train.py")
-    assert done.code == 0, done.err
-    found = sorted(home.glob("runs/*/checkpoints/step-*"))
+def checkpoints(trained: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """This test's own copy of the run's two committed checkpoints (a test may damage its copy), beside expected.pt."""
+    found = sorted(trained.glob("home/runs/*/checkpoints/step-*"))
     assert [p.name for p in found] == ["step-00000001", "step-00000002"]
-    return found
+    for path in found:
+        shutil.copytree(path, tmp_path / path.name, symlinks=True)
+    shutil.copy2(trained / "work" / "expected.pt", tmp_path / "expected.pt")
+    monkeypatch.chdir(tmp_path)
+    return [tmp_path / path.name for path in found]
 
 
 def test_load_returns_the_saved_state(checkpoints: list[Path]) -> None:

@@ -167,8 +167,10 @@ def test_a_command_whose_submitter_died_before_hearing_it_started_ends_as_an_int
     sock_path, _ = host_paths(executor.home)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as submitter:
         submitter.connect(str(sock_path))
+        # ...and it is gone before the host answers. Shut for reading before it asks, so that the host's answer
+        # fails even when a loaded machine lets the host answer before this test closes the socket.
+        submitter.shutdown(socket.SHUT_RD)
         submitter.sendall(json.dumps({"state_dir": str(request.state_dir), **submitter_state()}).encode() + b"\n")
-    # ...and it is gone before the host answers.
 
     job = wait_for(lambda: read_json(request.state_dir / "job.json"), "job.json to be written")
     handle = JobHandle("local", str(job["shim_pid"]), request.state_dir)

@@ -40,15 +40,6 @@ from trackway.errors import InputError
 from trackway.supervisor.classify import DiskFull
 from trackway.taxonomy import TerminationReason as R
 
-ACTIONS = ("resume", "stop", "none")
-CONDITIONS = ("newer_checkpoint", "changed_memory_fingerprint")
-# Bounds of policy fields: far beyond any sensible policy, well short of what breaks a timer or a counter.
-MAX_BUDGET = 1000
-MAX_BACKOFF_S = 7 * 24 * 3600.0
-MAX_BACKOFF_FACTOR = 10.0
-MAX_GPU_HOURS = 1e9
-
-
 @dataclass(frozen=True)
 class ReasonRule:
     action: str = "stop"

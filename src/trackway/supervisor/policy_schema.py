@@ -2,9 +2,10 @@
 
 `[retry]` in trackway.toml and a `--retry-policy FILE` are checked against these models before
 anything is recorded; the first bad key or value is refused in one line naming it and what it
-takes. supervisor/policy.py builds the policy from what they let through. The models live here,
-apart from it, because every `submit` and supervisor loads the policy and most projects set none:
-building them (pydantic with its core) cost each of those processes about 30 ms for nothing.
+takes. supervisor/policy.py builds the policy from what they let through, and imports this module
+only to check a table that is not empty: every `submit` and supervisor loads the policy and most
+projects set none, so building these models (pydantic with its core) cost each of them about 30 ms
+for nothing.
 """
 
 from __future__ import annotations
@@ -16,15 +17,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from trackway.errors import InputError
 from trackway.settings.refusal import shown
-from trackway.supervisor.policy import (
-    ACTIONS,
-    CONDITIONS,
-    MAX_BACKOFF_FACTOR,
-    MAX_BACKOFF_S,
-    MAX_BUDGET,
-    MAX_GPU_HOURS,
-)
 from trackway.taxonomy import TerminationReason as R
+
+ACTIONS = ("resume", "stop", "none")
+CONDITIONS = ("newer_checkpoint", "changed_memory_fingerprint")
+# Bounds of policy fields: far beyond any sensible policy, well short of what breaks a timer or a counter.
+MAX_BUDGET = 1000
+MAX_BACKOFF_S = 7 * 24 * 3600.0
+MAX_BACKOFF_FACTOR = 10.0
+MAX_GPU_HOURS = 1e9
 
 
 class RuleOverride(BaseModel):

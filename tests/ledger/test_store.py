@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -168,3 +169,34 @@ def test_writer_processes_queue_instead_of_failing(sqlite_url):
     with led.read() as conn:
         assert conn.execute(text("select count(*) from runs")).scalar_one() == 160
     led.dispose()
+
+
+def test_a_postgresql_connection_cut_while_pooled_is_replaced_and_busy_ones_are_not_pinged(pg_url, monkeypatch):
+    """A server restart (or a proxy's idle timeout) between two ticks must not fail the second; a tick's dozen
+    checkouts in a row must not each cost a round trip to check the connection first."""
+    import trackway.ledger.store as store
+
+    ledger = open_ledger(pg_url)
+    pings = []
+    ping = ledger.engine.dialect.do_ping
+    monkeypatch.setattr(ledger.engine.dialect, "do_ping", lambda conn: pings.append(1) or ping(conn))
+    try:
+        with ledger.read() as conn:
+            pid = conn.execute(text("select pg_backend_pid()")).scalar_one()
+        for _ in range(10):
+            with ledger.read() as conn:
+                assert conn.execute(text("select pg_backend_pid()")).scalar_one() == pid  # the pooled one, unchecked
+        assert pings == []
+
+        admin = open_ledger(pg_url)
+        with admin.read() as conn:
+            assert conn.execute(text("select pg_terminate_backend(:pid)"), {"pid": pid}).scalar_one()
+        admin.dispose()
+        monkeypatch.setattr(store, "PING_AFTER_IDLE_S", 0.05)
+        time.sleep(0.1)
+
+        with ledger.read() as conn:  # found cut by its check, and replaced before use
+            assert conn.execute(text("select pg_backend_pid()")).scalar_one() != pid
+        assert len(pings) == 1
+    finally:
+        ledger.dispose()

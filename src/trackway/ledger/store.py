@@ -18,6 +18,13 @@ that copy, and its fsyncs, at nearly every batch, before the next batch's receip
 
 A SQLite ledger file is created 0600 (its evidence and blobs may quote secrets) in directories
 created 0700.
+
+A PostgreSQL connection taken from the pool is checked with a round trip (`SELECT 1`) only when it
+sat unused for PING_AFTER_IDLE_S: a server restarted or a connection cut since then is replaced
+before anyone uses it. SQLAlchemy's `pool_pre_ping` checked every checkout, and a supervisor's tick
+takes a dozen in a row: that check was one in seven of its samples (py-spy over two supervisors on
+one ledger). A connection cut within a second of its last use fails its statement instead, as one
+LedgerError, and the pool is remade for the next.
 """
 
 from __future__ import annotations
@@ -26,13 +33,14 @@ import os
 import shutil
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError
+from sqlalchemy.exc import ArgumentError, DBAPIError, DisconnectionError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.pool import QueuePool
 
@@ -52,6 +60,8 @@ DEFERRED_CHECKPOINT_PAGES = 32768
 # A log that grew past this is cut back to it once copied back, not kept at its largest size on disk.
 WAL_SIZE_LIMIT_BYTES = 16 << 20
 PAGE_CACHE_KIB = 16 << 10  # at most, per connection: pages are cached as they are read
+# A pooled PostgreSQL connection unused for this long is pinged before it is handed out (see above).
+PING_AFTER_IDLE_S = 1.0
 
 # PEP 249 class names of errors about what was sent (a bug or bad input), not about the ledger.
 _STATEMENT_ERRORS = frozenset({"IntegrityError", "DataError", "ProgrammingError", "NotSupportedError", "InternalError"})
@@ -140,10 +150,35 @@ def create_ledger_engine(url_text: str) -> Engine:
     if backend == "postgresql":
         if url.drivername == "postgresql":
             url = url.set(drivername="postgresql+psycopg")
-        return create_engine(url, pool_pre_ping=True, pool_size=2, max_overflow=4)
+        return _ping_when_idle(create_engine(url, pool_size=2, max_overflow=4))
     raise InputError(
         f"ledger URL {redact_url(url_text)!r}: expected a sqlite:// or postgresql+psycopg:// URL, got {backend}://"
     )
+
+
+def _ping_when_idle(engine: Engine) -> Engine:
+    """Check a pooled connection with a round trip when it comes out of the pool after PING_AFTER_IDLE_S unused."""
+
+    @event.listens_for(engine, "checkin")
+    def _returned(_dbapi_connection, record):
+        record.info["returned_at"] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _ping_if_idle(dbapi_connection, record, _proxy):
+        # A new connection has no stamp: its `info` starts empty, and is emptied when one is replaced.
+        returned_at = record.info.get("returned_at")
+        if returned_at is None or time.monotonic() - returned_at < PING_AFTER_IDLE_S:
+            return
+        dialect = engine.dialect
+        try:
+            dialect.do_ping(dbapi_connection)
+        except dialect.loaded_dbapi.Error as exc:
+            if dialect.is_disconnect(exc, dbapi_connection, None):
+                # The pool drops this connection and hands out a new one (or says why it cannot).
+                raise DisconnectionError(f"a pooled connection was cut while unused: {exc}") from exc
+            raise
+
+    return engine
 
 
 class Ledger:

@@ -40,6 +40,7 @@ from trackway.errors import InputError
 from trackway.supervisor.classify import DiskFull
 from trackway.taxonomy import TerminationReason as R
 
+
 @dataclass(frozen=True)
 class ReasonRule:
     action: str = "stop"

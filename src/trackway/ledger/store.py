@@ -165,7 +165,7 @@ def _ping_when_idle(engine: Engine) -> Engine:
 
     @event.listens_for(engine, "checkout")
     def _ping_if_idle(dbapi_connection, record, _proxy):
-        # A new connection has no stamp: its `info` starts empty, and is emptied when one is replaced.
+        # A new connection has no stamp: `info` starts empty, and is emptied when an invalidated one is replaced.
         returned_at = record.info.get("returned_at")
         if returned_at is None or time.monotonic() - returned_at < PING_AFTER_IDLE_S:
             return

@@ -155,11 +155,11 @@ def _check_yaml_expansion(root: yaml.Node, flag: str) -> None:
 
 
 def _yaml_children(node: yaml.Node) -> list[yaml.Node]:
-    import yaml
-
-    if isinstance(node, yaml.SequenceNode):
+    # PyYAML's node kinds by their `id` (SequenceNode.id == "sequence"): no import statement in a function
+    # called twice for every node of the document.
+    if node.id == "sequence":
         return list(node.value)
-    if isinstance(node, yaml.MappingNode):
+    if node.id == "mapping":
         return [part for pair in node.value for part in pair]
     return []
 

@@ -79,6 +79,7 @@ def started(cluster, executor, request):
     submission = executor.submit(request)
     namespace, job = submission.handle.job_id.split("/")
     assert executor.poll(submission.handle).phase is JobPhase.QUEUED  # no pod yet: the Job waits
+    assert executor.logs(submission.handle).read_text() == ""  # readable before the pod prints anything
     pod = cluster.create_pod(namespace, job)
     return submission, job, pod
 

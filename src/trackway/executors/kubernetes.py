@@ -246,6 +246,10 @@ class KubernetesExecutor(Executor):
                 pass  # the first failure is the one to say; a ConfigMap left is named as the Job for kubectl
             (state_dir / JOB_FILE).unlink(missing_ok=True)
             raise ExecutorError(f"attempt {request.attempt_id}: {exc}") from None
+        # There from the start, empty until the pod prints: logs() names a file that can be read at once, as
+        # the local executor's does, not one that appears only once a poll finds lines.
+        Path(request.log_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(request.log_path).touch()
         uid = ((created or {}).get("metadata") or {}).get("uid")
         if uid:
             # The ConfigMap goes with its Job (garbage collection), whoever deletes the Job.

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import uuid
+import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -95,6 +96,19 @@ def figure(
         with open(results, "a", encoding="utf-8") as out:
             out.write(json.dumps(row) + "\n")
     return met is not False
+
+
+def junit_outcomes(report: Path) -> tuple[int, list[str]]:
+    """(tests run, the failed ones' ids) from pytest's --junitxml report; skipped tests are not counted as run."""
+    ran, failed = 0, []
+    for case in ET.parse(report).getroot().iter("testcase"):
+        outcome = {child.tag for child in case}
+        if "skipped" in outcome:
+            continue
+        ran += 1
+        if outcome & {"failure", "error"}:
+            failed.append(f"{case.get('classname')}::{case.get('name')}")
+    return ran, failed
 
 
 def report(name: str, seconds: float, target: float | None = None, baseline: float | None = None) -> bool:

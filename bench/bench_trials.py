@@ -16,12 +16,11 @@ import subprocess
 import sys
 import tempfile
 import time
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import figure  # noqa: E402
+from _common import figure, junit_outcomes  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,15 +37,7 @@ def run_trials(extra: list[str]) -> tuple[int, list[str], int, float]:
         took = time.monotonic() - started
         if not report.exists():
             return 0, [], done.returncode, took
-        cases = ET.parse(report).getroot().iter("testcase")
-        ran, failed = 0, []
-        for case in cases:
-            outcome = {child.tag for child in case}
-            if "skipped" in outcome:
-                continue
-            ran += 1
-            if outcome & {"failure", "error"}:
-                failed.append(f"{case.get('classname')}::{case.get('name')}")
+        ran, failed = junit_outcomes(report)
     return ran, failed, done.returncode, took
 
 

@@ -88,8 +88,8 @@ def main(argv: list[str]) -> int:
                     higher_is_better=True)
     fast = figure(f"the suite (make test), wall time on {os.cpu_count()} cores", took, target=TARGET_S)
     figure("    the machine's CPU busy during it (/proc/stat)", cpu["busy"])
-    figure("    of which idle while it ran", 100 * cpu["idle"] / max(cpu["busy"] + cpu["idle"] + cpu["steal"], 1e-9),
-           unit="%")
+    whole = max(cpu["busy"] + cpu["idle"] + cpu["steal"], 1e-9)
+    figure("    the share of the machine's CPU left idle", 100 * cpu["idle"] / whole, unit="%")
     figure("    stolen by the hypervisor while it ran", cpu["steal"])
     figure("    this machine's speed that hour: python -c 'import torch', CPU", probe)
     # pytest's status 5 is "no test collected": a selection that names nothing is no pass.

@@ -104,3 +104,23 @@ def test_a_submit_with_nothing_to_check_builds_no_settings_models_and_a_bad_tabl
     refused = submit("--name", "refused")
     assert refused.returncode == 2, refused.stderr
     assert "trackway.toml [retry]: [reasons.oom] budget -1: expected a whole number of retries" in refused.stderr
+
+
+def test_a_detached_submit_launches_without_loading_the_control_loop(tmp_path):
+    """`submit --detach` leaves its run to a background supervisor: the loop it never ticks (watchers, evaluations,
+    notifications) is not imported. 0.74 s of CPU before, 0.72 s after (`farm-bench --vs`, 11 pairs, 2026-11-30)."""
+    env = {**os.environ, "TRACKWAY_HOME": str(tmp_path / "home"), "TRACKWAY_BACKGROUND_SUPERVISOR": "0"}
+    env.pop("TRACKWAY_DB", None)
+    probe = (
+        "import sys; from trackway.cli.errors import run_app; from trackway.cli.main import app; "
+        "code = run_app(app, sys.argv[1:]); "
+        "print('trackway.supervisor.loop' in sys.modules, file=sys.stderr); sys.exit(code)"
+    )
+    (tmp_path / "home").mkdir()
+    done = subprocess.run([sys.executable, "-c", probe, "submit", "--detach", "--name", "left", "--", sys.executable,
+                           "-c", "pass"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert done.returncode == 0 and done.stderr.strip().splitlines()[-1] == "False", done.stderr
+    assert done.stdout.strip(), "the run's id is printed"
+    runs = subprocess.run([sys.executable, "-m", "trackway", "runs", "--json"], capture_output=True, text=True, env=env,
+                          cwd=tmp_path, timeout=120)
+    assert '"left"' in runs.stdout, runs.stdout  # recorded, and its attempt launched by the local executor

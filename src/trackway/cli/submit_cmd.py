@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import shlex
 import time
 from pathlib import Path
@@ -102,7 +103,6 @@ def submit(
 ) -> None:
     """Submit COMMAND as a run: capture its receipt, start an attempt and follow it (exit 0 iff it completed)."""
     # Imported on use, so that the other commands do not pay for receipts and executors at start-up.
-    from trackway.supervision import supervisor_for
     from trackway.supervisor.launch import command_by
     from trackway.supervisor.submit import RunSpec, submit_run
 
@@ -146,9 +146,20 @@ def submit(
 
         typer.echo(preview_submit(app.ledger, app.settings, spec, console=err_console).text())  # unwrapped: a script to copy
         return
-    supervisor = supervisor_for(app.ledger, app.settings)
+    if detach:
+        # Launched and left to a background supervisor: no control loop (its watchers, evaluations and
+        # notifications) is loaded for a command that never ticks one.
+        from trackway.executors.registry import get_executor
+
+        supervisor = None
+        executor_for = functools.cache(lambda name: get_executor(name, app.settings.home))  # as Supervisor.executor
+    else:
+        from trackway.supervision import supervisor_for
+
+        supervisor = supervisor_for(app.ledger, app.settings)
+        executor_for = supervisor.executor
     run_id = submit_run(app.ledger, app.settings, spec, console=err_console)
-    attempt_id = _first_attempt(app, supervisor, run_id)
+    attempt_id = _first_attempt(app, executor_for, run_id)
     _say_submitted_and_follow(app, supervisor, run_id, attempt_id, detach=detach, evaluated=bool(eval_specs))
 
 
@@ -160,12 +171,12 @@ def _check_eval_files(paths: list[str]) -> None:
         existing_file(path, "--eval", "an eval spec file (TOML)")
 
 
-def _first_attempt(app: AppContext, supervisor, run_id: str) -> str:
+def _first_attempt(app: AppContext, executor_for, run_id: str) -> str:
     """Start the submitted run's attempt 1; the one a supervisor started instead, when it took the launch over."""
     from trackway.supervisor.launch import command_by
 
     attempt_id = _start(
-        app, run_id, supervisor.executor, first=True, started_by=command_by("trackway submit"),
+        app, run_id, executor_for, first=True, started_by=command_by("trackway submit"),
     )
     if attempt_id is None:
         # A supervisor took over a launch it judged abandoned (this process was stopped that long).

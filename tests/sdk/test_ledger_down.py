@@ -9,19 +9,18 @@ import sys
 import time
 from pathlib import Path
 
-from sqlalchemy import func, select
 from sqlalchemy.engine import make_url
 
 from trackway.executors.base import JobPhase
 from trackway.ledger import open_ledger
 from trackway.ledger.records import get_attempt, latest_attempt, resolve_run
-from trackway.ledger.schema import metric_points
 from trackway.settings import load_settings
 from trackway.supervisor.launch import start_attempt
 from trackway.supervisor.submit import RunSpec, submit_run
 from trackway.supervisor.loop import Supervisor, handle_of
 
-from tcp_proxy import TcpProxy  # noqa: E402  (tests/sdk is on sys.path under importlib mode via conftest)
+from logged_points import logged_points  # noqa: E402  (tests/sdk is on sys.path under importlib mode via conftest)
+from tcp_proxy import TcpProxy  # noqa: E402
 
 SCRIPT = str(Path(__file__).parent / "scripts" / "sdk_script.py")
 STEPS = 100_000
@@ -29,7 +28,7 @@ STEPS = 100_000
 
 def _points(ledger) -> int:
     with ledger.read() as conn:
-        return conn.execute(select(func.count()).select_from(metric_points)).scalar_one()
+        return logged_points(conn)
 
 
 def test_sqlite_locked_while_the_script_logs(home, sqlite_url, monkeypatch):

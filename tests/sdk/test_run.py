@@ -11,17 +11,19 @@ import time
 from pathlib import Path
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import select
 
 from trackway.ledger import open_ledger
 from trackway.ledger.ingest import ingest_attempt
 from trackway.ledger.reader import Reader
 from trackway.ledger.records import get_attempt, latest_attempt, resolve_run
-from trackway.ledger.schema import attempt_events, metric_points
+from trackway.ledger.schema import attempt_events
 from trackway.settings import load_settings
 from trackway.supervisor.launch import start_attempt
 from trackway.supervisor.submit import RunSpec, submit_run
 from trackway.supervisor.loop import Supervisor
+
+from logged_points import logged_points  # noqa: E402  (tests/sdk is on sys.path under importlib mode via conftest)
 
 SCRIPT = str(Path(__file__).parent / "scripts" / "sdk_script.py")
 
@@ -64,13 +66,13 @@ def test_logged_metrics_land_in_the_ledger_once(env):
     _, ledger, _ = env
     with ledger.read() as conn:
         losses = Reader.over(conn).metric_points(run_id, key="loss")
-        total = conn.execute(select(func.count()).select_from(metric_points)).scalar_one()
+        total = logged_points(conn)
     assert [p["step"] for p in losses] == list(range(200))
     assert losses[3]["value"] == pytest.approx(0.25) and losses[3]["attempt_number"] == 1
     assert total == 200 * 5
     ingest_attempt(ledger, attempt)  # again: nothing new, nothing doubled
     with ledger.read() as conn:
-        assert conn.execute(select(func.count()).select_from(metric_points)).scalar_one() == 200 * 5
+        assert logged_points(conn) == 200 * 5
 
 
 def test_preemption_notice_ends_the_attempt_as_preempted(env, tmp_path, monkeypatch):

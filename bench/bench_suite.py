@@ -33,8 +33,9 @@ from _common import figure, junit_outcomes  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_S = 8 * 60
-# `import torch`'s CPU on this machine in its quiet hours, when the suite took 6:53-7:14 (1.47-1.61 s on
-# 2026-11-30); in its slow hours the probe took 2.2 s and the suite 10:25-10:49, the same ratio give or take 8%.
+# `import torch`'s CPU on this machine in its quiet hours, when the suite took 7:02-7:14 (1.47-1.61 s on
+# 2026-11-30). In its slow hours the probe took 2.25-2.65 s and the suite 10:35-11:57: over six runs of both
+# kinds the wall time stayed at 262-295 times the probe (docs/guide/performance.md, "The test suite").
 REFERENCE_PROBE_S = 1.5
 PYTEST = "-m pytest"
 

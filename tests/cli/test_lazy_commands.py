@@ -19,6 +19,21 @@ def _first_sentence(help_text: str) -> str:
     return paragraph
 
 
+def _reporting(report: str) -> list[str]:
+    """The argv that runs a trackway command (its words follow) and then prints `report`, Python read off its
+    process (what it imported), as the last line of stderr; it exits with the command's code."""
+    return [sys.executable, "-c",
+            "import sys; from trackway.cli.errors import run_app; from trackway.cli.main import app; "
+            f"code = run_app(app, sys.argv[1:]); print({report}, file=sys.stderr); sys.exit(code)"]
+
+
+def _isolated(tmp_path) -> dict[str, str]:
+    """An environment whose trackway home (its SQLite ledger) is under `tmp_path`, starting no background supervisor."""
+    env = {**os.environ, "TRACKWAY_HOME": str(tmp_path / "home"), "TRACKWAY_BACKGROUND_SUPERVISOR": "0"}
+    env.pop("TRACKWAY_DB", None)
+    return env
+
+
 def test_the_table_lists_every_command_with_its_own_first_sentence():
     commands = typer.main.get_command(app).load_all()  # type: ignore[attr-defined]
     assert sorted(commands) == sorted(COMMANDS), "a module registers a command the table does not list (or the reverse)"
@@ -27,18 +42,15 @@ def test_the_table_lists_every_command_with_its_own_first_sentence():
 
 
 def test_help_and_a_command_import_only_what_they_use():
-    probe = (
-        "import sys; from trackway.cli.errors import run_app; from trackway.cli.main import app; "
-        "code = run_app(app, sys.argv[1:]); "
-        "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'sqlalchemy', 'sqlglot', 'torch', 'alembic'}); "
-        "cli = sorted(m for m in sys.modules if m.startswith('trackway.cli.') and m.endswith('_cmd')); "
-        "print(heavy, cli, file=sys.stderr)"
+    probe = _reporting(
+        "sorted({m.split('.')[0] for m in sys.modules} & {'sqlalchemy', 'sqlglot', 'torch', 'alembic'}), "
+        "sorted(m for m in sys.modules if m.startswith('trackway.cli.') and m.endswith('_cmd'))"
     )
-    help_run = subprocess.run([sys.executable, "-c", probe, "--help"], capture_output=True, text=True, check=True)
+    help_run = subprocess.run([*probe, "--help"], capture_output=True, text=True, check=True)
     assert "submit" in help_run.stdout and "explain" in help_run.stdout
     assert help_run.stderr.strip() == "[] []", "--help imported what it does not need: " + help_run.stderr
 
-    init_help = subprocess.run([sys.executable, "-c", probe, "init", "--help"], capture_output=True, text=True, check=True)
+    init_help = subprocess.run([*probe, "init", "--help"], capture_output=True, text=True, check=True)
     assert "trackway.toml" in init_help.stdout
     assert "'trackway.cli.init_cmd'" in init_help.stderr and "runs_cmd" not in init_help.stderr
 
@@ -59,19 +71,14 @@ def test_help_summaries_fit_the_terminal_and_say_when_they_are_cut(tmp_path):
 def test_show_runs_and_explain_read_a_sqlite_ledger_without_sqlalchemy(tmp_path):
     """`show` had come to import SQLAlchemy through the run's criteria (0.29 s instead of 0.10 s a call); `explain`
     read the ledger through SQLAlchemy (0.33 s, 3.7x `show`)."""
-    env = {**os.environ, "TRACKWAY_HOME": str(tmp_path / "home"), "TRACKWAY_BACKGROUND_SUPERVISOR": "0"}
-    env.pop("TRACKWAY_DB", None)
+    env = _isolated(tmp_path)
     done = subprocess.run([sys.executable, "-m", "trackway", "submit", "--name", "quick", "--expect", "final.loss < 2",
                            "--", sys.executable, "-c", "pass"], capture_output=True, text=True, env=env, cwd=tmp_path,
                           timeout=120)
     assert done.returncode == 0, done.stderr
-    probe = (
-        "import sys; from trackway.cli.errors import run_app; from trackway.cli.main import app; "
-        "code = run_app(app, sys.argv[1:]); "
-        "print(sorted({m.split('.')[0] for m in sys.modules} & {'sqlalchemy', 'alembic'}), file=sys.stderr)"
-    )
+    probe = _reporting("sorted({m.split('.')[0] for m in sys.modules} & {'sqlalchemy', 'alembic'})")
     for command in (["show", "quick"], ["runs"], ["explain", "quick"], ["explain", "quick/1", "--json"]):
-        shown = subprocess.run([sys.executable, "-c", probe, *command], capture_output=True, text=True, env=env,
+        shown = subprocess.run([*probe, *command], capture_output=True, text=True, env=env,
                                cwd=tmp_path, timeout=120)
         assert shown.returncode == 0 and shown.stderr.strip().splitlines()[-1] == "[]", (command, shown.stderr)
 
@@ -79,17 +86,11 @@ def test_show_runs_and_explain_read_a_sqlite_ledger_without_sqlalchemy(tmp_path)
 def test_a_submit_with_nothing_to_check_builds_no_settings_models_and_a_bad_table_is_still_refused(tmp_path):
     """A submit imported pydantic for an absent [retry] and no --watch, and YAML, statistics and NVML's bindings on a
     machine without a driver: 0.91 s of CPU, 0.70 s without them (`farm-bench --vs`, 2026-11-30)."""
-    env = {**os.environ, "TRACKWAY_HOME": str(tmp_path / "home"), "TRACKWAY_BACKGROUND_SUPERVISOR": "0"}
-    env.pop("TRACKWAY_DB", None)
-    probe = (
-        "import sys; from trackway.cli.errors import run_app; from trackway.cli.main import app; "
-        "code = run_app(app, sys.argv[1:]); "
-        "print(sorted({m.split('.')[0] for m in sys.modules} & {'pydantic', 'yaml', 'statistics'}), file=sys.stderr); "
-        "sys.exit(code)"
-    )
+    env = _isolated(tmp_path)
+    probe = _reporting("sorted({m.split('.')[0] for m in sys.modules} & {'pydantic', 'yaml', 'statistics'})")
 
     def submit(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-c", probe, "submit", *args, "--", sys.executable, "-c", "pass"],
+        return subprocess.run([*probe, "submit", *args, "--", sys.executable, "-c", "pass"],
                               capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
 
     (tmp_path / "home").mkdir()
@@ -109,16 +110,11 @@ def test_a_submit_with_nothing_to_check_builds_no_settings_models_and_a_bad_tabl
 def test_a_detached_submit_launches_without_loading_the_control_loop(tmp_path):
     """`submit --detach` leaves its run to a background supervisor: the loop it never ticks (watchers, evaluations,
     notifications) is not imported. 0.74 s of CPU before, 0.72 s after (`farm-bench --vs`, 11 pairs, 2026-11-30)."""
-    env = {**os.environ, "TRACKWAY_HOME": str(tmp_path / "home"), "TRACKWAY_BACKGROUND_SUPERVISOR": "0"}
-    env.pop("TRACKWAY_DB", None)
-    probe = (
-        "import sys; from trackway.cli.errors import run_app; from trackway.cli.main import app; "
-        "code = run_app(app, sys.argv[1:]); "
-        "print('trackway.supervisor.loop' in sys.modules, file=sys.stderr); sys.exit(code)"
-    )
+    env = _isolated(tmp_path)
     (tmp_path / "home").mkdir()
-    done = subprocess.run([sys.executable, "-c", probe, "submit", "--detach", "--name", "left", "--", sys.executable,
-                           "-c", "pass"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    done = subprocess.run([*_reporting("'trackway.supervisor.loop' in sys.modules"), "submit", "--detach", "--name",
+                           "left", "--", sys.executable, "-c", "pass"],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     assert done.returncode == 0 and done.stderr.strip().splitlines()[-1] == "False", done.stderr
     assert done.stdout.strip(), "the run's id is printed"
     runs = subprocess.run([sys.executable, "-m", "trackway", "runs", "--json"], capture_output=True, text=True, env=env,

@@ -11,6 +11,7 @@
     torch_state  a PyTorch checkpoint's content, loaded with weights_only
     hashing      a payload file hashed while it is written (sha256 on a thread of its own; blake3 where asked)
     verified_read  a payload file read once for loading, hashed on a thread of its own as it is read
+    prefault     the memory a restore reads into, faulted in ahead of the reader on a thread of its own
     formats      payload formats ("torch": state.pt, "safetensors": state.safetensors) and their files
     safetensors_state  a state as one safetensors file
     async_save   saving while training continues

@@ -3,12 +3,16 @@
     loader's thread                                       hasher thread (one per file)
     readinto piece by piece, in file order ─── queue ───► blake3.update(the bytes just read)
     (all read) ─ join ─► size and digest against the manifest ─► the pieces, or CheckpointCorrupt
+                                                          prefault thread (prefault.py)
+                                                          the regions' new pages faulted in, last first
 
 One read of the file does both jobs: the bytes hashed are the very bytes the loader then parses
 (a second read could see other bytes), and nothing of a file that fails is parsed at all. Reading
 (the disk, or a copy out of the page cache) and hashing overlap on two cores; the digest is the
 manifest entry's blake3 where it has one (about 4.5 GB/s on a core here, faster than a cold read),
 else its sha256 (one sequential stream at about 1.7 GB/s, which the read then waits for; digests.py).
+In a new process the regions are new pages, each faulted in at its first write, which costs about
+as much as the copy: a third thread faults them in ahead of the reader (prefault.py).
 
 Regions the caller names (a tensor's bytes) are read into memory of their own from `allocate`
 (a torch storage), which the loader hands out as it lies, without another copy; the rest (zip
@@ -30,6 +34,7 @@ from typing import Any
 
 from trackway.checkpoints.digests import new_hasher, usable_cores, verified_by
 from trackway.checkpoints.layout import CheckpointCorrupt, CheckpointError
+from trackway.checkpoints.prefault import Prefaulter
 
 CHUNK = 8 << 20  # one readinto and one hash step; the hasher trails the reader by whole chunks
 
@@ -156,6 +161,7 @@ def _read_hashing(f: Any, pieces: list[Piece], algorithm: str) -> str | None:
 
     hasher = threading.Thread(target=hash_chunks, name=f"{algorithm} verify", daemon=True)
     hasher.start()
+    prefault = Prefaulter([piece.view for piece in pieces if piece.region])
     complete = False
     try:
         for piece in pieces:
@@ -168,6 +174,7 @@ def _read_hashing(f: Any, pieces: list[Piece], algorithm: str) -> str | None:
                 done += n
         complete = True
     finally:
+        prefault.stop()
         chunks.put(None)
         hasher.join()  # the pieces must outlive every hash step that reads them
     if failed:

@@ -182,3 +182,31 @@ def test_a_broken_cache_costs_a_hashing_not_a_wrong_manifest(dataset: Path, tmp_
         path.write_bytes(b"\x00garbage")
     again = build_data_manifest([dataset], cache_dir=cache)
     assert again.hashed == 4 and again.sha256 == first.sha256
+
+
+def test_a_directory_listed_in_another_order_gives_the_same_manifest_without_hashing(
+        dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The cached manifest is keyed in the order the walk lists files; a filesystem may list an
+    # unchanged directory in another order, which must cost no hashing and change no entry.
+    cache = tmp_path / "cache"
+    _age(dataset)
+    first = build_data_manifest([dataset], cache_dir=cache)
+    listing = os.scandir
+
+    class Reversed:
+        def __init__(self, path: str) -> None:
+            self.entries = listing(path)
+
+        def __enter__(self) -> list[os.DirEntry]:
+            return list(reversed(list(self.entries)))
+
+        def __exit__(self, *exc: object) -> None:
+            self.entries.close()
+
+    monkeypatch.setattr(os, "scandir", Reversed)
+    reordered = build_data_manifest([dataset], cache_dir=cache)
+    again = build_data_manifest([dataset], cache_dir=cache)
+
+    for manifest in (reordered, again):
+        assert (manifest.hashed, manifest.sha256, manifest.canonical) == (0, first.sha256, first.canonical)
+    assert [f["path"] for f in reordered.files] == sorted(f["path"] for f in first.files)

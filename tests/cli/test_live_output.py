@@ -76,3 +76,19 @@ def test_a_name_stored_before_names_were_checked_is_printed_harmlessly(cli, tmp_
     listed = cli("runs").out
     assert "[bold]x[/bold]\\x1b[31mred" in listed, listed
     assert "\x1b" not in listed
+
+
+def test_a_burst_of_lines_printed_at_once_reads_as_each_printed_alone():
+    import io
+
+    from trackway.cli.render import _Console, say, say_lines
+
+    lines = ["r1/1 ended: oom [oom: same memory footprint]; stop: [default]", "\x1b[2J[rank0]: boom", ""]
+    alone, together = io.StringIO(), io.StringIO()
+    for line in lines:
+        say(_Console(file=alone, fits_width=False, width=20), line)
+    say_lines(_Console(file=together, fits_width=False, width=20), lines)
+    say_lines(_Console(file=together, fits_width=False, width=20), [])  # a tick without ends prints nothing
+
+    assert together.getvalue() == alone.getvalue()
+    assert together.getvalue().splitlines()[:2] == [lines[0], "\\x1b[2J[rank0]: boom"]

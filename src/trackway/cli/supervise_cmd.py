@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 import typer
 
 from trackway.cli.context import AppContext, app_context
-from trackway.cli.render import console, err_console, print_json, say
+from trackway.cli.render import console, err_console, print_json, say, say_lines
 from trackway.errors import InputError, TrackwayError
 from trackway.validation import finite
 
@@ -92,9 +92,8 @@ def _follower(app: AppContext):
 
 
 def tell(ends) -> None:
-    """Print each recorded end with its classification and the policy's decision."""
-    for end in ends:
-        say(console, describe_end(end))
+    """Print each recorded end with its classification and the policy's decision, a tick's ends at once."""
+    say_lines(console, [describe_end(end) for end in ends])
 
 
 def describe_end(end) -> str:

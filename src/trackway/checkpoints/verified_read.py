@@ -159,9 +159,10 @@ def _read_hashing(f: Any, pieces: list[Piece], algorithm: str) -> str | None:
             except BaseException as exc:  # noqa: BLE001 - raised on the reader's thread below
                 failed.append(exc)
 
+    # Started first: should it fail, no hasher is left waiting on the queue.
+    prefault = Prefaulter([piece.view for piece in pieces if piece.region])
     hasher = threading.Thread(target=hash_chunks, name=f"{algorithm} verify", daemon=True)
     hasher.start()
-    prefault = Prefaulter([piece.view for piece in pieces if piece.region])
     complete = False
     try:
         for piece in pieces:

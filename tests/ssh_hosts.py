@@ -171,6 +171,19 @@ class SshHost:
                 found.append(proc)
         return found
 
+    def running(self, text: str) -> list[psutil.Process]:
+        """The processes still running on this host whose command line holds `text`.
+
+        One that ended between the listing and the look is not running: gone, or a zombie (it has
+        exited and only waits for its parent to read its status; its command line can no longer be read).
+        """
+        found = []
+        for proc in self.processes():
+            with _gone():
+                if proc.status() != psutil.STATUS_ZOMBIE and text in " ".join(proc.cmdline()):
+                    found.append(proc)
+        return found
+
     def reclaim(self) -> None:
         """A spot pod taken back: every process on the host killed at once, its disk gone."""
         for proc in self.processes():

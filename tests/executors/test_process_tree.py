@@ -217,7 +217,7 @@ def test_cancel_on_an_ssh_host_ends_children_in_sessions_of_their_own(tmp_path, 
     submission = executor.submit(request)
 
     def the_child():
-        return [p for p in loopback_host.processes() if "time.sleep(301)" in " ".join(p.cmdline())]
+        return loopback_host.running("time.sleep(301)")
 
     def started():
         executor.poll(submission.handle)  # pulls the host's output.log here

@@ -149,7 +149,7 @@ def test_cancel_stops_the_process_group_on_the_host(tmp_path, loopback_host):
     status = wait_for(executor, submission.handle, lambda s: s.phase.is_terminal(), timeout=60)
 
     assert status.phase is JobPhase.ENDED and status.cancelled
-    left = [p for p in loopback_host.processes() if "sleep 300" in " ".join(p.cmdline())]
+    left = loopback_host.running("sleep 300")
     assert left == []  # the child the command started went with its group
 
 

@@ -107,7 +107,7 @@ def test_a_host_that_cannot_start_stops_the_others_and_is_named(tmp_path, netns_
     # The node that had started was stopped and its end kept, before the launch said it failed.
     stopped = json.loads((request.state_dir / "nodes" / "0" / "ssh-final.json").read_text())
     assert stopped["phase"] == "ended" and stopped["cancelled"] is True, stopped
-    left = [p for p in first.processes() if "job.py" in " ".join(p.cmdline())]
+    left = first.running("job.py")
     assert left == []
 
 
@@ -131,6 +131,6 @@ def test_a_lost_node_ends_the_gang_as_one_attempt_naming_it(tmp_path, netns_host
     assert status.phase is JobPhase.VANISHED and status.reason == "preempted", status
     assert status.evidence[0].startswith(f"the gang of 2 nodes ended with node 1 on {second.spec}:"), status.evidence
     assert any(line.startswith(f"node 0 on {first.spec}: ") for line in status.evidence)
-    left = [p for p in first.processes() if "job.py" in " ".join(p.cmdline())]
+    left = first.running("job.py")
     assert left == []  # the surviving node was stopped before the end was told
     assert executor.poll(submission.handle) == status

@@ -82,10 +82,11 @@ def build_data_manifest(
         _walk(flag_path, name, root, found)
     given = [abspath for _, _, abspath in roots]
     cache = _Cache(cache_dir, given) if cache_dir is not None else None
-    # Taken in the order the walk found the files, which an unchanged directory repeats: sorting
-    # 10,000 entries is ~6% of re-resolving them, and only a miss needs the manifest's order.
-    signature = _signature(found) if cache is not None else b""
+    signature = b""
     if cache is not None:
+        # Taken in the order the walk found the files, which an unchanged directory repeats: sorting
+        # 10,000 entries is ~6% of re-resolving them, and only a miss needs the manifest's order.
+        signature = _signature(found)
         remembered = cache.manifest(signature)
         if remembered is not None:
             return remembered
@@ -166,9 +167,9 @@ def _walk(flag_path: str, name: str, root: str, found: list[_Found]) -> None:
     pending = [(resolved, f"{name}/")]
     while pending:
         directory, base = pending.pop()
-        prefix = directory + os.sep
+        prefix = directory if directory.endswith(os.sep) else directory + os.sep  # `--data /` walks "/" itself
         try:
-            with _listing(directory) as (listing, relative):
+            with _listing(directory) as listing:
                 for entry in listing:
                     # A linked directory is not followed (a link cycle cannot loop); a linked file is.
                     if entry.is_dir(follow_symlinks=False):
@@ -180,27 +181,27 @@ def _walk(flag_path: str, name: str, root: str, found: list[_Found]) -> None:
                         raise InputError(f"--data {flag_path}: cannot read {base}{entry.name}: {e.strerror} "
                                          "(a broken symlink?)") from None
                     if info.st_mode & 0o170000 == regular:
-                        location = prefix + entry.name if relative else entry.path
-                        append((base + entry.name, location, info.st_size, info.st_mtime_ns, info.st_ino))
+                        append((base + entry.name, prefix + entry.name, info.st_size, info.st_mtime_ns, info.st_ino))
         except OSError as e:
             raise InputError(f"--data {flag_path}: cannot list {directory}: {e.strerror}") from None
 
 
 @contextmanager
-def _listing(directory: str) -> Iterator[tuple[list[os.DirEntry], bool]]:
-    """A directory's entries, and whether their `path`s are only names (listed through the directory's fd).
+def _listing(directory: str) -> Iterator[list[os.DirEntry]]:
+    """A directory's entries, listed through the directory's fd where the platform can.
 
     Through an fd, each entry's stat looks up one name in that directory instead of walking its
-    whole path again: 7% of re-resolving 10,000 unchanged files.
+    whole path again: 7% of re-resolving 10,000 unchanged files. (The entries' `path` is then only
+    their name: callers join names to the directory themselves.)
     """
     if os.scandir not in os.supports_fd:
         with os.scandir(directory) as listing:
-            yield list(listing), False
+            yield list(listing)
         return
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
         with os.scandir(fd) as listing:
-            yield list(listing), True
+            yield list(listing)
     finally:
         os.close(fd)
 

@@ -54,7 +54,7 @@ def say_lines(target: Console, lines: Iterable[str]) -> None:
     (a supervisor's burst of 10,000 ends took 1 s printed a line at a time, 0.25 s at once)."""
     text = "\n".join(printable(line) for line in lines)
     if text:
-        target.print(Text(text), highlight=False, soft_wrap=True)
+        say(target, Text(text))
 
 
 def fact(target: Console, label: str, value: Any, label_width: int = 14, indent: int = 2) -> None:

@@ -55,14 +55,20 @@ from trackway.checkpoints.torch_state import COPY, HostBuffers, Snapshot, captur
 PLAIN = "plain torch.save + fsync"
 
 
-def build_state(megabytes: int, device: str = "cpu") -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+def fresh_trainer(megabytes: int, device: str = "cpu") -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """A model whose state with Adam's is about `megabytes`, freshly initialised, and that Adam with no state yet."""
     # Adam keeps two moments per parameter, so the state is three times the weights.
     width = 2048
     layers = max(1, round(megabytes * 2**20 / 3 / 4 / (width * width)))
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)]).to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
-    model(torch.randn(4, width, device=device)).sum().backward()
+    return model, torch.optim.Adam(model.parameters(), lr=1e-4)
+
+
+def build_state(megabytes: int, device: str = "cpu") -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """`fresh_trainer` after one step, so that Adam holds its moments."""
+    model, optimizer = fresh_trainer(megabytes, device)
+    model(torch.randn(4, model[0].in_features, device=device)).sum().backward()
     optimizer.step()
     return model, optimizer
 

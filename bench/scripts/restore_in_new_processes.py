@@ -25,22 +25,17 @@ from pathlib import Path
 import torch
 from blake3 import blake3
 
-from trackway.checkpoints.manager import CheckpointManager
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench_checkpoint_speed import fresh_trainer  # noqa: E402
+
+from trackway.checkpoints.manager import CheckpointManager  # noqa: E402
 
 TRIALS = ("restore", "torch.load", "blake3")
 
 
-def resumed_trainer(megabytes: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    """The model of bench_checkpoint_speed.build_state, freshly initialised, and an Adam with no state yet."""
-    width = 2048
-    layers = max(1, round(megabytes * 2**20 / 3 / 4 / (width * width)))
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)])
-    return model, torch.optim.Adam(model.parameters(), lr=1e-4)
-
-
 def one_trial(trial: str, root: Path, megabytes: int) -> float:
-    model, optimizer = resumed_trainer(megabytes)
+    model, optimizer = fresh_trainer(megabytes)  # what a resume builds before it restores
     state_file = root / "step-00000001" / "state.pt"
     if trial == "blake3":
         data = state_file.read_bytes()

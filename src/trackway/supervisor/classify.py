@@ -42,6 +42,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from trackway.regex_prefilter import Prefilter, fold
 from trackway.redaction import redact
 from trackway.taxonomy import CONFIG_EXCEPTIONS, CONFIG_MESSAGE_PATTERN
 from trackway.taxonomy import TerminationReason as R
@@ -81,10 +82,20 @@ class LogRule:
     reason: R
     pattern: re.Pattern[str]
     only_before_progress: bool = False
+    # Asked first: a tail of 200 lines costs a pattern about a millisecond to search, its prefilter microseconds.
+    prefilter: Prefilter | None = None
+
+    def hits(self, lines: Sequence[str], folded: Sequence[str], whole: str) -> list[str]:
+        """The lines this rule matches; `folded`: each line folded (regex_prefilter.fold), `whole`: them all, joined."""
+        if self.prefilter is not None and not self.prefilter.may_match(whole):
+            return []
+        return [line for line, text in zip(lines, folded)
+                if (self.prefilter is None or self.prefilter.may_match(text)) and self.pattern.search(line)]
 
 
 def _rule(name: str, reason: R, pattern: str, *, only_before_progress: bool = False) -> LogRule:
-    return LogRule(name, reason, re.compile(pattern, re.IGNORECASE), only_before_progress)
+    compiled = re.compile(pattern, re.IGNORECASE)
+    return LogRule(name, reason, compiled, only_before_progress, Prefilter(compiled))
 
 
 # Order matters: the first rule with a matching line wins, so specific rules precede generic ones.
@@ -455,10 +466,12 @@ def _classify(evidence: Evidence) -> Classification:
 
 
 def _match_log(e: Evidence, skip: frozenset[str] = frozenset()) -> Classification | None:
+    folded = [fold(line) for line in e.log_tail]
+    whole = "\n".join(folded)
     for rule in LOG_RULES:
         if (rule.only_before_progress and e.made_progress) or rule.name in skip:
             continue
-        hits = [line for line in e.log_tail if rule.pattern.search(line)]
+        hits = rule.hits(e.log_tail, folded, whole)
         if hits and rule.name == "log:disk-full":
             full = find_disk_full(hits, context=e.log_tail[-1:]) or DiskFull()
             # The last line names what the script raised in the end (a save wrapping the ENOSPC, say).

@@ -217,6 +217,35 @@ def test_the_cycle_collector_is_paused_for_a_burst_and_left_as_it_was_found():
         gc.enable()
 
 
+def test_a_tick_runs_with_the_cycle_collector_paused_and_leaves_it_on(project):
+    """What a tick reads of thousands of attempts is not counted over and over by the collector while it runs."""
+    import gc
+
+    executor, ledger, supervisor, attempts = project
+    seen = []
+
+    class Looks:
+        def tick(self, supervisor):
+            seen.append(gc.isenabled())
+            return []
+
+        def settle(self, timeout):
+            pass
+
+    supervisor.duties = (Looks(),)
+    executor.ended[attempts[0]] = 1
+    assert [end.attempt_id for end in supervisor.tick()] == [attempts[0]]
+    assert seen == [False] and gc.isenabled()
+
+    def broken(handles):
+        raise RuntimeError("an executor's bug")
+
+    executor.poll_many = broken
+    with pytest.raises(RuntimeError):
+        supervisor.tick()
+    assert gc.isenabled()  # on again after a tick that failed
+
+
 def test_an_end_is_decided_by_its_own_projects_retry_policy_not_the_supervisors(tmp_path, sqlite_url):
     # A supervisor started in another project (a background one, say) decides each run's retry by the
     # [retry] of the project the run was submitted from, as it prices and places it.

@@ -161,6 +161,8 @@ def _sources(spool: str, there: tuple[list[str], frozenset[str]] | None,
     `ingest_attempt`; None looks in each candidate directory.
     """
     sources = _sources_in(Path(spool), "", there) if there is not None and there[1] else []
+    if fallbacks is not None and not fallbacks:
+        return sources  # none there at all: not worth a digest of this spool's path to name its own
     for name in fallback_dir_names(spool):
         if fallbacks is not None and name not in fallbacks:
             continue

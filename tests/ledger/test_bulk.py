@@ -109,6 +109,20 @@ def test_rows_updated_through_the_driver_hold_what_an_update_statement_stores(fi
     assert rows["r00021/1"]["state_dir"] == "/s" and rows["r00021/1"]["gpu_count"] == 1  # the rest as it was
 
 
+@pytest.mark.parametrize("when", [
+    datetime(2026, 11, 29, 15, 0, 0, tzinfo=timezone.utc),  # on a whole second: its microseconds are written too
+    datetime(2026, 11, 29, 15, 0, 1, 7),  # naive: taken for UTC
+    datetime(2026, 11, 30, 1, 0, 2, 999999, tzinfo=timezone(timedelta(hours=-9, minutes=-30))),  # the next day in UTC
+], ids=["whole-second", "naive", "other-zone"])
+def test_a_time_is_held_as_the_text_an_update_statement_stores(filled, when):
+    with filled.write() as conn:
+        update_many(conn, attempts, "attempt_id", [{"attempt_id": "r00031/1", "ended_at": when}])
+        conn.execute(update(attempts).where(attempts.c.attempt_id == "r00032/1").values(ended_at=when))
+        rows, held = _stored(conn, ["r00031/1", "r00032/1"])
+    assert held["r00031/1"] == held["r00032/1"]
+    assert rows["r00031/1"]["ended_at"] == rows["r00032/1"]["ended_at"] == when.replace(tzinfo=when.tzinfo or timezone.utc)
+
+
 def test_a_row_holding_the_unless_value_is_left_as_it_is(filled):
     with filled.write() as conn:
         conn.execute(update(attempts).where(attempts.c.attempt_id == "r00031/1").values(state="ended", exit_code=0))

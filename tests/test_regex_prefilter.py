@@ -28,8 +28,11 @@ def test_every_character_a_case_insensitive_ascii_letter_matches_folds_to_that_l
 def test_what_every_match_holds_is_read_from_the_pattern():
     assert needs(re.compile("CUDA out of memory|OutOfMemoryError", re.I)) == Need(
         False, ("cuda out of memory", "outofmemoryerror"))
-    # A class between two runs: both runs are needed. An optional group needs nothing.
-    assert needs(re.compile(r"grad[_ ]norm(?: is)?")) == Need(True, ("grad", "norm"))
+    # A small class spells the run each way it allows; an optional group needs nothing.
+    assert needs(re.compile(r"grad[_ ]norm(?: is)?")) == Need(False, ("grad norm", "grad_norm"))
+    # A class too wide to spell out (a category, a negation, many letters) ends the run: both sides are needed.
+    assert needs(re.compile(r"grad\w+norm[^x]?[a-z]s")) == Need(True, ("grad", "norm", "s"))
+    assert needs(re.compile(r"xox[abpr]-", re.I)) == Need(False, ("xoxa-", "xoxb-", "xoxp-", "xoxr-"))
     # One branch that needs nothing leaves the alternation needing nothing.
     assert needs(re.compile(r"\berror\b|\d+ failed|x*")) is None
     assert needs(re.compile(r"(?:ab)+c{2,}")) == Need(True, ("ab", "c"))
@@ -87,3 +90,4 @@ def test_no_line_a_log_rule_matches_is_turned_away(rule):
     for line in lines:
         assert prefilter.may_match(fold(line)), line
     assert prefilter.may_match(fold("\n".join(["step 1 loss 2.0", *lines[:1], "done"])))
+

@@ -24,12 +24,15 @@ from re import _parser
 # The non-ASCII characters `re` matches to an ASCII letter under IGNORECASE (every code point asked, once:
 # tests/test_regex_prefilter.py), as that letter. Mapped before lowering: `"İ".lower()` is two characters.
 _LIKE_ASCII = str.maketrans({"\u0130": "i", "\u0131": "i", "\u017f": "s", "\u212a": "k"})
+_ODD_LETTERS = ("\u0130", "\u0131", "\u017f", "\u212a")
 
 
 def fold(text: str) -> str:
     """`text` as prefilters compare it (see the module): where a case-insensitive pattern's ASCII literal matches
     in `text`, it is found, lowered, in `fold(text)`."""
-    return text.lower() if text.isascii() else text.translate(_LIKE_ASCII).lower()
+    if text.isascii() or not any(char in text for char in _ODD_LETTERS):
+        return text.lower()
+    return text.translate(_LIKE_ASCII).lower()  # (a translation is slow: a progress bar's line asks it otherwise)
 
 
 @dataclass(frozen=True)
@@ -64,26 +67,54 @@ def needs(pattern: re.Pattern[str]) -> str | Need | None:
     return _in_sequence(_parser.parse(pattern.pattern, pattern.flags))
 
 
+# A class of at most this many characters continues a run of literals as that many spellings (`gh[pousr]_`: five),
+# and a run is kept while it has at most RUN_SPELLINGS of them.
+CLASS_CHARS = 8
+RUN_SPELLINGS = 32
+
+
 def _in_sequence(items) -> str | Need | None:
     """Every piece a sequence of parsed items needs, each a run of literals or what one item needs."""
     found: list[str | Need] = []
-    run: list[str] = []
+    run = [""]  # the run of literals so far, in each spelling its classes allow
     for op, value in items:
-        if op is sre.LITERAL and value < 0x80:
-            run.append(chr(value))
+        chars = _small_class(value) if op is sre.IN else [chr(value)] if op is sre.LITERAL and value < 0x80 else None
+        if chars is not None and len(run) * len(chars) <= RUN_SPELLINGS:
+            run = [spelled + char for spelled in run for char in chars]
             continue
-        # Anything else ends a run of literals: a non-ASCII letter too, whose other cases `fold` may not write alike.
-        if run:
-            found.append(fold("".join(run)))
-            run = []
-        need = _in_item(op, value)
+        # Anything else ends a run: a non-ASCII letter too, whose other cases `fold` may not write alike.
+        _close(run, found)
+        run = [""] if chars is None else list(chars)
+        need = _in_item(op, value) if chars is None else None
         if need is not None:
             found.append(need)
-    if run:
-        found.append(fold("".join(run)))
+    _close(run, found)
     if not found:
         return None
     return found[0] if len(found) == 1 else Need(True, tuple(found))
+
+
+def _small_class(members) -> list[str] | None:
+    """The characters of a class (`[pousr]`, `[a-c]`) as folded strings, when it is a few ASCII ones; else None."""
+    chars: set[str] = set()
+    for op, value in members:
+        if op is sre.LITERAL and value < 0x80:
+            chars.add(chr(value))
+        elif op is sre.RANGE and value[1] < 0x80 and value[1] - value[0] < CLASS_CHARS:
+            chars.update(chr(code) for code in range(value[0], value[1] + 1))
+        else:
+            return None  # a negated class, a category (\d, \w), a wide range, a non-ASCII character
+    folded = sorted({fold(char) for char in chars})
+    return folded if len(folded) <= CLASS_CHARS else None
+
+
+def _close(run: list[str], found: list[str | Need]) -> None:
+    """Add a finished run of literals to what a sequence needs: one spelling, or any of several."""
+    spellings = sorted({fold(spelled) for spelled in run if spelled})
+    if len(spellings) == 1:
+        found.append(spellings[0])
+    elif spellings:
+        found.append(Need(False, tuple(spellings)))
 
 
 def _in_item(op, value) -> str | Need | None:

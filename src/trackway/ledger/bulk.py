@@ -132,8 +132,9 @@ def _bind_processor(conn: Connection, table: Table, name: str) -> Callable[[Any]
 
 def _sqlite_utc_text(general: Callable[[Any], Any]) -> Callable[[Any], Any]:
     """A UTC time as SQLAlchemy writes it into SQLite (naive UTC, `YYYY-MM-DD HH:MM:SS.ffffff`), from datetime's own
-    C formatter: SQLAlchemy's two steps (UTCDateTime's, then its format string) cost a burst of 10,000 ends
-    about 5% of writing them. Anything but a plain datetime goes SQLAlchemy's way."""
+    C formatter: SQLAlchemy's two steps (UTCDateTime's, then its format string) were about 9% of writing a burst's
+    receipts (2% of the instructions of the tick that records them). Anything but a plain datetime goes SQLAlchemy's
+    way."""
     def convert(value: Any) -> Any:
         if type(value) is not datetime:
             return general(value)

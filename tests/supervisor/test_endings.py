@@ -247,10 +247,13 @@ def small_disk(tmp_path: Path):
 
 def test_a_script_that_completes_on_a_disk_it_filled_is_completed_with_the_full_disk_said(
         tmp_path, sqlite_url, small_disk, monkeypatch):
-    # The spool's fallback directory is elsewhere (the temp dir): no point is lost. No checkpoint is due
-    # after the disk filled (a save there would fail, and rightly end the attempt as disk full).
+    # The spool's fallback directory is elsewhere (the test's own, not the machine's temp dir, which every later
+    # supervisor there would list): no point is lost. No checkpoint is due after the disk filled (a save there
+    # would fail, and rightly end the attempt as disk full).
+    fallback = str(tmp_path / "fallback")
+    monkeypatch.setenv("TRACKWAY_SPOOL_FALLBACK", fallback)  # the ingester's, in this process
     project = Project(tmp_path / "work", sqlite_url, "", home=small_disk / "home")
-    run_id = project.submit(FILL_DISK=str(small_disk), STEPS="5", STEP_S="0.02")
+    run_id = project.submit(FILL_DISK=str(small_disk), STEPS="5", STEP_S="0.02", TRACKWAY_SPOOL_FALLBACK=fallback)
     project.ended(run_id)
     (attempt,) = project.attempts(run_id)
     evidence = _evidence(attempt)

@@ -24,7 +24,7 @@ from re import _parser
 # The non-ASCII characters `re` matches to an ASCII letter under IGNORECASE (every code point asked, once:
 # tests/test_regex_prefilter.py), as that letter. Mapped before lowering: `"İ".lower()` is two characters.
 _LIKE_ASCII = str.maketrans({"\u0130": "i", "\u0131": "i", "\u017f": "s", "\u212a": "k"})
-_ODD_LETTERS = ("\u0130", "\u0131", "\u017f", "\u212a")
+_ODD_LETTERS = tuple(map(chr, _LIKE_ASCII))
 
 
 def fold(text: str) -> str:
@@ -52,7 +52,6 @@ class Prefilter:
     False where the pattern matches."""
 
     def __init__(self, pattern: re.Pattern[str]):
-        self.pattern = pattern
         self.need = needs(pattern)
 
     def may_match(self, folded: str) -> bool:

@@ -83,19 +83,21 @@ class LogRule:
     pattern: re.Pattern[str]
     only_before_progress: bool = False
     # Asked first: a tail of 200 lines costs a pattern about a millisecond to search, its prefilter microseconds.
-    prefilter: Prefilter | None = None
+    prefilter: Prefilter = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "prefilter", Prefilter(self.pattern))
 
     def hits(self, lines: Sequence[str], folded: Sequence[str], whole: str) -> list[str]:
         """The lines this rule matches; `folded`: each line folded (regex_prefilter.fold), `whole`: them all, joined."""
-        if self.prefilter is not None and not self.prefilter.may_match(whole):
+        if not self.prefilter.may_match(whole):
             return []
-        return [line for line, text in zip(lines, folded)
-                if (self.prefilter is None or self.prefilter.may_match(text)) and self.pattern.search(line)]
+        may_match, search = self.prefilter.may_match, self.pattern.search
+        return [line for line, text in zip(lines, folded) if may_match(text) and search(line)]
 
 
 def _rule(name: str, reason: R, pattern: str, *, only_before_progress: bool = False) -> LogRule:
-    compiled = re.compile(pattern, re.IGNORECASE)
-    return LogRule(name, reason, compiled, only_before_progress, Prefilter(compiled))
+    return LogRule(name, reason, re.compile(pattern, re.IGNORECASE), only_before_progress)
 
 
 # Order matters: the first rule with a matching line wins, so specific rules precede generic ones.

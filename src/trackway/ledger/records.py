@@ -135,16 +135,23 @@ def run_state_for(reason: TerminationReason) -> RunState:
 
 @dataclass(frozen=True)
 class AttemptEndRecord:
-    """One attempt's end as `record_attempt_ends` writes it (see `record_attempt_end` for the fields)."""
+    """One attempt's end as `record_attempt_ends` writes it (see `record_attempt_end` for the fields).
+
+    Its evidence is redacted as the record is made (`redacted_evidence`: its JSON after), so that a
+    caller that makes many before the write transaction does not redact them under the write lock.
+    """
 
     attempt: Mapping[str, Any]
     ended_at: Any
     reason: TerminationReason
-    evidence: str | Mapping[str, Any]  # its JSON, or the record itself (see `redacted_evidence`)
+    evidence: str | Mapping[str, Any]  # its JSON, or the record itself; redacted JSON once made
     exit_code: int | None
     signal: int | None
     cost_per_gpu_hour: float
     secrets: Sequence[str] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "evidence", redacted_evidence(self.evidence, self.secrets))  # frozen: set once, here
 
 
 def record_attempt_end(
@@ -226,7 +233,7 @@ def end_rows(conn: Connection, ends: Sequence[AttemptEndRecord], still_open: set
             "gpu_seconds": gpu_seconds, "useful_gpu_seconds": useful, "wasted_gpu_seconds": gpu_seconds - useful,
             "cost_usd": gpu_seconds / 3600 * end.cost_per_gpu_hour, "exit_code": end.exit_code, "signal": end.signal,
             "termination_reason": end.reason.value,
-            "termination_evidence": redacted_evidence(end.evidence, end.secrets),
+            "termination_evidence": end.evidence,
         })
         rows.runs.append({"run_id": attempt["run_id"], "state": run_state_for(end.reason).value,
                           "termination_reason": end.reason.value, "ended_at": end.ended_at})

@@ -162,21 +162,21 @@ def write_ends(ledger: Ledger, settings: Settings, prepared: Sequence[PreparedEn
     written here, under the lock.
     """
     runs = {p.attempt["run_id"]: p.run for p in prepared}
+    records = []
+    prices: dict[tuple[Any, Any], float] = {}  # a burst's runs share a few projects and resources
+    for p in prepared:
+        run = runs[p.attempt["run_id"]]
+        resource = p.attempt["resource"] or run["resource"]
+        if (run["workdir"], resource) not in prices:
+            # Priced where it ran, as the run's own project declares that resource.
+            prices[run["workdir"], resource] = project_settings(settings, run).resource(resource).cost_per_gpu_hour
+        records.append(AttemptEndRecord(
+            p.attempt, ended_at=p.ended_at, reason=p.verdict.reason,
+            evidence=p.verdict.evidence_record(p.evidence, p.secrets),
+            exit_code=p.status.exit_code, signal=p.status.signal,
+            cost_per_gpu_hour=prices[run["workdir"], resource],
+            secrets=p.secrets))
     with ledger.write() as conn:
-        records = []
-        prices: dict[tuple[Any, Any], float] = {}  # a burst's runs share a few projects and resources
-        for p in prepared:
-            run = runs[p.attempt["run_id"]]
-            resource = p.attempt["resource"] or run["resource"]
-            if (run["workdir"], resource) not in prices:
-                # Priced where it ran, as the run's own project declares that resource.
-                prices[run["workdir"], resource] = project_settings(settings, run).resource(resource).cost_per_gpu_hour
-            records.append(AttemptEndRecord(
-                p.attempt, ended_at=p.ended_at, reason=p.verdict.reason,
-                evidence=p.verdict.evidence_record(p.evidence, p.secrets),
-                exit_code=p.status.exit_code, signal=p.status.signal,
-                cost_per_gpu_hour=prices[run["workdir"], resource],
-                secrets=p.secrets))
         # The runs' attempts first, locked: which of these are still open, and what the retry decisions read.
         rows_of = attempts_of_runs(conn, list(runs), columns=(*DECIDED_BY, "attempt_id", "state"), lock=True)
         rows = end_rows(conn, records, still_open={row["attempt_id"] for rows in rows_of.values() for row in rows

@@ -1,6 +1,6 @@
 """Ends recorded together (supervisor/endings.py): every receipt whole, and one attempt's failure loses no other's.
 
-The attempts run on an executor of this file's that reports the ends a test gives it, as the local
+The attempts run on an executor that reports the ends a test gives it (tests/given_ends.py), as the local
 executor reports an `exit.json`: what is exercised is the supervisor's recording, on a real ledger.
 """
 
@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from trackway.executors.base import Executor, JobHandle, JobPhase, JobStatus, Submission
+from given_ends import Given
+
+from trackway.executors.base import JobPhase, JobStatus
 from trackway.ledger import open_ledger
 from trackway.ledger.records import list_attempts, resolve_run
 from trackway.ledger.schema import attempt_events
@@ -22,33 +24,6 @@ from trackway.settings import load_settings
 from trackway.supervisor.launch import start_attempt
 from trackway.supervisor.loop import Supervisor
 from trackway.supervisor.submit import RunSpec, submit_run
-
-
-class Given(Executor):
-    """Jobs that run until the test ends them: `ended[job id] = exit code`."""
-
-    name = "local"
-
-    def __init__(self):
-        self.ended: dict[str, int] = {}
-
-    def submit(self, request):
-        Path(request.log_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(request.log_path).write_text("step 0\nTraceback (most recent call last):\nValueError: bad batch\n")
-        return Submission(JobHandle(self.name, request.attempt_id, Path(request.state_dir)), host="here", gpu_ids=[],
-                          gpu_model=None, started_at=datetime.now(timezone.utc), pid=None)
-
-    def poll(self, handle):
-        code = self.ended.get(handle.job_id)
-        if code is None:
-            return JobStatus(phase=JobPhase.RUNNING)
-        return JobStatus(phase=JobPhase.ENDED, exit_code=code, ended_at=datetime.now(timezone.utc))
-
-    def cancel(self, handle):
-        raise NotImplementedError
-
-    def logs(self, handle):
-        return Path(handle.state_dir) / "output.log"
 
 
 @pytest.fixture

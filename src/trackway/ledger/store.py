@@ -189,6 +189,7 @@ class Ledger:
         self.dialect = engine.dialect.name
         self._write_lock = threading.Lock()
         self._checkpoint_pages = AUTOCHECKPOINT_PAGES
+        self._copied_pools: list = []  # a forked child's copies of its parent's connections (use_own_connections)
 
     @contextmanager
     def write(self) -> Iterator[Connection]:
@@ -264,6 +265,22 @@ class Ledger:
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+    def forkable(self) -> bool:
+        """Whether a child forked now copies no connection in use (none in a transaction half-way)."""
+        checked_out = getattr(self.engine.pool, "checkedout", None)
+        return checked_out is not None and checked_out() == 0 and not self._write_lock.locked()
+
+    def use_own_connections(self) -> None:
+        """In a forked child: connections of its own from here on (see supervisor/burst_split.py).
+
+        The copied ones are kept, never used and never closed: closing a copy of a PostgreSQL
+        connection ends the parent's session, and closing a copied SQLite file lets go of this
+        process's own locks on it.
+        """
+        self._copied_pools.append(self.engine.pool)
+        self.engine.dispose(close=False)
+        self._write_lock = threading.Lock()
 
 
 def as_ledger_error(exc: BaseException, url: URL | None = None) -> LedgerError | None:

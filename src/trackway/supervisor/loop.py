@@ -37,6 +37,7 @@ from trackway.ledger.registration import register_all_pending
 from trackway.ledger.schema import attempt_events, attempts, runs
 from trackway.ledger.records import active_attempts, resolve_run, unhanded_attempts, update_run
 from trackway.settings import Settings
+from trackway.supervisor import burst_split
 from trackway.supervisor.endings import AttemptEnd, attempts_by_id, notices_without_finish, prepare_end, record_ends, runs_by_id
 from trackway.supervisor.launch import run_secret_values, start_attempt
 from trackway.supervisor.retry import due_retries
@@ -422,7 +423,18 @@ class Supervisor:
         while each batch committed is readable at once. One end per run in a batch: a second end of
         one run waits for the next batch, decided after the first. An attempt whose end cannot be
         prepared (its files unreadable, a bug) leaves the others to be recorded, and is raised after them.
+        A burst of thousands is recorded in two processes where a second core is there (supervisor/burst_split.py).
         """
+        if burst_split.worth_splitting(len(ended), self.ledger):
+            ends, failure = self._end_in_two(ended)
+        else:
+            ends, failure = self._end_these(ended)
+        if failure is not None:
+            raise failure
+        return ends
+
+    def _end_these(self, ended: list[tuple[Any, JobStatus]]) -> tuple[list[AttemptEnd], Exception | None]:
+        """`_end_all` in this process: the ends recorded, and the first error met (a ledger's failure is raised)."""
         ends: list[AttemptEnd] = []
         failure: Exception | None = None
         # A burst: SQLite's checkpoint waits for its last batch instead of delaying the next one's receipts.
@@ -443,9 +455,39 @@ class Supervisor:
                     raise
                 except Exception as exc:  # noqa: BLE001 - the others were recorded (see endings.record_ends)
                     failure = failure or exc
-        if failure is not None:
-            raise failure
-        return ends
+        return ends, failure
+
+    def _end_in_two(self, ended: list[tuple[Any, JobStatus]]) -> tuple[list[AttemptEnd], Exception | None]:
+        """`_end_these` over every other run's ends, a forked child's over the rest (supervisor/burst_split.py)."""
+        mine, theirs = burst_split.by_run(ended)
+        if not theirs:  # the ends of one run: a batch at a time, in order, in this process
+            return self._end_these(ended)
+        found = len(self.findings)
+
+        def their_part() -> burst_split.Answer:
+            try:
+                return burst_split.Answer(*self._end_these(theirs), self.findings[found:])
+            except Exception as exc:  # noqa: BLE001 - the ledger's failure: raised by the parent
+                return burst_split.Answer([], exc, self.findings[found:])
+
+        try:
+            helper = burst_split.Helper(their_part, self.ledger)
+        except OSError:  # no fork now (out of memory, of processes): one process records them all
+            return self._end_these(ended)
+        try:
+            ends, failure = self._end_these(mine)
+        finally:
+            answer = helper.answer()  # waited for whatever this process met: the child writes to the same ledger
+            for attempt, _ in theirs:  # what the child forgot of the attempts it ended, forgotten here too
+                self.outside_checkpoints.forget(attempt["attempt_id"])
+                self._resume_checked.discard(attempt["attempt_id"])
+        if answer is None:
+            self.findings.append((theirs[0][0]["attempt_id"], (
+                f"the child recording {len(theirs)} of this burst's ends (pid {helper.pid}) ended without an answer "
+                f"({helper.ended_how}): the receipts it committed are in the ledger, the next tick records the rest")))
+            return ends, failure
+        self.findings += answer.findings
+        return ends + answer.ends, failure or answer.failure
 
     def _gathered(self, batch: list[tuple[Any, JobStatus]]) -> list[tuple[Any, JobStatus, dict | None, dict, bool]]:
         """What each ended attempt wrote last brought in, then its row and its notice read, for all at once.

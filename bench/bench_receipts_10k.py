@@ -13,7 +13,8 @@ is read, classified and decided as a real one. Runs are submitted and launched t
 `submit_run` and `start_attempt` as any run is (ten of them; the rest copy their rows), in a project
 whose trackway.toml declares its resource. The supervisor is `trackway supervise`'s
 (supervision.supervisor_for, ticking every 1 s) in a process of its own, and the ledger is
-polled every 50 ms from this one with sqlite3, as a user would read it.
+polled every 50 ms from this one with sqlite3, as a user would read it. With two CPUs, that
+supervisor records the burst in two processes, as it does anywhere (supervisor/burst_split.py).
 
 `BENCH_ATTEMPTS` changes the count (default 10,000); `--supervise HOME` is the child's entry point.
 """

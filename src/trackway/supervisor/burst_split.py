@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import sys
 import threading
 import traceback
 from collections.abc import Callable, Sequence
@@ -70,6 +71,10 @@ class Helper:
 
     def __init__(self, work: Callable[[], Answer], ledger: Ledger) -> None:
         answers, reply = os.pipe()
+        for stream in (sys.stdout, sys.stderr):
+            # What this process buffered but had not written would be written twice, once by the child.
+            if stream is not None:
+                stream.flush()
         self.pid = os.fork()
         if self.pid == 0:  # the child
             os.close(answers)
@@ -89,9 +94,10 @@ class Helper:
         else:
             self.ended_how = (f"killed by signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status)
                               else f"exit status {os.WEXITSTATUS(status)}")
-        if not data:
+        try:
+            return pickle.loads(data) if data else None
+        except Exception:  # noqa: BLE001 - cut short (killed while it wrote): no answer, as if none came
             return None
-        return pickle.loads(data)
 
 
 def _serve(work: Callable[[], Answer], ledger: Ledger, reply: int) -> None:

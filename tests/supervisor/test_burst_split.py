@@ -36,7 +36,7 @@ def split(monkeypatch):
     """Bursts of 4 ends or more split; the helpers forked, as they were made."""
     monkeypatch.setattr(burst_split, "SPLIT_MIN_ENDS", 4)
     monkeypatch.setattr(burst_split, "_only_thread", lambda: True)
-    monkeypatch.setattr(burst_split, "_cpus", lambda: 2)
+    monkeypatch.setattr(burst_split, "usable_cores", lambda: 2)
     helpers: list[burst_split.Helper] = []
 
     class Seen(burst_split.Helper):
@@ -96,7 +96,7 @@ def test_the_runs_of_a_burst_are_split_whole_and_in_order():
 
 
 def test_a_burst_is_not_split_where_forking_is_not_safe_or_not_worth_it(sqlite_url, monkeypatch):
-    monkeypatch.setattr(burst_split, "_cpus", lambda: 2)
+    monkeypatch.setattr(burst_split, "usable_cores", lambda: 2)
     ledger = open_ledger(sqlite_url)
     many = burst_split.SPLIT_MIN_ENDS
     monkeypatch.setattr(burst_split, "_only_thread", lambda: True)
@@ -104,10 +104,10 @@ def test_a_burst_is_not_split_where_forking_is_not_safe_or_not_worth_it(sqlite_u
     assert not burst_split.worth_splitting(many - 1, ledger)  # a small burst: one process
     with ledger.read():
         assert not burst_split.worth_splitting(many, ledger)  # a connection in use would be copied mid-transaction
-    monkeypatch.setattr(burst_split, "_cpus", lambda: 1)
+    monkeypatch.setattr(burst_split, "usable_cores", lambda: 1)
     assert not burst_split.worth_splitting(many, ledger)  # one core: the two would take turns
     monkeypatch.undo()
-    monkeypatch.setattr(burst_split, "_cpus", lambda: 2)
+    monkeypatch.setattr(burst_split, "usable_cores", lambda: 2)
     stop = threading.Event()
     other = threading.Thread(target=stop.wait)
     other.start()

@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from trackway.checkpoints.digests import usable_cores
 from trackway.errors import LedgerError
 from trackway.ledger import Ledger
 
@@ -51,7 +52,8 @@ class Answer:
 
 def worth_splitting(count: int, ledger: Ledger) -> bool:
     """Whether `count` ends at once are recorded in two processes (see the module): enough of them, and safe."""
-    return count >= SPLIT_MIN_ENDS and hasattr(os, "fork") and _cpus() > 1 and _only_thread() and ledger.forkable()
+    return (count >= SPLIT_MIN_ENDS and hasattr(os, "fork") and usable_cores() > 1 and _only_thread()
+            and ledger.forkable())
 
 
 def by_run(ended: Sequence[tuple[Any, Any]]) -> tuple[list[tuple[Any, Any]], list[tuple[Any, Any]]]:
@@ -136,10 +138,3 @@ def _pickled(answer: Answer) -> bytes:
 
 def _only_thread() -> bool:
     return threading.active_count() == 1
-
-
-def _cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1

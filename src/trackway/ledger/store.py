@@ -280,7 +280,6 @@ class Ledger:
         """
         self._copied_pools.append(self.engine.pool)
         self.engine.dispose(close=False)
-        self._write_lock = threading.Lock()
 
 
 def as_ledger_error(exc: BaseException, url: URL | None = None) -> LedgerError | None:
